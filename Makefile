@@ -1,0 +1,62 @@
+# Two commands do all set-up themselves: `make demo` and `make test`.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+# torch first, pinned: this version is the CPU build available locally; a bare `torch` would pull a CUDA build.
+TORCH  ?= torch==2.13.0
+PYTEST_ARGS ?=
+
+.PHONY: setup setup-dev system-packages test test-fast lint format demo bench clean
+
+# Debian packages the project uses: bubblewrap (the Python sandbox) and chromium (the credit-viewer page test).
+system-packages:
+	@missing=""; \
+	command -v bwrap >/dev/null 2>&1 || missing="$$missing bubblewrap"; \
+	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing system packages:$$missing"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	  else \
+	    echo "warning: missing system packages:$$missing (install them for the full sandbox and page tests)"; \
+	  fi; \
+	fi
+
+$(VENV)/bin/python:
+	python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+$(VENV)/.torch: | $(VENV)/bin/python
+	$(PIP) install -q $(TORCH)
+	touch $@
+
+$(VENV)/.installed: pyproject.toml $(VENV)/.torch
+	$(PIP) install -q -e .
+	touch $@
+
+$(VENV)/.installed-dev: pyproject.toml $(VENV)/.torch
+	$(PIP) install -q -e '.[dev]'
+	touch $@
+
+setup: system-packages $(VENV)/.installed
+setup-dev: system-packages $(VENV)/.installed-dev
+
+test: setup-dev
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: setup-dev
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+lint: setup-dev
+	$(VENV)/bin/ruff check agentcredit tests benchmarks
+	$(VENV)/bin/ruff format --check agentcredit tests benchmarks
+
+format: setup-dev
+	$(VENV)/bin/ruff format agentcredit tests benchmarks
+	$(VENV)/bin/ruff check --fix agentcredit tests benchmarks
+
+demo: setup
+	$(VENV)/bin/agentcredit demo
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

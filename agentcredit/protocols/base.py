@@ -1,0 +1,123 @@
+"""The protocol interface: one text format an agent speaks.
+
+A protocol turns a question into a prompt, tells the engine where a policy segment ends, reads each finished
+segment (its kind, the tool calls in it, whether the episode is over, the answer), and renders tool results as
+the observation the model sees next. It never executes anything: the engine runs the tool calls it returns in
+a :class:`~agentcredit.tools.base.ToolRuntime`.
+
+The engine drives an episode like this::
+
+    state = protocol.new_episode(question)
+    ids = tokenize(protocol.prompt(state, tokenizer))
+    while True:
+        generate tokens until protocol.segment_ends(state, text) or EOS or protocol.max_new_tokens(state)
+        turn = protocol.read_segment(state, text, finish_reason)       # kind, calls, done, answer, info
+        protocol.record(state, turn)                                   # (the engine calls this)
+        if turn.done: break
+        results = tools.run(turn.calls)
+        obs = protocol.observation(state, turn, results)               # text + transient flag, or None
+        append obs tokens (tokenised alone, never re-rendering the chat template)
+
+Malformed output never raises: the protocol returns a turn whose observation explains the problem, or ends
+the episode with no answer.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from agentcredit.tools.base import ToolCall, ToolResult
+
+FinishReason = Literal["stop", "eos", "length"]
+
+
+@dataclass
+class Turn:
+    """What the protocol read in one finished policy segment."""
+
+    kind: str  # segment label: invoke / assimilate / commit / search / read / answer / step ...
+    calls: list[ToolCall] = field(default_factory=list)
+    done: bool = False  # the episode ends after this segment
+    answer: str | None = None  # the extracted final answer, when done
+    # After this segment, remove the last transient observation from the context (carl-segment replacement).
+    drop_transient: bool = False
+    info: dict[str, Any] = field(default_factory=dict)  # e.g. {"format_reward": 0.5, "error": "..."}
+
+
+@dataclass
+class Observation:
+    """Environment text appended after a turn. ``transient``: visible only to the next policy segment."""
+
+    text: str
+    transient: bool = False
+    kind: str = "observation"
+
+
+@dataclass
+class EpisodeState:
+    """What a protocol may look at when deciding about the next segment of one episode."""
+
+    question: str
+    turns: list[Turn] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)  # generated text of each policy segment
+    n_tool_calls: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)  # protocol-private scratch space
+
+    @property
+    def n_turns(self) -> int:
+        return len(self.turns)
+
+    @property
+    def last(self) -> Turn | None:
+        return self.turns[-1] if self.turns else None
+
+
+class Protocol(ABC):
+    """Base class of the text formats (``codefence``, ``tags``, ``jsoncall``)."""
+
+    name: str = "base"
+    #: Maximum number of policy segments in an episode (then the episode is cut with no answer).
+    max_segments: int = 16
+
+    # -- prompt -------------------------------------------------------------------------------------------
+    def new_episode(self, question: str, **extra: Any) -> EpisodeState:
+        return EpisodeState(question=question, extra=dict(extra))
+
+    @abstractmethod
+    def messages(self, state: EpisodeState) -> list[dict[str, str]]:
+        """Chat messages (system + user) that start the episode."""
+
+    def prompt(self, state: EpisodeState, tokenizer: Any) -> str:
+        """The prompt text. Default: the tokenizer's chat template with a generation prompt."""
+        return tokenizer.apply_chat_template(self.messages(state), tokenize=False, add_generation_prompt=True)
+
+    # -- generation control -------------------------------------------------------------------------------
+    @abstractmethod
+    def segment_ends(self, state: EpisodeState, text: str) -> bool:
+        """True when ``text`` (the current segment's text so far) ends the segment at its last token."""
+
+    def max_new_tokens(self, state: EpisodeState, default: int) -> int:
+        """Token budget of the next segment (e.g. carl-segment's T_assimilate = 256 after a tool output)."""
+        return default
+
+    # -- reading output -----------------------------------------------------------------------------------
+    @abstractmethod
+    def read_segment(self, state: EpisodeState, text: str, finish: FinishReason) -> Turn:
+        """Classify a finished segment and extract its tool calls / answer. Must not raise."""
+
+    def record(self, state: EpisodeState, turn: Turn, text: str) -> None:
+        """Update the episode state after a turn (called by the engine)."""
+        state.turns.append(turn)
+        state.texts.append(text)
+        state.n_tool_calls += len(turn.calls)
+
+    @abstractmethod
+    def observation(self, state: EpisodeState, turn: Turn, results: Sequence[ToolResult]) -> Observation | None:
+        """Text to append after the turn's tool calls ran (None if nothing is appended)."""
+
+    @abstractmethod
+    def extract_answer(self, text: str) -> str | None:
+        """The final answer in a piece of generated text, or None."""

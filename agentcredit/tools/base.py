@@ -1,0 +1,77 @@
+"""What every tool shares: a call, a result, and a runtime that runs calls concurrently.
+
+A tool is any callable ``(arguments: dict) -> str``. It returns text for the model to read, and reports its
+own failures as text too (``"ERROR: ..."``): a bad call from the model is an observation, never an exception
+that ends a batch. :class:`ToolRuntime` enforces that for tools that raise anyway.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+ToolFn = Callable[[dict[str, Any]], str]
+
+
+@dataclass
+class ToolCall:
+    """One call parsed from model output. ``raw`` is the text it was parsed from (for logs and errors)."""
+
+    name: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+    raw: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "arguments": self.arguments, "raw": self.raw}
+
+
+@dataclass
+class ToolResult:
+    """What a call returned. ``ok`` is False when the tool reported or raised an error."""
+
+    name: str
+    output: str
+    ok: bool = True
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "output": self.output, "ok": self.ok, "seconds": self.seconds}
+
+
+class ToolRuntime:
+    """Named tools plus a bounded thread pool; ``run`` executes a list of calls concurrently, in order."""
+
+    def __init__(self, tools: Mapping[str, ToolFn] | None = None, *, max_workers: int = 8):
+        self.tools: dict[str, ToolFn] = dict(tools or {})
+        self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="agentcredit-tool")
+
+    def register(self, name: str, fn: ToolFn) -> None:
+        self.tools[name] = fn
+
+    def run_one(self, call: ToolCall) -> ToolResult:
+        start = time.perf_counter()
+        fn = self.tools.get(call.name)
+        if fn is None:
+            known = ", ".join(sorted(self.tools)) or "none"
+            return ToolResult(call.name, f"ERROR: unknown tool {call.name!r}; available: {known}", ok=False)
+        try:
+            output = fn(call.arguments)
+            ok = not output.startswith("ERROR:")
+        except Exception as exc:  # a tool bug must not end the batch; the model sees the error
+            output, ok = f"ERROR: tool {call.name!r} failed: {type(exc).__name__}: {exc}", False
+        return ToolResult(call.name, output, ok=ok, seconds=time.perf_counter() - start)
+
+    def run(self, calls: Sequence[ToolCall]) -> list[ToolResult]:
+        if len(calls) <= 1:
+            return [self.run_one(c) for c in calls]
+        return list(self._pool.map(self.run_one, calls))
+
+    def submit(self, calls: Sequence[ToolCall]):
+        """Start ``calls`` in the pool; returns a future of the result list (the engine overlaps tools)."""
+        return self._pool.submit(self.run, list(calls))
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
