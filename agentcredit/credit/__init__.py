@@ -1,1 +1,65 @@
+"""Credit assignment: pure functions from rewards, values and trees to advantages, plus the PPO loss.
 
+One module per method; nothing here imports models, tokenizers, tools or I/O. Tensor arguments may be float32
+or float64 (results keep the input's float dtype) and masks may be bool or 0/1 tensors. Bad input raises a
+``ValueError`` naming the argument.
+
+Example::
+
+    import torch
+    from agentcredit.credit import grpo_advantages, segment_advantages
+
+    grpo_advantages(torch.tensor([1.0, 0.0, 1.0, 0.0]), ["q1", "q1", "q2", "q2"])
+    segment_advantages([0.40, 0.70, 0.50], reward=1.0)   # invoke +0.3, assimilate -0.2, commit +0.5
+"""
+
+from agentcredit.credit.carl_critical import (
+    UPDATE_RULES,
+    critical_action_advantages,
+    critical_action_outcome_advantages,
+)
+from agentcredit.credit.carl_segment import segment_advantages
+from agentcredit.credit.gae import gae_advantages
+from agentcredit.credit.gear import SEGMENTATIONS, GearDetails, gear_advantages, gear_details
+from agentcredit.credit.grpo import grpo_advantages
+from agentcredit.credit.loss import LOSS_AGGREGATIONS, policy_loss, policy_loss_stats
+from agentcredit.credit.portool import (
+    AGGREGATORS,
+    W2_MODES,
+    PortoolTerms,
+    portool_advantage_terms,
+    portool_advantages,
+)
+from agentcredit.credit.registry import PRESETS, CreditPreset, get_preset
+from agentcredit.credit.tips import tips_batch_alpha, tips_potential, tips_token_rewards, tips_turn_rewards
+
+__all__ = [
+    # the eight functions of the public contract
+    "grpo_advantages",
+    "gae_advantages",
+    "segment_advantages",
+    "critical_action_advantages",
+    "portool_advantages",
+    "tips_turn_rewards",
+    "gear_advantages",
+    "policy_loss",
+    # options, details and helpers
+    "critical_action_outcome_advantages",
+    "UPDATE_RULES",
+    "portool_advantage_terms",
+    "PortoolTerms",
+    "AGGREGATORS",
+    "W2_MODES",
+    "tips_potential",
+    "tips_batch_alpha",
+    "tips_token_rewards",
+    "gear_details",
+    "GearDetails",
+    "SEGMENTATIONS",
+    "policy_loss_stats",
+    "LOSS_AGGREGATIONS",
+    # registry
+    "CreditPreset",
+    "PRESETS",
+    "get_preset",
+]

@@ -1,0 +1,75 @@
+"""The preset registry, the package exports, and the purity rule of agentcredit/credit (no model/tool/I/O)."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import agentcredit.credit as credit
+from agentcredit.credit import LOSS_AGGREGATIONS, PRESETS, get_preset
+
+CONTRACT = [
+    "grpo_advantages",
+    "gae_advantages",
+    "segment_advantages",
+    "critical_action_advantages",
+    "portool_advantages",
+    "tips_turn_rewards",
+    "gear_advantages",
+    "policy_loss",
+]
+
+
+def test_all_seven_presets():
+    assert set(PRESETS) == {"grpo", "ppo", "carl-segment", "carl-critical", "portool", "tips", "gear"}
+    for name, preset in PRESETS.items():
+        assert preset.name == name
+        assert preset.estimators and all(callable(f) for f in preset.estimators)
+        assert preset.loss_agg in LOSS_AGGREGATIONS
+    assert {n for n, p in PRESETS.items() if p.needs_critic} == {"ppo", "carl-segment", "tips"}
+    assert [f.__name__ for f in get_preset("gear").estimators] == ["grpo_advantages", "gear_advantages"]
+    assert [f.__name__ for f in get_preset("tips").estimators] == ["tips_turn_rewards", "gae_advantages"]
+    assert get_preset("carl-segment").loss_agg == "segment-mean"  # Eq. 3
+    assert get_preset("portool").loss_agg == "seq-mean-token-mean"  # Eq. 1, required by Theorem 3.1
+    assert get_preset("carl-critical").loss_agg == "token-mean"  # Eq. 2, 1/|D|
+
+
+def test_unknown_preset():
+    with pytest.raises(ValueError, match="unknown credit preset 'carl'.*grpo"):
+        get_preset("carl")
+
+
+def test_contract_names_exported():
+    for name in CONTRACT:
+        assert name in credit.__all__ and callable(getattr(credit, name))
+    for name in credit.__all__:
+        assert hasattr(credit, name)
+
+
+ALLOWED_ROOTS = {
+    "__future__",
+    "collections",
+    "dataclasses",
+    "math",
+    "types",
+    "typing",
+    "torch",
+    "agentcredit",
+}
+
+
+def test_credit_modules_are_pure():
+    package = Path(credit.__file__).parent
+    for path in sorted(package.glob("*.py")):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            else:
+                continue
+            for name in names:
+                assert name.split(".")[0] in ALLOWED_ROOTS, f"{path.name} imports {name}"
+                if name.startswith("agentcredit"):
+                    assert name.startswith("agentcredit.credit"), f"{path.name} imports {name}"
