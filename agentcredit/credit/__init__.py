@@ -22,7 +22,7 @@ from agentcredit.credit.carl_segment import segment_advantages
 from agentcredit.credit.gae import gae_advantages
 from agentcredit.credit.gear import SEGMENTATIONS, GearDetails, gear_advantages, gear_details
 from agentcredit.credit.grpo import grpo_advantages
-from agentcredit.credit.loss import LOSS_AGGREGATIONS, policy_loss, policy_loss_stats
+from agentcredit.credit.loss import LOSS_AGGREGATIONS, aggregation_weights, policy_loss, policy_loss_stats
 from agentcredit.credit.portool import (
     AGGREGATORS,
     W2_MODES,
@@ -57,6 +57,7 @@ __all__ = [
     "GearDetails",
     "SEGMENTATIONS",
     "policy_loss_stats",
+    "aggregation_weights",
     "LOSS_AGGREGATIONS",
     # registry
     "CreditPreset",

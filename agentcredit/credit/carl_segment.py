@@ -38,6 +38,7 @@ def segment_advantages(
     lam: float = 0.0,
     gamma: float = 1.0,
     segment_lengths: Sequence[int] | None = None,
+    segment_rewards: Sequence[float] | None = None,
 ) -> list[float]:
     """Advantages of the N + 1 segments of one episode.
 
@@ -48,6 +49,9 @@ def segment_advantages(
         gamma: discount (paper value 1.0), per segment, or per token with ``segment_lengths``.
         segment_lengths: tau_k, the token count of each segment; when given, segment k is discounted by
             gamma^{tau_k} as in the paper's SMDP Eq. 4 (default None: one discount step per segment).
+        segment_rewards: r_0, ..., r_{N-1}, rewards earned during the intermediate segments (Eq. 4's r_k; the
+            paper's reward is terminal-only, so the default None means all zero). Used to compose carl-segment's
+            boundary critic with TIPS turn rewards: delta_k = r_k + gamma V(b_{k+1}) - V(b_k).
 
     Returns:
         ``[A_0, ..., A_N]`` as Python floats.
@@ -74,7 +78,15 @@ def segment_advantages(
                 raise ValueError(f"segment_lengths[{k}] = {tau}: a segment has at least one token")
         discounts = [gamma**tau for tau in taus]
     next_values = values[1:] + [0.0]
-    step_rewards = [0.0] * (n - 1) + [reward]
+    if segment_rewards is None:
+        step_rewards = [0.0] * (n - 1) + [reward]
+    else:
+        intermediate = float_list(segment_rewards, "segment_rewards")
+        if len(intermediate) != n - 1:
+            raise ValueError(
+                f"segment_rewards has {len(intermediate)} entries; give one per intermediate segment ({n - 1})"
+            )
+        step_rewards = intermediate + [reward]
     out = [0.0] * n
     running = 0.0
     for k in range(n - 1, -1, -1):

@@ -32,7 +32,7 @@ from torch import Tensor
 
 from agentcredit.credit._validate import as_mask, choice, finite_float, finite_where, float_tensor, same_shape
 
-__all__ = ["policy_loss", "policy_loss_stats", "LOSS_AGGREGATIONS"]
+__all__ = ["policy_loss", "policy_loss_stats", "aggregation_weights", "LOSS_AGGREGATIONS"]
 
 LossAggregation = Literal["token-mean", "seq-mean-token-mean", "segment-mean"]
 LOSS_AGGREGATIONS: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "segment-mean")
@@ -83,6 +83,7 @@ def policy_loss(
     agg: LossAggregation = "token-mean",
     segment_ids: Tensor | None = None,
     dual_clip: float | None = None,
+    weights: Tensor | None = None,
 ) -> Tensor:
     """The PPO clipped policy loss to minimise (a scalar).
 
@@ -97,12 +98,65 @@ def policy_loss(
         segment_ids: ``[B, T]`` integer segment label per token, required by ``"segment-mean"`` only; tokens of
             one row with the same label form one segment.
         dual_clip: verl's dual-clip constant c (> 1), or None (default, plain PPO).
+        weights: per-token weights from :func:`aggregation_weights` computed over a larger batch (a minibatch
+            split into microbatches); when given they replace ``agg``.
 
     Returns:
         A 0-d tensor in the dtype of ``logp``; 0 (still attached to ``logp``) when the mask is empty.
     """
     keep, clip_eps = _checked(logp, old_logp, advantages, mask, clip_eps)
     choice(agg, "agg", LOSS_AGGREGATIONS)
+    if agg != "segment-mean" and segment_ids is not None:
+        raise ValueError(f'segment_ids is only used by agg="segment-mean", not agg={agg!r}')
+    if dual_clip is not None:
+        dual_clip = finite_float(dual_clip, "dual_clip")
+        if dual_clip <= 1.0:
+            raise ValueError(f"dual_clip must be > 1 (verl uses 3.0), got {dual_clip}")
+
+    if weights is None:
+        weights = aggregation_weights(keep, agg, segment_ids=segment_ids)
+    elif not isinstance(weights, Tensor) or weights.shape != keep.shape:
+        shape = tuple(weights.shape) if isinstance(weights, Tensor) else type(weights).__name__
+        raise ValueError(f"weights must be a tensor of shape {tuple(keep.shape)}, got {shape}")
+
+    _, unclipped, clipped, adv = _token_terms(logp, old_logp, advantages, keep, clip_eps)
+    per_token = torch.maximum(unclipped, clipped)  # -min(rA, clip(r)A)
+    if dual_clip is not None:
+        per_token = torch.where(adv < 0, torch.minimum(per_token, -adv * dual_clip), per_token)
+    per_token = torch.where(keep, per_token, torch.zeros((), dtype=per_token.dtype, device=per_token.device))
+    return (per_token * weights.to(per_token.dtype)).sum()
+
+
+def aggregation_weights(
+    mask: Tensor,
+    agg: LossAggregation = "token-mean",
+    *,
+    segment_ids: Tensor | None = None,
+    sequence_ids: Tensor | None = None,
+) -> Tensor:
+    """Per-token weights w with ``policy_loss(..., agg) == sum_t w_t * loss_t`` (0 off the mask).
+
+    The three aggregations are weighted sums: token-mean w = 1/|tokens|; seq-mean-token-mean
+    w = 1/(|sequences| * |tokens of the sequence|); segment-mean w = 1/(|sequences| * |tokens of the segment|).
+    Computing the weights once over a whole minibatch and summing ``w * loss`` over its microbatches gives exactly
+    the minibatch loss, whatever the microbatch split.
+
+    ``sequence_ids`` (``[B]`` integers, default: each row its own sequence) groups rows into one sequence, for a
+    trajectory stored as several rows (carl-segment's replacement mode, where each row is one exact context).
+    Segments are identified by ``(sequence, segment_id)``.
+    """
+    choice(agg, "agg", LOSS_AGGREGATIONS)
+    keep = mask.bool()
+    if keep.dim() != 2:
+        raise ValueError(f"mask must be [B, T], got shape {tuple(keep.shape)}")
+    if sequence_ids is None:
+        seq = torch.arange(keep.shape[0], device=keep.device)
+    else:
+        if not isinstance(sequence_ids, Tensor) or sequence_ids.shape != keep.shape[:1]:
+            raise ValueError(f"sequence_ids must be a [B] = [{keep.shape[0]}] integer tensor")
+        if sequence_ids.is_floating_point() or sequence_ids.dtype == torch.bool:
+            raise ValueError(f"sequence_ids must be an integer tensor, got dtype {sequence_ids.dtype}")
+        seq = sequence_ids.to(keep.device).long()
     if agg == "segment-mean":
         if segment_ids is None:
             raise ValueError('agg="segment-mean" needs segment_ids [B, T]')
@@ -111,50 +165,27 @@ def policy_loss(
                 tuple(segment_ids.shape) if isinstance(segment_ids, Tensor) else type(segment_ids).__name__
             )
             raise ValueError(f"segment_ids must be a tensor of shape {tuple(keep.shape)}, got {shape}")
-        if segment_ids.is_floating_point() or segment_ids.dtype in (torch.bool,) or segment_ids.is_complex():
+        if segment_ids.is_floating_point() or segment_ids.dtype == torch.bool or segment_ids.is_complex():
             raise ValueError(f"segment_ids must be an integer tensor, got dtype {segment_ids.dtype}")
-    elif segment_ids is not None:
-        raise ValueError(f'segment_ids is only used by agg="segment-mean", not agg={agg!r}')
-    if dual_clip is not None:
-        dual_clip = finite_float(dual_clip, "dual_clip")
-        if dual_clip <= 1.0:
-            raise ValueError(f"dual_clip must be > 1 (verl uses 3.0), got {dual_clip}")
-
-    _, unclipped, clipped, adv = _token_terms(logp, old_logp, advantages, keep, clip_eps)
-    per_token = torch.maximum(unclipped, clipped)  # -min(rA, clip(r)A)
-    if dual_clip is not None:
-        per_token = torch.where(adv < 0, torch.minimum(per_token, -adv * dual_clip), per_token)
-    per_token = torch.where(keep, per_token, torch.zeros((), dtype=per_token.dtype, device=per_token.device))
-    weight = keep.to(per_token.dtype)
-
+    w = torch.zeros(keep.shape, dtype=torch.float64, device=keep.device)
+    n_tokens = int(keep.sum())
+    if n_tokens == 0:
+        return w
     if agg == "token-mean":
-        return per_token.sum() / weight.sum().clamp(min=1.0)
+        return w.masked_fill(keep, 1.0 / n_tokens)
+    seq_tok = seq.unsqueeze(1).expand_as(keep)[keep]
+    _, seq_index = torch.unique(seq_tok, return_inverse=True)
+    n_seq = int(seq_index.max()) + 1
     if agg == "seq-mean-token-mean":
-        counts = weight.sum(dim=1)
-        has = counts > 0
-        row_means = per_token.sum(dim=1) / counts.clamp(min=1.0)
-        return row_means[has].sum() / has.sum().clamp(min=1)
-    return _segment_mean(per_token, keep, segment_ids)  # type: ignore[arg-type]
-
-
-def _segment_mean(per_token: Tensor, keep: Tensor, segment_ids: Tensor) -> Tensor:
-    rows = torch.arange(keep.shape[0], device=keep.device).unsqueeze(1).expand_as(keep)[keep]
-    segs = segment_ids.to(keep.device)[keep]
-    if rows.numel() == 0:
-        return per_token.sum()  # all zeros, still attached to the graph
-    # One integer key per (row, segment) pair; a 1-D unique is much cheaper than unique(dim=0) on pairs.
-    segs = segs.long()
-    low = segs.min()
-    span = segs.max() - low + 1
-    keys, inverse = torch.unique(rows * span + (segs - low), return_inverse=True)
-    values = per_token[keep]
-    sums = values.new_zeros(keys.shape[0]).index_add(0, inverse, values)
-    counts = values.new_zeros(keys.shape[0]).index_add(0, inverse, torch.ones_like(values))
-    row_totals = values.new_zeros(keep.shape[0]).index_add(
-        0, torch.div(keys, span, rounding_mode="floor"), sums / counts
-    )
-    has = keep.any(dim=1)
-    return row_totals[has].sum() / has.sum()
+        group = seq_index
+    else:
+        segs = segment_ids.to(keep.device).long()[keep]
+        span = segs.max() - segs.min() + 1
+        _, group = torch.unique(seq_index * span + (segs - segs.min()), return_inverse=True)
+    counts = torch.zeros(int(group.max()) + 1, dtype=torch.float64, device=keep.device)
+    counts.index_add_(0, group, torch.ones_like(group, dtype=torch.float64))
+    w[keep] = 1.0 / (counts[group] * n_seq)
+    return w
 
 
 @torch.no_grad()

@@ -4,8 +4,10 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from agentcredit.credit import policy_loss, policy_loss_stats
+from agentcredit.credit import aggregation_weights, policy_loss, policy_loss_stats
 
 # Row 0: ratios (1.0, 1.5, 0.5), A = (1, 1, -1).  Row 1: ratios (1.1, 0.7, -), A = (-2, 2, 5), last token masked.
 RATIOS = [[1.0, 1.5, 0.5], [1.1, 0.7, 3.0]]
@@ -180,3 +182,52 @@ def test_segment_labels_are_arbitrary_integers():
     assert policy_loss(logp, old, adv, mask, agg="segment-mean", segment_ids=labels).item() == pytest.approx(
         compact.item(), abs=1e-15
     )
+
+
+# ---------------------------------------------------------------------------------------------- aggregation weights
+
+
+def _random_batch(seed: int, B: int = 5, T: int = 7):
+    g = torch.Generator().manual_seed(seed)
+    logp = torch.randn(B, T, generator=g, dtype=torch.float64) * 0.1 - 1.0
+    old = logp + torch.randn(B, T, generator=g, dtype=torch.float64) * 0.3
+    adv = torch.randn(B, T, generator=g, dtype=torch.float64)
+    mask = torch.rand(B, T, generator=g) > 0.3
+    seg = torch.randint(0, 3, (B, T), generator=g)
+    return logp, old, adv, mask, seg
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10_000), st.sampled_from(["token-mean", "seq-mean-token-mean", "segment-mean"]))
+def test_weights_reproduce_each_aggregation_and_split_over_microbatches(seed, agg):
+    logp, old, adv, mask, seg = _random_batch(seed)
+    seg_kw = {"segment_ids": seg} if agg == "segment-mean" else {}
+    full = policy_loss(logp, old, adv, mask, agg=agg, **seg_kw)
+    w = aggregation_weights(mask, agg, **seg_kw)
+    assert float(policy_loss(logp, old, adv, mask, weights=w)) == pytest.approx(float(full), abs=1e-12)
+    # microbatches of rows, each weighted with the minibatch-wide weights, sum to the minibatch loss
+    parts = sum(
+        policy_loss(logp[r], old[r], adv[r], mask[r], weights=w[r])
+        for r in (slice(0, 2), slice(2, 3), slice(3, 5))
+    )
+    assert float(parts) == pytest.approx(float(full), abs=1e-12)
+
+
+def test_sequence_ids_treat_split_rows_as_one_sequence():
+    # one trajectory stored as two rows (two exact contexts) aggregates like the single concatenated row
+    mask = torch.tensor([[1, 1, 0], [0, 1, 1], [1, 0, 0]], dtype=torch.bool)
+    seg = torch.tensor([[0, 0, 0], [1, 1, 2], [0, 0, 0]])
+    w = aggregation_weights(mask, "seq-mean-token-mean", sequence_ids=torch.tensor([7, 7, 3]))
+    # sequence 7 has 4 tokens, sequence 3 has 1; two sequences
+    assert w.tolist() == [[1 / 8, 1 / 8, 0], [0, 1 / 8, 1 / 8], [1 / 2, 0, 0]]
+    w = aggregation_weights(mask, "segment-mean", segment_ids=seg, sequence_ids=torch.tensor([7, 7, 3]))
+    # sequence 7: segments 0 (2 tokens), 1 (1 token), 2 (1 token); sequence 3: segment 0 (1 token)
+    assert w.tolist() == [[1 / 4, 1 / 4, 0], [0, 1 / 2, 1 / 2], [1 / 2, 0, 0]]
+
+
+def test_weights_shape_is_checked():
+    logp, old, adv, mask, _ = _random_batch(0)
+    with pytest.raises(ValueError, match="weights"):
+        policy_loss(logp, old, adv, mask, weights=torch.ones(2, 2))
+    with pytest.raises(ValueError, match="sequence_ids"):
+        aggregation_weights(mask, "seq-mean-token-mean", sequence_ids=torch.zeros(3, dtype=torch.long))

@@ -92,3 +92,19 @@ def test_lambda1_is_reward_minus_value(values, reward):
 def test_bad_input(args, kwargs, match):
     with pytest.raises(ValueError, match=match):
         segment_advantages(*args, **kwargs)
+
+
+def test_segment_rewards_add_to_the_intermediate_td_errors():
+    # V = (0.4, 0.7, 0.5), R = 1 with turn rewards r_0 = 0.1, r_1 = -0.05 (e.g. TIPS shaping)
+    adv = segment_advantages([0.4, 0.7, 0.5], 1.0, segment_rewards=[0.1, -0.05])
+    assert adv == pytest.approx([0.3 + 0.1, -0.2 - 0.05, 0.5])
+    # telescoping at lam = 0: sum = R - V(b_0) + sum of the intermediate rewards
+    assert sum(adv) == pytest.approx(1.0 - 0.4 + 0.05)
+    # lam = 1: A_k = (rewards from k on) - V(b_k)
+    adv1 = segment_advantages([0.4, 0.7, 0.5], 1.0, lam=1.0, segment_rewards=[0.1, -0.05])
+    assert adv1 == pytest.approx([1.05 - 0.4, 0.95 - 0.7, 1.0 - 0.5])
+
+
+def test_segment_rewards_length_is_checked():
+    with pytest.raises(ValueError, match="segment_rewards"):
+        segment_advantages([0.4, 0.7, 0.5], 1.0, segment_rewards=[0.1])
