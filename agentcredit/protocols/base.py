@@ -10,13 +10,21 @@ The engine drives an episode like this::
     state = protocol.new_episode(question)
     ids = tokenize(protocol.prompt(state, tokenizer))
     while True:
-        generate tokens until protocol.segment_ends(state, text) or EOS or protocol.max_new_tokens(state)
+        budget = protocol.max_new_tokens(state, default)
+        generate tokens until protocol.segment_ends(state, text) or EOS or budget is spent
+            # segment_ends is called after EVERY sampled token, with the segment's text so far
+            # (vLLM-style backends may stop at protocol.stop_strings(state) first and confirm with it)
         turn = protocol.read_segment(state, text, finish_reason)       # kind, calls, done, answer, info
-        protocol.record(state, turn)                                   # (the engine calls this)
+        protocol.record(state, turn, text)                             # (the engine calls this)
         if turn.done: break
-        results = tools.run(turn.calls)
+        results = tools.run(turn.calls)                                # may be [] (no calls)
         obs = protocol.observation(state, turn, results)               # text + transient flag, or None
-        append obs tokens (tokenised alone, never re-rendering the chat template)
+        if turn.drop_transient: remove the last transient observation from the context
+        if obs: append obs tokens (tokenised alone, never re-rendering the chat template)
+
+``turn.info`` is final only once ``observation`` has returned: a protocol may complete it there with what
+the tool results say (jsoncall's formatting reward counts tool-side ``ERROR:`` results), so copy it into the
+segment after that call.
 
 Malformed output never raises: the protocol returns a turn whose observation explains the problem, or ends
 the episode with no answer.
@@ -36,7 +44,12 @@ FinishReason = Literal["stop", "eos", "length"]
 
 @dataclass
 class Turn:
-    """What the protocol read in one finished policy segment."""
+    """What the protocol read in one finished policy segment.
+
+    ``info`` holds plain JSON-able values. Keys the protocols use: ``finish`` (why generation stopped),
+    ``error`` (what was wrong with the output), ``truncated`` (the token budget cut the segment), ``cut``
+    (the episode hit its segment cap), ``format_reward`` / ``format_reward_raw`` (jsoncall).
+    """
 
     kind: str  # segment label: invoke / assimilate / commit / search / read / answer / step ...
     calls: list[ToolCall] = field(default_factory=list)
@@ -64,7 +77,9 @@ class EpisodeState:
     turns: list[Turn] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)  # generated text of each policy segment
     n_tool_calls: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)  # protocol-private scratch space
+    # Protocol-private scratch space. Protocols replace its values and never mutate them in place, so that
+    # fork() can copy it shallowly.
+    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def n_turns(self) -> int:
@@ -73,6 +88,16 @@ class EpisodeState:
     @property
     def last(self) -> Turn | None:
         return self.turns[-1] if self.turns else None
+
+    def fork(self) -> EpisodeState:
+        """An independent copy for a tree rollout branching here (the lists and ``extra`` are copied).
+
+        Protocols replace ``extra`` values instead of mutating them in place, so a shallow copy of ``extra``
+        is enough; recorded turns are shared and never changed after the episode moved past them.
+        """
+        return EpisodeState(
+            self.question, list(self.turns), list(self.texts), self.n_tool_calls, dict(self.extra)
+        )
 
 
 class Protocol(ABC):
@@ -84,6 +109,8 @@ class Protocol(ABC):
 
     # -- prompt -------------------------------------------------------------------------------------------
     def new_episode(self, question: str, **extra: Any) -> EpisodeState:
+        if not isinstance(question, str) or not question.strip():
+            raise ValueError(f"{self.name}: the question must be a non-empty string, got {question!r}")
         return EpisodeState(question=question, extra=dict(extra))
 
     @abstractmethod
@@ -97,7 +124,19 @@ class Protocol(ABC):
     # -- generation control -------------------------------------------------------------------------------
     @abstractmethod
     def segment_ends(self, state: EpisodeState, text: str) -> bool:
-        """True when ``text`` (the current segment's text so far) ends the segment at its last token."""
+        """True when ``text`` (the current segment's text so far) ends the segment at its last token.
+
+        Called after every sampled token, so it must be cheap: implementations look at the tail of ``text``
+        (a stop can only have appeared in the last token) and parse more only when the tail says so.
+        """
+
+    def stop_strings(self, state: EpisodeState) -> list[str]:
+        """Strings that can end the next segment, for backends with native stop strings (vLLM).
+
+        A hit is a candidate only: confirm it with :meth:`segment_ends` (a closing code fence, for example,
+        ends a carl-segment invoke only when it closes an open ```python block). Empty: EOS or budget only.
+        """
+        return []
 
     def max_new_tokens(self, state: EpisodeState, default: int) -> int:
         """Token budget of the next segment (e.g. carl-segment's T_assimilate = 256 after a tool output)."""
@@ -115,9 +154,20 @@ class Protocol(ABC):
         state.n_tool_calls += len(turn.calls)
 
     @abstractmethod
-    def observation(self, state: EpisodeState, turn: Turn, results: Sequence[ToolResult]) -> Observation | None:
+    def observation(
+        self, state: EpisodeState, turn: Turn, results: Sequence[ToolResult]
+    ) -> Observation | None:
         """Text to append after the turn's tool calls ran (None if nothing is appended)."""
 
     @abstractmethod
     def extract_answer(self, text: str) -> str | None:
         """The final answer in a piece of generated text, or None."""
+
+
+def check_results(protocol: str, turn: Turn, results: Sequence[ToolResult]) -> None:
+    """Raise if the engine passed a different number of results than the turn has calls (an engine bug)."""
+    if len(results) != len(turn.calls):
+        raise ValueError(
+            f"{protocol}: observation() got {len(results)} tool results for a {turn.kind!r} turn with "
+            f"{len(turn.calls)} calls; pass tools.run(turn.calls) in call order"
+        )
