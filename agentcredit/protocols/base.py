@@ -163,6 +163,11 @@ class Protocol(ABC):
     def extract_answer(self, text: str) -> str | None:
         """The final answer in a piece of generated text, or None."""
 
+    @abstractmethod
+    def render_answer(self, answer: str) -> str:
+        """``answer`` written the way this protocol's final answer is written (TIPS potentials score this
+        continuation; GEAR's teacher sees the ground truth in it). ``extract_answer`` inverts it."""
+
 
 def check_results(protocol: str, turn: Turn, results: Sequence[ToolResult]) -> None:
     """Raise if the engine passed a different number of results than the turn has calls (an engine bug)."""

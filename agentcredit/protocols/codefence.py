@@ -286,3 +286,6 @@ class CodeFenceProtocol(Protocol):
     def extract_answer(self, text: str) -> str | None:
         # Spec A16: the last brace-balanced \boxed{...} of the commit segment.
         return extract_boxed(text)
+
+    def render_answer(self, answer: str) -> str:
+        return f"\\boxed{{{answer}}}"

@@ -451,6 +451,11 @@ class JsonCallProtocol(Protocol):
             self.markers(state).user_turn(content, turn_end_generated=generated), kind="tool_response"
         )
 
+    def render_answer(self, answer: str) -> str:
+        # a complete (minimal) final step: the paper's format needs both blocks (spec §2.3)
+        call = [{"name": RESPONSE_GEN, "arguments": {"response": answer}}]
+        return f"<think></think>\n<tool_call>{json.dumps(call)}</tool_call>"
+
     def extract_answer(self, text: str) -> str | None:
         """The ``response`` argument of the text's response_gen call, or None."""
         parsed = self.parse_step(text)

@@ -420,6 +420,10 @@ class TagsProtocol(Protocol):
     def extract_answer(self, text: str) -> str | None:
         return extract_tagged(text, "answer")
 
+    def render_answer(self, answer: str) -> str:
+        # TIPS spec §2.7: the teacher scores "<answer>" + a + "</answer>" (tags included)
+        return f"<answer>{answer}</answer>"
+
 
 def _page_chunks(page: str) -> list[str]:
     """A page as ASearcher reads it: cut to 250,000 characters, chunks of 25,000, at most 10, numbered."""

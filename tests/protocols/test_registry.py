@@ -164,3 +164,10 @@ def test_forked_states_are_independent():
         obs = protocol.observation(st, read, [])
         assert ">>>> Page 2 >>>>" in obs.text  # both branches read page 2: no shared mutable state
     assert state.n_turns == branch.n_turns == 2 and state.turns is not branch.turns
+
+
+@pytest.mark.parametrize("name", ["codefence", "tags", "jsoncall"])
+def test_render_answer_round_trips_through_extract_answer(name):
+    protocol = get_protocol(name)
+    for answer in ["Paris", "60450", "New York City"]:
+        assert protocol.extract_answer(protocol.render_answer(answer)) == answer
