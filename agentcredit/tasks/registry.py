@@ -236,6 +236,8 @@ def load_task(
         if not path:
             raise ValueError("task 'jsonl:' needs a path, e.g. jsonl:data/questions.jsonl")
         return seeded_subset(datasets.load_jsonl(path, task=name, **options), limit, seed)
+    if split is not None and "@" in split:
+        return _holdout_part(name, split, limit, seed, data_dir=data_dir, **options)
     spec = get_spec(name)
     split = _split_of(spec, split)
     if spec.generator is not None:
@@ -255,6 +257,29 @@ def load_task(
     return seeded_subset(examples, limit, seed)
 
 
+HOLDOUT_PARTS = ("train", "heldout")
+
+
+def _holdout_part(
+    name: str, split: str, limit: int | None, seed: int, *, data_dir: str | Path | None, **options: Any
+) -> list[Example]:
+    """``<split>@train`` / ``<split>@heldout``: a fixed 80 / 20 partition of a split by a hash of each example id.
+
+    For benchmarks that ship one split only (the HotpotQA, MuSiQue and 2Wiki dev sets with paragraphs), so a
+    preset can train on one part and evaluate on the other without the two ever sharing a question.
+    """
+    base, part = split.split("@", 1)
+    if part not in HOLDOUT_PARTS:
+        raise ValueError(f"split {split!r}: the part after '@' must be one of {HOLDOUT_PARTS}")
+    examples = load_task(name, base or None, None, seed, data_dir=data_dir, **options)
+    keep = [ex for ex in examples if (_stable_bucket(ex.id) == 0) == (part == "heldout")]
+    return seeded_subset(keep, limit, seed)
+
+
+def _stable_bucket(key: str, buckets: int = 5) -> int:
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big") % buckets
+
+
 def task_corpus(
     name: str, split: str | None = None, seed: int = 0, *, data_dir: str | Path | None = None
 ) -> Path | None:
@@ -268,6 +293,7 @@ def task_corpus(
     if name.startswith("jsonl:"):
         return None
     spec = get_spec(name)
+    split = split.split("@", 1)[0] if split and "@" in split else split
     split = _split_of(spec, split)
     if name == "kb-multihop":
         return kb.write_kb_corpus(seed)

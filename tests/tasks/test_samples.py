@@ -148,3 +148,16 @@ def test_samples_match_the_real_examples(shared_data, samples_only):
 def test_samples_dir_is_inside_the_package():
     assert SAMPLES_DIR.is_relative_to(PACKAGE_DIR)
     assert Path(SAMPLES_DIR / "NOTICE.md").is_file()
+
+
+def test_holdout_parts_partition_a_split():
+    from agentcredit.tasks import load_task
+
+    whole = load_task("hotpotqa", split="dev")
+    train = load_task("hotpotqa", split="dev@train")
+    held = load_task("hotpotqa", split="dev@heldout")
+    assert {e.id for e in train} | {e.id for e in held} == {e.id for e in whole}
+    assert not {e.id for e in train} & {e.id for e in held}
+    assert 0.1 < len(held) / len(whole) < 0.3
+    with pytest.raises(ValueError, match="after '@'"):
+        load_task("hotpotqa", split="dev@oops")

@@ -1,0 +1,418 @@
+"""Typed, validated training configuration.
+
+A run is configured by one YAML file (a preset under ``configs/``) plus ``--set key=value`` overrides. Every field
+has a one-line description that gives its paper default. Unknown keys and bad values are errors that name the key
+and the allowed values (pydantic does the checking; :func:`load_config` turns its errors into one readable message).
+
+A method is a composition of parts (``algorithm.estimator``, ``algorithm.critic``, ``algorithm.shaping``,
+``algorithm.reweight``, ``algorithm.update_set``, ``algorithm.loss_agg``, ``rollout.strategy``); the seven presets
+are seven settings of them. :class:`AlgorithmConfig` rejects the combinations the maths does not allow.
+
+Preset files may start with ``base: [other.yaml, ...]``: the bases are merged first (paths relative to the file),
+so a preset is ``methods/<method>.yaml`` + ``tasks/<task>.yaml`` + a few overrides.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"  # also reachable as ./configs in the repo
+
+
+class ConfigError(ValueError):
+    """A configuration problem, with the offending key in the message."""
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+# --------------------------------------------------------------------------------------------- model
+class LoraConfig(Section):
+    enabled: bool = Field(
+        False, description="Train LoRA adapters through peft instead of all weights (portool: r=16, alpha=8)."
+    )
+    r: int = Field(16, ge=1, description="LoRA rank (portool paper: 16).")
+    alpha: int = Field(8, ge=1, description="LoRA alpha (portool paper: 8).")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="LoRA dropout.")
+    target_modules: list[str] | Literal["all-linear"] = Field(
+        "all-linear", description="Modules that get adapters (portool spec §4.2: all linear layers)."
+    )
+
+
+class ModelConfig(Section):
+    name: str = Field(
+        "embedded", description="'embedded' (SmolLM2-135M-Instruct, shipped) or a local HF model path."
+    )
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="Dtype of the trained weights.")
+    autocast_bf16: bool = Field(
+        False, description="bf16 autocast for the training forward/backward on CPU (~2x)."
+    )
+    rollout_dtype: Literal["float32", "bfloat16"] = Field(
+        "float32",
+        description="Weights used for rollouts; bf16 keeps a synced copy (old log-probs are recomputed).",
+    )
+    gradient_checkpointing: bool = Field(
+        False, description="Recompute activations in backward to save memory."
+    )
+    lora: LoraConfig = Field(default_factory=LoraConfig)
+
+
+# --------------------------------------------------------------------------------------------- data / env
+class TaskConfig(Section):
+    name: str = Field(
+        "arith-tools",
+        description="Task name (arith-tools, kb-multihop, gsm8k, hotpotqa, ...) or jsonl:<path>.",
+    )
+    split: str = Field("train", description="Split to train on.")
+    seed: int = Field(
+        0,
+        description="Seed of the synthetic task generators and kb world (kept fixed across training seeds).",
+    )
+    limit: int | None = Field(None, ge=1, description="Use at most this many training questions.")
+    eval_split: str = Field("test", description="Split used for evaluation during and after training.")
+    eval_limit: int | None = Field(64, ge=1, description="Questions per evaluation (CPU-sized).")
+    metric: Literal["em", "f1", "substring", "numeric", "auto"] = Field(
+        "auto",
+        description="Outcome reward: 'auto' = numeric for math tasks, EM otherwise (carl-segment §2.7).",
+    )
+    format_bonus: float = Field(
+        0.0, description="Added to the outcome when an answer was extracted (TIPS code: 0.2 in training)."
+    )
+
+
+class ProtocolConfig(Section):
+    name: Literal["codefence", "tags", "jsoncall"] = Field(
+        "codefence", description="Text format the agent speaks."
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="Protocol options (see agentcredit.protocols)."
+    )
+
+
+class ToolsConfig(Section):
+    search_k: int = Field(
+        3, ge=1, description="Passages per search call (carl-segment §4.1, TIPS Table 8: 3)."
+    )
+    corpus: str | None = Field(None, description="Search corpus JSONL; default: the task's own corpus.")
+    dense: bool = Field(False, description="Dense retrieval (all-MiniLM-L6-v2) instead of BM25.")
+    sandbox_timeout: float = Field(
+        5.0, gt=0, description="Python sandbox wall-clock timeout in seconds (spec A26: 5-10)."
+    )
+    max_workers: int = Field(4, ge=1, description="Concurrent tool calls.")
+    suite_tools: list[str] | None = Field(
+        None,
+        description="jsoncall: the tool-suite subset shown to the model (None = all 17 of PORTool §2.5; "
+        "response_gen is always kept). The full list is a ~4.7k-token system prompt, too long for CPU presets.",
+    )
+
+
+class RolloutConfig(Section):
+    strategy: Literal["independent", "entropy_guided", "portool"] = Field(
+        "independent", description="How episodes are sampled per prompt."
+    )
+    n: int = Field(
+        4,
+        ge=1,
+        description="Episodes per prompt (independent), forks N (entropy_guided), trajectories n (portool).",
+    )
+    n0: int = Field(
+        1, ge=1, description="entropy_guided: initial full episodes N0 (carl-critical: 8, lite: 1)."
+    )
+    branch: int = Field(2, ge=1, description="portool: duplication factor f (spec §4.2: 2).")
+    t_max: int = Field(
+        6, ge=1, description="portool / entropy_guided: max tool-call steps per episode (portool: 6)."
+    )
+    random_forks: bool = Field(
+        False, description="entropy_guided: pick fork states uniformly (carl-critical ablation #2)."
+    )
+    prompts_per_step: int = Field(
+        8, ge=1, description="Prompts per training step (papers: 128-512; CPU-scaled)."
+    )
+    temperature: float = Field(1.0, ge=0.0, description="Sampling temperature (all papers: 1.0 in training).")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling (papers: 1.0).")
+    top_k: int = Field(0, ge=0, description="Top-k sampling, 0 = off (papers: -1 / off).")
+    max_new_tokens: int = Field(192, ge=1, description="Tokens per segment (carl-segment: 2048; CPU-scaled).")
+    max_episode_tokens: int = Field(512, ge=1, description="Generated tokens per episode.")
+    max_turns: int = Field(
+        8, ge=1, description="Policy segments per episode (carl-segment: 15; TIPS: 5 turns)."
+    )
+    max_batch: int = Field(64, ge=1, description="Episodes decoded together by the engine.")
+
+
+# --------------------------------------------------------------------------------------------- algorithm
+class TipsConfig(Section):
+    alpha: float = Field(
+        0.2, ge=0.0, description="Shaping scale alpha (paper: fixed so E|alpha dPhi| ~ 0.2)."
+    )
+    alpha_mode: Literal["fixed", "batch_target"] = Field(
+        "fixed",
+        description="'fixed' (paper) or 'batch_target': per-batch alpha so mean |alpha dPhi| = target (code).",
+    )
+    target_mean_abs: float = Field(
+        0.11, gt=0.0, description="batch_target mode: target mean |alpha dPhi| (code: 0.11)."
+    )
+    refresh_every: int = Field(
+        200, ge=1, description="Teacher = policy snapshot refreshed every K steps (paper: 200)."
+    )
+    potential: Literal["paper", "code"] = Field(
+        "paper",
+        description="'paper': sum of answer log-probs, logsumexp over aliases; 'code': mean log-prob.",
+    )
+
+
+class GearConfig(Section):
+    lambda_kl: float = Field(0.1, description="Normalised rKL threshold that opens a segment (paper: 0.1).")
+    lambda_h: float = Field(1.5, description="Entropy multiplier that closes a segment (paper: 1.5).")
+    alpha: float = Field(0.2, description="Modulation range (paper: 0.2).")
+    beta: float | None = Field(None, description="Offset; None = 1 - 0.5 alpha (paper: 0.9).")
+    template: str = Field(
+        "{user}\n\nHere is a reference solution:\n{ground_truth}\n\n"
+        "After understanding the reference solution, please try to solve this problem using your own approach below:",
+        description="Answer-conditioned teacher prompt (spec §2.2, OPSD style); placeholders {user}, {ground_truth}.",
+    )
+
+
+class PortoolConfig(Section):
+    gamma: float = Field(0.95, ge=0.0, le=1.0, description="Step-reward decay gamma (paper: 0.95).")
+    w1: float = Field(1.0, description="Weight of the trajectory-relative advantage (paper: 1).")
+    root_is_fork: bool = Field(True, description="Count the root as a fork in N_forks (spec §3.6).")
+    judge: Literal["rule", "llm"] = Field(
+        "rule", description="Outcome judge: rule-based EM/F1 (default) or a local LLM."
+    )
+    judge_model: str | None = Field(None, description="Local model path for the LLM judge.")
+
+
+class CriticalConfig(Section):
+    update_rule: Literal["multi_child", "forked_parent", "inherit"] = Field(
+        "multi_child",
+        description="Update set (Eq. 13 literal: multi_child; spec A1: forked_parent; ablation #3: inherit).",
+    )
+
+
+class AlgorithmConfig(Section):
+    estimator: Literal["grpo", "gae", "segment", "critical", "portool"] = Field(
+        "grpo", description="Advantage estimator (credit function)."
+    )
+    critic: Literal["none", "token", "boundary"] = Field(
+        "none", description="Value head: per token (PPO/TIPS) or at segment boundaries (carl-segment)."
+    )
+    shaping: Literal["none", "tips"] = Field("none", description="Reward shaping: TIPS teacher potentials.")
+    reweight: Literal["none", "gear"] = Field("none", description="Advantage reweighting: GEAR.")
+    loss_agg: Literal["token-mean", "seq-mean-token-mean", "segment-mean"] = Field(
+        "token-mean",
+        description="Loss aggregation (carl-segment Eq. 3: segment-mean; portool Eq. 1: seq-mean-token-mean).",
+    )
+    clip_eps: float = Field(0.2, gt=0.0, description="PPO clip epsilon (all papers: 0.2).")
+    kl_coef: float = Field(
+        0.0, ge=0.0, description="KL-to-reference loss weight (carl-segment/TIPS: 0.001; portool: 0)."
+    )
+    kl_estimator: Literal["k1", "k3"] = Field("k3", description="KL estimator (k3 = low_var_kl).")
+    entropy_coef: float = Field(0.0, ge=0.0, description="Entropy bonus (carl-segment: 0.001; others 0).")
+    value_coef: float = Field(0.5, ge=0.0, description="Value-loss weight c_v (carl-segment: 0.5).")
+    value_clip: float | None = Field(
+        None, gt=0.0, description="Value clipping range (TIPS/verl: 0.5; carl-segment: none)."
+    )
+    gamma: float = Field(1.0, ge=0.0, le=1.0, description="Discount (all papers: 1.0).")
+    lam: float = Field(
+        1.0, ge=0.0, le=1.0, description="GAE lambda (TIPS: 1.0; carl-segment segment-level: 0.0)."
+    )
+    grpo_scale: bool = Field(True, description="GRPO divides by the group std (False = Dr.GRPO).")
+    grpo_eps: float = Field(1e-6, gt=0.0, description="GRPO std epsilon (verl: 1e-6).")
+    whiten_advantages: bool = Field(
+        False, description="Whiten token advantages over the batch (verl GAE path: on)."
+    )
+    tips: TipsConfig = Field(default_factory=TipsConfig)
+    gear: GearConfig = Field(default_factory=GearConfig)
+    portool: PortoolConfig = Field(default_factory=PortoolConfig)
+    critical: CriticalConfig = Field(default_factory=CriticalConfig)
+
+    @model_validator(mode="after")
+    def _compatible_parts(self) -> AlgorithmConfig:
+        need = {"gae": "token", "segment": "boundary"}
+        if self.estimator in need and self.critic != need[self.estimator]:
+            raise ValueError(
+                f"algorithm.estimator={self.estimator!r} needs algorithm.critic={need[self.estimator]!r} "
+                f"(got {self.critic!r})"
+            )
+        if self.shaping == "tips" and self.estimator not in ("gae", "segment"):
+            raise ValueError(
+                "algorithm.shaping='tips' needs a critic-based estimator ('gae' or 'segment'): under group-normalised "
+                "estimators the potential-based shaping cancels (TIPS spec §3.9)"
+            )
+        return self
+
+
+# --------------------------------------------------------------------------------------------- optimisation
+class OptimConfig(Section):
+    lr: float = Field(
+        1e-6, gt=0.0, description="Policy/backbone learning rate (all papers: 1e-6; CPU presets raise it)."
+    )
+    head_lr: float = Field(
+        5e-6, gt=0.0, description="Value-head learning rate (carl-segment: 5e-6, 10x backbone)."
+    )
+    weight_decay: float = Field(
+        0.01, ge=0.0, description="AdamW weight decay of the backbone (papers: 0.01)."
+    )
+    head_weight_decay: float = Field(
+        0.0, ge=0.0, description="Value-head weight decay (carl-segment: 0, calibration)."
+    )
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
+    warmup_steps: int = Field(
+        0, ge=0, description="Linear LR warm-up in optimiser steps (carl-segment: 100)."
+    )
+    grad_clip: float = Field(1.0, gt=0.0, description="Gradient-norm clip (papers: 1.0).")
+    epochs: int = Field(
+        1, ge=1, description="Update epochs per rollout batch (carl-segment: 4; verl default 1)."
+    )
+    minibatch_size: int = Field(
+        0, ge=0, description="Trajectories per optimiser step; 0 = the whole batch (one step per epoch)."
+    )
+
+
+class TrainConfig(Section):
+    steps: int = Field(20, ge=1, description="Training steps (rollout + update).")
+    seed: int = Field(0, description="Seed for data order, sampling and initialisation.")
+    eval_every: int = Field(0, ge=0, description="Evaluate every N steps (0 = only at the end).")
+    save_every: int = Field(10, ge=0, description="Checkpoint every N steps (0 = only at the end).")
+    keep_checkpoints: int = Field(2, ge=1, description="Checkpoints kept on disk.")
+    max_nonfinite: int = Field(3, ge=1, description="Stop after this many non-finite losses in a row.")
+    run_dir: str | None = Field(None, description="Run directory (default runs/<preset>-<time>).")
+    tensorboard: bool = Field(True, description="Write TensorBoard events.")
+    wandb: bool = Field(False, description="Log to Weights & Biases (needs wandb installed).")
+    wandb_project: str = Field("agentcredit", description="W&B project.")
+
+
+class Config(Section):
+    method: str = Field("grpo", description="Preset name, for logs and reports.")
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    task: TaskConfig = Field(default_factory=TaskConfig)
+    protocol: ProtocolConfig = Field(default_factory=ProtocolConfig)
+    tools: ToolsConfig = Field(default_factory=ToolsConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+
+    @model_validator(mode="after")
+    def _strategy_matches_estimator(self) -> Config:
+        a, r = self.algorithm, self.rollout
+        if a.estimator == "critical" and r.strategy != "entropy_guided":
+            raise ValueError(
+                "algorithm.estimator='critical' needs rollout.strategy='entropy_guided' (a rollout tree)"
+            )
+        if a.estimator == "portool" and r.strategy != "portool":
+            raise ValueError("algorithm.estimator='portool' needs rollout.strategy='portool'")
+        if a.estimator in ("gae", "segment") and r.strategy != "independent":
+            raise ValueError(
+                f"algorithm.estimator={a.estimator!r} works on linear episodes: use rollout.strategy='independent'"
+            )
+        return self
+
+
+# --------------------------------------------------------------------------------------------- loading
+def _deep_merge(base: dict, over: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def read_yaml_with_bases(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """Read a preset, merging the files listed under its ``base:`` key first."""
+    path = Path(path).resolve()
+    if path in _seen:
+        raise ConfigError(f"{path}: 'base' files include each other in a loop")
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections, got {type(data).__name__}")
+    bases = data.pop("base", []) or []
+    if isinstance(bases, str):
+        bases = [bases]
+    merged: dict[str, Any] = {}
+    for base in bases:
+        merged = _deep_merge(merged, read_yaml_with_bases(path.parent / base, (*_seen, path)))
+    return _deep_merge(merged, data)
+
+
+def apply_override(data: dict[str, Any], assignment: str) -> None:
+    """Apply one ``section.key=value`` override; the value is parsed as YAML (numbers, bools, lists)."""
+    if "=" not in assignment:
+        raise ConfigError(f"override {assignment!r} must look like section.key=value")
+    dotted, raw = assignment.split("=", 1)
+    keys = [k for k in dotted.strip().split(".") if k]
+    if not keys:
+        raise ConfigError(f"override {assignment!r} has an empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    node = data
+    for key in keys[:-1]:
+        node = node.setdefault(key, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"override {assignment!r}: {key!r} is not a section")
+    node[keys[-1]] = value
+
+
+def _describe(error: dict[str, Any], model: type[BaseModel]) -> str:
+    loc = [str(p) for p in error["loc"]]
+    key = ".".join(loc) or "<top level>"
+    if error["type"] == "extra_forbidden":
+        allowed = _allowed_keys(model, loc[:-1])
+        return f"unknown key {key!r}" + (f"; allowed keys here: {', '.join(allowed)}" if allowed else "")
+    return f"{key}: {error['msg']} (got {error.get('input')!r})"
+
+
+def _allowed_keys(model: type[BaseModel], loc: list[str]) -> list[str]:
+    for part in loc:
+        field = model.model_fields.get(part)
+        annotation = getattr(field, "annotation", None) if field else None
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return []
+        model = annotation
+    return sorted(model.model_fields)
+
+
+def validate_config(data: dict[str, Any], *, source: str = "config") -> Config:
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        problems = "\n  ".join(_describe(e, Config) for e in exc.errors())
+        raise ConfigError(f"{source}: invalid configuration:\n  {problems}") from None
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Load a preset (or the defaults when ``path`` is None), apply ``key=value`` overrides and validate."""
+    data = read_yaml_with_bases(resolve_preset(path)) if path is not None else {}
+    for assignment in overrides:
+        apply_override(data, assignment)
+    return validate_config(data, source=str(path or "defaults"))
+
+
+def resolve_preset(path: str | Path) -> Path:
+    """A config path as given, or the name of a preset under configs/ (``carl-segment-arith-tools``)."""
+    p = Path(path)
+    if p.is_file():
+        return p
+    for candidate in (CONFIG_DIR / p, CONFIG_DIR / f"{p}.yaml"):
+        if candidate.is_file():
+            return candidate
+    raise ConfigError(f"config {str(path)!r} is neither a file nor a preset in {CONFIG_DIR}")
+
+
+def dump_config(config: Config) -> str:
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,145 @@
+"""An environment = a protocol, the tools it calls and the outcome reward, built from a config for one task.
+
+Trainer, evaluator, SFT and benchmarks all build it here, so a method sees exactly the same tools and scoring
+in training and in evaluation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from agentcredit.config import Config
+from agentcredit.protocols import get_protocol
+from agentcredit.protocols.base import Protocol
+from agentcredit.tasks import Example, load_task, task_corpus
+from agentcredit.tasks.scoring import outcome_with_abstention, score
+from agentcredit.tools.base import ToolRuntime
+
+# Outcome reward of one episode: (example, extracted final answer or None when the episode gave none) -> reward
+RewardFn = Callable[[Example, str | None], float]
+
+
+@dataclass
+class Environment:
+    protocol: Protocol
+    tools: ToolRuntime
+    reward: RewardFn
+    corpus: Path | None
+
+    def close(self) -> None:
+        self.tools.close()
+
+
+def example_metric(example: Example, override: str = "auto") -> str:
+    """The scoring rule of an example: the config's, or the task's own (numeric for math, EM for QA)."""
+    if override != "auto":
+        return override
+    return example.info.get("metric", "em")
+
+
+def outcome_reward(
+    example: Example, answer: str | None, *, metric: str = "auto", format_bonus: float = 0.0
+) -> float:
+    """Score in [0, 1] (+ a format bonus when an answer was extracted, TIPS's training reward)."""
+    if answer is None:
+        return 0.0
+    return score(answer, example.answers, metric=example_metric(example, metric)) + format_bonus
+
+
+def portool_outcome(example: Example, answer: str | None, *, metric: str = "auto") -> float:
+    """PORTool's judge, rule-based: +1 true, -1 false, 0 unable to answer, -1 unfinished (no answer; spec §4.2)."""
+    return outcome_with_abstention(
+        answer, example.answers, metric=example_metric(example, metric), unfinished=-1.0
+    )
+
+
+def build_tools(config: Config, protocol_name: str, corpus: Path | None) -> ToolRuntime:
+    """The tools a protocol calls: the python sandbox (codefence), search/access (tags), the suite (jsoncall)."""
+    from agentcredit.tools.search import load_retriever
+
+    t = config.tools
+    retriever = load_retriever(corpus, dense=t.dense) if corpus is not None else None
+    if protocol_name == "codefence":
+        from agentcredit.tools.python_sandbox import python_tool
+
+        return ToolRuntime(
+            {"python": python_tool(retriever, timeout=t.sandbox_timeout)}, max_workers=t.max_workers
+        )
+    if protocol_name == "tags":
+        if retriever is None:
+            raise ValueError(
+                f"task {config.task.name!r} has no search corpus; set tools.corpus for the tags protocol"
+            )
+        return ToolRuntime(
+            {"search": retriever.as_tool(t.search_k), "access": partial(_access_page, retriever)},
+            max_workers=t.max_workers,
+        )
+    if protocol_name == "jsoncall":
+        from agentcredit.tools.suite import suite_runtime
+
+        runtime = suite_runtime(retriever, knowledge_k=t.search_k, max_workers=t.max_workers)
+        if t.suite_tools is not None:
+            runtime.tools = {
+                name: fn for name, fn in runtime.tools.items() if name in suite_subset(t.suite_tools)
+            }
+        return runtime
+    raise ValueError(f"no tools for protocol {protocol_name!r}")
+
+
+def _access_page(retriever: Any, arguments: dict[str, Any]) -> str:
+    """carl-critical's access action over the local corpus: the page (all passages) with that title."""
+    title = arguments.get("url") if isinstance(arguments, dict) else None
+    if not isinstance(title, str) or not title.strip():
+        return "ERROR: access needs a page title or url"
+    title = title.strip().rsplit("/", 1)[-1].replace("_", " ")
+    passages = retriever.by_title(title)
+    if not passages:
+        return f"No page titled {title!r} was found."
+    return "\n".join(p.text for p in passages)
+
+
+def suite_subset(names: list[str]) -> set[str]:
+    """The suite tools a config exposes (response_gen always, it ends the episode); unknown names are errors."""
+    from agentcredit.tools.suite import suite_schemas
+
+    known = {s["function"]["name"] for s in suite_schemas()}
+    unknown = sorted(set(names) - known)
+    if unknown:
+        raise ValueError(f"tools.suite_tools: unknown tool(s) {unknown}; the suite has {sorted(known)}")
+    return set(names) | {"response_gen"}
+
+
+def build_environment(config: Config) -> Environment:
+    protocol_options = dict(config.protocol.options)
+    if (
+        config.protocol.name == "jsoncall"
+        and config.tools.suite_tools is not None
+        and "schemas" not in protocol_options
+    ):
+        from agentcredit.tools.suite import suite_schemas
+
+        keep = suite_subset(config.tools.suite_tools)
+        protocol_options["schemas"] = [s for s in suite_schemas() if s["function"]["name"] in keep]
+    protocol = get_protocol(config.protocol.name, **protocol_options)
+    corpus = (
+        Path(config.tools.corpus)
+        if config.tools.corpus
+        else task_corpus(config.task.name, seed=config.task.seed)
+    )
+    tools = build_tools(config, config.protocol.name, corpus)
+    if config.algorithm.estimator == "portool":
+        reward: RewardFn = partial(portool_outcome, metric=config.task.metric)
+    else:
+        reward = partial(outcome_reward, metric=config.task.metric, format_bonus=config.task.format_bonus)
+    return Environment(protocol, tools, reward, corpus)
+
+
+def load_examples(config: Config, *, split: str | None = None, limit: int | None = None) -> list[Example]:
+    t = config.task
+    return load_task(
+        t.name, split=split or t.split, limit=limit if limit is not None else t.limit, seed=t.seed
+    )

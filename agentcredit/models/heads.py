@@ -1,0 +1,50 @@
+"""Value heads on the shared policy backbone.
+
+Both heads read the final-layer hidden state (after the model's final norm) and are computed in fp32.
+
+* :class:`TokenValueHead` — PPO / TIPS: one value per token, ``Linear(d, 1)``. verl trains a separate critic model
+  initialised from the base model; we share the backbone (as TRL's value-head models do) so a CPU run holds one model,
+  with the head on its own learning rate.
+* :class:`BoundaryValueHead` — carl-segment §3.4: ``Linear(d, d) -> GELU -> Linear(d, 1) -> sigmoid``, the last layer
+  zero-initialised so V = 0.5 at the start; read at the last token of every segment boundary state.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class TokenValueHead(nn.Module):
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.proj = nn.Linear(hidden_size, 1)
+        # zero init: V = 0 everywhere at the start, so the first advantages are plain returns
+        nn.init.zeros_(self.proj.weight)
+        nn.init.zeros_(self.proj.bias)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.proj(hidden.float()).squeeze(-1)
+
+
+class BoundaryValueHead(nn.Module):
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.fc1 = nn.Linear(hidden_size, hidden_size)  # default nn.Linear init (spec §3.4 [R])
+        self.fc2 = nn.Linear(hidden_size, 1)
+        nn.init.zeros_(self.fc2.weight)  # V = sigmoid(0) = 0.5 at init (spec §3.4 [I])
+        nn.init.zeros_(self.fc2.bias)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(self.fc2(torch.nn.functional.gelu(self.fc1(hidden.float())))).squeeze(-1)
+
+
+def make_value_head(kind: str, hidden_size: int) -> nn.Module | None:
+    """'token' -> TokenValueHead, 'boundary' -> BoundaryValueHead, 'none' -> None."""
+    if kind == "none":
+        return None
+    if kind == "token":
+        return TokenValueHead(hidden_size)
+    if kind == "boundary":
+        return BoundaryValueHead(hidden_size)
+    raise ValueError(f"value head kind must be 'none', 'token' or 'boundary', got {kind!r}")

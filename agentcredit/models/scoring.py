@@ -1,0 +1,107 @@
+"""Teacher-forced scoring: log-probs, entropies and values of chosen token positions in one forward pass.
+
+The LM head is applied only where a log-prob is wanted (policy tokens), never to the prompt or tool observations,
+and in chunks, so a batch never materialises a full ``[B, T, vocab]`` logits tensor (49k vocab x 1k tokens x 4 bytes
+= 200 MB per sequence). Values are read from the same hidden states.
+
+Alignment convention used everywhere in agentcredit: ``logprobs[b, t]`` is log pi(token t | tokens < t), and
+``values[b, t]`` is V of the state *before* token t (the hidden state at position t - 1). So the value of a segment
+boundary b_k (carl-segment: the last token of the context the segment was generated from) is ``values`` at the
+segment's first token.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass
+class TokenScores:
+    logprobs: torch.Tensor  # [B, T] float32, 0 where not requested
+    entropies: torch.Tensor | None  # [B, T] float32, 0 where not requested
+    values: torch.Tensor | None  # [B, T] float32, 0 where not requested
+
+
+def _decoder_and_head(model: nn.Module) -> tuple[nn.Module, nn.Module]:
+    decoder = model.get_decoder()
+    head = model.get_output_embeddings()
+    if decoder is None or head is None:
+        raise ValueError(f"{type(model).__name__} does not expose get_decoder()/get_output_embeddings()")
+    return decoder, head
+
+
+def hidden_states(
+    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, autocast: bool = False
+):
+    """Final-layer hidden states ``[B, T, d]`` (after the final norm). Right padding is assumed."""
+    decoder, _ = _decoder_and_head(model)
+    ctx = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
+    with ctx:
+        out = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    return out.last_hidden_state
+
+
+def score_tokens(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    want: torch.Tensor,
+    *,
+    value_head: nn.Module | None = None,
+    value_mask: torch.Tensor | None = None,
+    temperature: float = 1.0,
+    with_entropy: bool = True,
+    autocast: bool = False,
+    chunk: int = 1024,
+) -> TokenScores:
+    """Score the tokens at positions ``want`` (bool ``[B, T]``) under ``model``; optionally values at ``value_mask``.
+
+    Log-probs and entropies are of softmax(logits / temperature) in fp32 — the distribution the rollout engine
+    samples from before top-p/top-k truncation, so PPO ratios compare like with like (as verl does).
+    Gradients flow when called outside ``torch.no_grad()``.
+    """
+    if input_ids.shape != attention_mask.shape or input_ids.shape != want.shape:
+        raise ValueError(
+            f"input_ids {tuple(input_ids.shape)}, attention_mask {tuple(attention_mask.shape)} and want "
+            f"{tuple(want.shape)} must have the same shape"
+        )
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0 for scoring, got {temperature}")
+    want = want.bool().clone()
+    want[:, 0] = False  # the first token has no prefix inside this sequence
+    hidden = hidden_states(model, input_ids, attention_mask, autocast=autocast)
+    _, head = _decoder_and_head(model)
+    B, T = input_ids.shape
+    logprobs = torch.zeros(B, T, dtype=torch.float32, device=input_ids.device)
+    entropies = torch.zeros_like(logprobs) if with_entropy else None
+
+    rows, cols = want.nonzero(as_tuple=True)
+    softcap = getattr(getattr(model, "config", None), "final_logit_softcapping", None)
+    lp_parts, ent_parts = [], []
+    for start in range(0, rows.numel(), chunk):
+        r, c = rows[start : start + chunk], cols[start : start + chunk]
+        logits = head(hidden[r, c - 1].to(head.weight.dtype)).float()
+        if softcap:
+            logits = torch.tanh(logits / softcap) * softcap
+        logp_all = torch.log_softmax(logits / temperature, dim=-1)
+        lp_parts.append(logp_all.gather(-1, input_ids[r, c].unsqueeze(-1)).squeeze(-1))
+        if with_entropy:
+            ent_parts.append(-(logp_all.exp() * logp_all).sum(-1))
+    if lp_parts:
+        logprobs = logprobs.index_put((rows, cols), torch.cat(lp_parts))
+        if with_entropy:
+            entropies = entropies.index_put((rows, cols), torch.cat(ent_parts))
+
+    values = None
+    if value_head is not None:
+        vmask = (value_mask if value_mask is not None else want).bool().clone()
+        vmask[:, 0] = False
+        vr, vc = vmask.nonzero(as_tuple=True)
+        values = torch.zeros(B, T, dtype=torch.float32, device=input_ids.device)
+        if vr.numel():
+            values = values.index_put((vr, vc), value_head(hidden[vr, vc - 1]).float())
+    return TokenScores(logprobs, entropies, values)

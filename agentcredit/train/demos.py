@@ -1,0 +1,124 @@
+"""Programmatic demonstrations: a scripted policy per (task, protocol) that writes what a competent agent writes.
+
+A small model must learn the text format before RL (SmolLM2-135M never follows a tool format zero-shot), so SFT
+starts from these. Each scripted policy is a function ``(example, turn_index, last_observation) -> text``; the
+episode is played through the real protocol and the real tools (:func:`agentcredit.rollout.replay.replay`), so
+observations in the demonstrations are exactly what the environment returns.
+
+The scripts encode *when* to call a tool: arith-tools answers easy questions directly and computes hard ones in
+Python (the carl-segment paper's "2+2 vs 347x28"); multi-hop tasks search once per hop.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+
+from agentcredit.tasks import Example
+
+ScriptedPolicy = Callable[[Example, int, str | None], str]
+
+
+def _hops(example: Example) -> list[tuple[str, str, str]]:
+    """(subject, relation, object) per hop: kb-multihop's chain, or HotpotQA-style supporting titles."""
+    chain = example.info.get("chain")
+    if chain:
+        return [tuple(hop) for hop in chain]
+    titles = example.info.get("supporting_titles") or []
+    return [(t, "", "") for t in titles]
+
+
+def _relation_text(relation: str) -> str:
+    return relation.replace("_", " ")
+
+
+def _first_sentence(observation: str | None, name: str) -> str:
+    """The sentence of a search result that mentions ``name`` (what a good extraction keeps)."""
+    if not observation:
+        return ""
+    for sentence in re.split(r"(?<=[.!?])\s+", observation):
+        if name and name.lower() in sentence.lower() and "Doc " not in sentence[:6]:
+            return sentence.strip()
+    return ""
+
+
+# ------------------------------------------------------------------------------------------------ codefence
+def codefence_policy(example: Example, turn: int, observation: str | None) -> str:
+    """carl-segment format: invoke (```python), assimilate (<context>), commit (\\boxed{})."""
+    answer = example.answers[0]
+    if example.task == "arith-tools" or "expression" in example.info:
+        if example.info.get("tier") == "easy":
+            return f"{example.info['expression']} = {answer}. The answer is \\boxed{{{answer}}}."
+        expression = example.info["expression"]
+        if turn == 0:
+            return f"This needs exact arithmetic, so I will compute it.\n```python\nprint({expression})\n```"
+        if turn == 1:
+            value = (observation or "").strip().splitlines()
+            value = next((v for v in value if v.strip() and "```" not in v), answer)
+            return f"<context>{expression} = {value.strip()}</context>"
+        return f"The answer is \\boxed{{{answer}}}."
+    hops = _hops(example)
+    step, phase = divmod(turn, 2)
+    if step < len(hops):
+        subject, relation, obj = hops[step]
+        if phase == 0:
+            return f"I will look up {subject}.\n```python\nprint(search({json.dumps(subject)}))\n```"
+        fact = (
+            f"{subject} {_relation_text(relation)} {obj}."
+            if relation
+            else _first_sentence(observation, subject)
+        )
+        return f"<context>{fact or subject}</context>"
+    return f"The answer is \\boxed{{{answer}}}."
+
+
+# ------------------------------------------------------------------------------------------------ tags
+def tags_policy(example: Example, turn: int, observation: str | None) -> str:
+    """Search-R1 format: <think>, <search>, <answer>. One search per hop; arithmetic is answered directly."""
+    answer = example.answers[0]
+    hops = _hops(example)
+    if not hops:
+        return f"<think>I can answer this directly.</think>\n<answer>{answer}</answer>"
+    if turn < len(hops):
+        subject = hops[turn][0]
+        return f"<think>I need information about {subject}.</think>\n<search>{subject}</search>"
+    return f"<think>I have found the answer.</think>\n<answer>{answer}</answer>"
+
+
+# ------------------------------------------------------------------------------------------------ jsoncall
+def _call(name: str, arguments: dict) -> str:
+    return "<tool_call>" + json.dumps([{"name": name, "arguments": arguments}]) + "</tool_call>"
+
+
+def jsoncall_policy(example: Example, turn: int, observation: str | None) -> str:
+    """PORTool format: <think> + <tool_call>[...] per step, ending with response_gen."""
+    answer = example.answers[0]
+    final = "<think>I can now answer.</think>\n" + _call("response_gen", {"response": answer})
+    if example.task == "arith-tools" or "expression" in example.info:
+        if example.info.get("tier") == "easy" or turn > 0:
+            return final
+        expression = example.info["expression"]
+        return "<think>I will compute this exactly.</think>\n" + _call(
+            "math_calculation", {"expression": expression}
+        )
+    hops = _hops(example)
+    if turn < len(hops):
+        subject = hops[turn][0]
+        return f"<think>I need information about {subject}.</think>\n" + _call(
+            "knowledge_search", {"query": subject}
+        )
+    return final
+
+
+SCRIPTED_POLICIES: dict[str, ScriptedPolicy] = {
+    "codefence": codefence_policy,
+    "tags": tags_policy,
+    "jsoncall": jsoncall_policy,
+}
+
+
+def scripted_policy(protocol_name: str) -> ScriptedPolicy:
+    if protocol_name not in SCRIPTED_POLICIES:
+        raise ValueError(f"no scripted demonstrations for protocol {protocol_name!r}; use rejection sampling")
+    return SCRIPTED_POLICIES[protocol_name]

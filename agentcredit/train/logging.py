@@ -1,0 +1,90 @@
+"""Run metrics: JSONL (always), TensorBoard and W&B (when asked for)."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+
+class MetricsLogger:
+    """Appends one JSON object per step to ``metrics.jsonl`` and mirrors scalars to TensorBoard / W&B."""
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        *,
+        tensorboard: bool = True,
+        wandb: bool = False,
+        wandb_project: str = "agentcredit",
+        config: dict | None = None,
+        filename: str = "metrics.jsonl",
+    ):
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.run_dir / filename
+        self._tb = None
+        self._wandb = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
+        if wandb:
+            try:
+                import wandb as wandb_module
+            except ImportError:
+                warnings.warn(
+                    "train.wandb is on but wandb is not installed; logging to JSONL/TensorBoard only",
+                    stacklevel=2,
+                )
+            else:
+                self._wandb = wandb_module.init(
+                    project=wandb_project, dir=str(self.run_dir), config=config or {}
+                )
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        record = {"step": step, "time": time.time(), **metrics}
+        with open(self.path, "a") as fh:
+            fh.write(json.dumps(record, default=_jsonable) + "\n")
+        scalars = {
+            k: float(v) for k, v in metrics.items() if isinstance(v, int | float) and not isinstance(v, bool)
+        }
+        if self._tb is not None:
+            for key, value in scalars.items():
+                if math.isfinite(value):
+                    self._tb.add_scalar(key, value, step)
+            self._tb.flush()
+        if self._wandb is not None:
+            self._wandb.log(scalars, step=step)
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "item"):
+        return value.item()
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return str(value)
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """All records of a metrics JSONL file (a run directory is accepted)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "metrics.jsonl"
+    records = []
+    for lineno, line in enumerate(path.read_text().splitlines(), start=1):
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path} line {lineno}: not valid JSON ({exc.msg})") from None
+    return records

@@ -1,0 +1,61 @@
+"""Loss terms beside the policy surrogate: KL to the reference, entropy, value losses.
+
+All terms are per-token tensors reduced with the same per-token weights as the policy loss (carl-segment spec
+A12: KL and entropy use the loss aggregation of the policy term), so a minibatch split into microbatches sums to
+exactly the loss of the whole minibatch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> torch.Tensor:
+    """Per-token KL(pi || pi_ref) estimate on sampled tokens.
+
+    k1: log pi - log pi_ref. k3 (verl's ``low_var_kl``, Schulman's estimator): exp(d) - d - 1 with
+    d = log pi_ref - log pi, clamped to [-10, 10] as verl does, always >= 0.
+    """
+    if estimator == "k1":
+        return logp - ref_logp
+    if estimator == "k3":
+        d = (ref_logp - logp).clamp(-20.0, 20.0)
+        return (torch.exp(d) - d - 1.0).clamp(-10.0, 10.0)
+    raise ValueError(f"kl estimator must be 'k1' or 'k3', got {estimator!r}")
+
+
+def token_value_loss(
+    values: torch.Tensor,
+    returns: torch.Tensor,
+    weights: torch.Tensor,
+    *,
+    old_values: torch.Tensor | None = None,
+    clip: float | None = None,
+) -> torch.Tensor:
+    """0.5 * (V - G)^2 summed with ``weights``; with ``clip``, verl's clipped form max((V-G)^2, (V_clip-G)^2)."""
+    loss = (values - returns) ** 2
+    if clip is not None:
+        if old_values is None:
+            raise ValueError("value clipping needs the old values")
+        clipped = old_values + (values - old_values).clamp(-clip, clip)
+        loss = torch.maximum(loss, (clipped - returns) ** 2)
+    return 0.5 * (loss * weights).sum()
+
+
+def value_weights(value_mask: torch.Tensor, row_traj: torch.Tensor, kind: str) -> torch.Tensor:
+    """Per-position weights of the value loss over a whole minibatch.
+
+    token (PPO/TIPS, verl): mean over all value positions. boundary (carl-segment §3.5/A12): mean over a
+    trajectory's boundaries, then mean over trajectories.
+    """
+    mask = value_mask.float()
+    if kind == "token":
+        return mask / mask.sum().clamp(min=1.0)
+    if kind == "boundary":
+        per_traj = torch.zeros(int(row_traj.max()) + 1 if row_traj.numel() else 0).index_add_(
+            0, row_traj, mask.sum(-1)
+        )
+        n_traj = (per_traj > 0).sum().clamp(min=1)
+        denom = per_traj[row_traj].clamp(min=1.0)[:, None] * n_traj
+        return mask / denom
+    raise ValueError(f"value loss kind must be 'token' or 'boundary', got {kind!r}")

@@ -1,0 +1,125 @@
+"""Supervised fine-tuning on demonstrations in a protocol's format (what RL starts from on a small model).
+
+Demonstrations come from either
+* a scripted policy (:mod:`agentcredit.train.demos`) played through the real protocol and tools — for the synthetic
+  tasks and for tasks whose examples carry a solution path; or
+* rejection sampling: the model's own episodes from the rollout engine, kept when they are correct.
+
+The loss is the token-mean negative log-likelihood of the policy tokens (observations and the prompt are never
+trained), computed with the same scoring path and microbatching as RL.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from agentcredit.credit import aggregation_weights
+from agentcredit.environment import Environment
+from agentcredit.models.scoring import score_tokens
+from agentcredit.rollout.replay import replay
+from agentcredit.rollout.tree import RolloutTree
+from agentcredit.tasks import Example
+from agentcredit.train.batch import build_batch
+from agentcredit.train.demos import scripted_policy
+from agentcredit.train.signals import row_chunks
+
+
+def demonstrations(
+    env: Environment, tokenizer: Any, examples: Sequence[Example], protocol_name: str
+) -> list[RolloutTree]:
+    """Scripted episodes for ``examples``, played through the environment; only correct ones are kept."""
+    policy = scripted_policy(protocol_name)
+    trees = []
+    for example in examples:
+        tree = replay(
+            env.protocol,
+            tokenizer,
+            env.tools,
+            example.question,
+            lambda turn, obs, ex=example: policy(ex, turn, obs),
+            reward_fn=lambda answer, ex=example: env.reward(ex, answer),
+        )
+        if max(tree.rewards().values()) >= 1.0:
+            trees.append(tree)
+    return trees
+
+
+def rejection_sample(
+    engine: Any, strategy: Any, env: Environment, examples: Sequence[Example], *, threshold: float = 1.0
+) -> list[RolloutTree]:
+    """The model's own episodes (one tree per question), pruned to the leaves whose reward reaches ``threshold``."""
+    kept = []
+    for tree in engine.run(list(examples), strategy, env.reward):
+        good = [leaf for leaf, r in tree.rewards().items() if r >= threshold]
+        if good:
+            kept.append(tree.prune(good)[0])
+    return kept
+
+
+@dataclass
+class SFTResult:
+    losses: list[float]
+    tokens: int
+    seconds: float
+
+
+def sft(
+    model: torch.nn.Module,
+    trees: Sequence[RolloutTree],
+    *,
+    pad_id: int,
+    epochs: int = 1,
+    batch_trajectories: int = 8,
+    lr: float = 5e-5,
+    weight_decay: float = 0.0,
+    grad_clip: float = 1.0,
+    seed: int = 0,
+    autocast: bool = False,
+    max_tokens: int = 4096,
+    on_step: Callable[[int, float], None] | None = None,
+) -> SFTResult:
+    """Token-mean NLL on the policy tokens of every trajectory in ``trees``."""
+    if not trees:
+        raise ValueError("sft: no demonstrations to train on")
+    batch = build_batch(list(trees), pad_id=pad_id)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    rng = random.Random(seed)
+    losses, start, step = [], time.perf_counter(), 0
+    model.train()
+    for _ in range(epochs):
+        order = list(range(len(batch.trajectories)))
+        rng.shuffle(order)
+        for s in range(0, len(order), batch_trajectories):
+            rows = [r for j in order[s : s + batch_trajectories] for r in batch.trajectories[j].rows]
+            mb = batch.select(rows)
+            weights = aggregation_weights(mb.policy_mask, "token-mean").float()
+            optimizer.zero_grad(set_to_none=True)
+            total = 0.0
+            for micro in row_chunks(mb.attention_mask.sum(-1).tolist(), max_tokens):
+                sub = mb.select(micro)
+                scores = score_tokens(
+                    model,
+                    sub.input_ids,
+                    sub.attention_mask,
+                    sub.policy_mask,
+                    with_entropy=False,
+                    autocast=autocast,
+                )
+                loss = -(scores.logprobs * weights[micro][:, : sub.input_ids.shape[1]]).sum()
+                loss.backward()
+                total += float(loss)
+            torch.nn.utils.clip_grad_norm_(params, grad_clip)
+            optimizer.step()
+            losses.append(total)
+            step += 1
+            if on_step is not None:
+                on_step(step, total)
+    model.eval()
+    return SFTResult(losses, int(batch.policy_mask.sum()), time.perf_counter() - start)

@@ -1,0 +1,200 @@
+"""What a method needs besides rewards, computed once per batch with the pre-update weights (no gradient):
+
+* old log-probs and entropies of every policy token (the trainer recomputes them with its own forward pass, as verl
+  does, so PPO ratios never mix the rollout's precision with the trainer's);
+* critic values (per token, or at segment boundaries);
+* reference log-probs for the KL term;
+* TIPS teacher potentials Phi(S) = log sum_a p_teacher(answer a | S) at the start of every policy segment;
+* GEAR answer-conditioned teacher log-probs of the student's own tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import nn
+
+from agentcredit.credit import tips_potential
+from agentcredit.models.scoring import score_tokens
+from agentcredit.train.batch import TrainBatch, segment_spans
+
+
+def row_chunks(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """Group rows into microbatches whose padded size (rows x longest) stays within ``max_tokens``.
+
+    Rows are sorted by length first so that similar lengths share a microbatch (little padding).
+    """
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    chunks: list[list[int]] = []
+    current: list[int] = []
+    for i in order:
+        if current and (len(current) + 1) * max(lengths[i], 1) > max_tokens:
+            chunks.append(current)
+            current = []
+        current.append(i)
+    if current:
+        chunks.append(current)
+    return chunks
+
+
+@torch.no_grad()
+def score_batch(
+    model: nn.Module,
+    batch: TrainBatch,
+    *,
+    value_head: nn.Module | None = None,
+    value_mask: torch.Tensor | None = None,
+    temperature: float = 1.0,
+    autocast: bool = False,
+    with_entropy: bool = True,
+    max_tokens: int = 4096,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Log-probs (and entropies, values) of the batch's policy tokens, in microbatches; ``[N, L]`` each."""
+    N, L = batch.input_ids.shape
+    logp = torch.zeros(N, L)
+    entropy = torch.zeros(N, L) if with_entropy else None
+    values = torch.zeros(N, L) if value_head is not None else None
+    lengths = batch.attention_mask.sum(-1).tolist()
+    for rows in row_chunks(lengths, max_tokens):
+        sub = batch.select(rows)
+        vmask = value_mask[rows][:, : sub.input_ids.shape[1]] if value_mask is not None else None
+        scores = score_tokens(
+            model,
+            sub.input_ids,
+            sub.attention_mask,
+            sub.policy_mask,
+            value_head=value_head,
+            value_mask=vmask,
+            temperature=temperature,
+            with_entropy=with_entropy,
+            autocast=autocast,
+        )
+        width = sub.input_ids.shape[1]
+        logp[rows, :width] = scores.logprobs
+        if entropy is not None:
+            entropy[rows, :width] = scores.entropies
+        if values is not None:
+            values[rows, :width] = scores.values
+    return logp, entropy, values
+
+
+@torch.no_grad()
+def score_continuations(
+    model: nn.Module,
+    contexts: Sequence[Sequence[int]],
+    continuations: Sequence[Sequence[int]],
+    *,
+    temperature: float = 1.0,
+    autocast: bool = False,
+    max_tokens: int = 4096,
+    pad_id: int = 0,
+) -> list[list[float]]:
+    """log p(continuation token j | context, continuation < j) for each (context, continuation) pair."""
+    if len(contexts) != len(continuations):
+        raise ValueError(f"{len(contexts)} contexts but {len(continuations)} continuations")
+    seqs = [list(c) + list(x) for c, x in zip(contexts, continuations, strict=True)]
+    out: list[list[float]] = [[] for _ in seqs]
+    for rows in row_chunks([len(s) for s in seqs], max_tokens):
+        width = max(len(seqs[i]) for i in rows)
+        ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+        attn = torch.zeros(len(rows), width, dtype=torch.bool)
+        want = torch.zeros(len(rows), width, dtype=torch.bool)
+        for k, i in enumerate(rows):
+            ids[k, : len(seqs[i])] = torch.as_tensor(seqs[i])
+            attn[k, : len(seqs[i])] = True
+            want[k, len(contexts[i]) : len(seqs[i])] = True
+        scores = score_tokens(
+            model, ids, attn, want, temperature=temperature, with_entropy=False, autocast=autocast
+        )
+        for k, i in enumerate(rows):
+            out[i] = scores.logprobs[k, len(contexts[i]) : len(seqs[i])].tolist()
+    return out
+
+
+@torch.no_grad()
+def tips_potentials(
+    teacher: nn.Module,
+    batch: TrainBatch,
+    answers: Sequence[Sequence[str]],
+    encode: Callable[[str], list[int]],
+    render_answer: Callable[[str], str],
+    *,
+    reduce: str = "sum",
+    autocast: bool = False,
+    max_tokens: int = 4096,
+) -> list[list[float]]:
+    """Phi at the start state of every policy segment of every trajectory (TIPS spec §2.7).
+
+    The context is the exact token ids the segment was generated from (the canonical construction [R]: for
+    segment 0 the prompt, later the state right after an observation); the continuation is each de-duplicated gold
+    alias rendered in the protocol's answer format and tokenised alone.
+    """
+    if len(answers) != len(batch.trajectories):
+        raise ValueError(f"{len(answers)} answer lists for {len(batch.trajectories)} trajectories")
+    contexts, conts, owners = [], [], []
+    for j, (traj, golds) in enumerate(zip(batch.trajectories, answers, strict=True)):
+        aliases = list(dict.fromkeys(g for g in golds if g))
+        if not aliases:
+            raise ValueError(
+                f"trajectory {j} (tree {traj.tree}) has no gold answer to score a TIPS potential"
+            )
+        for k, (r, first, _) in enumerate(segment_spans(batch, traj)):
+            ctx = batch.input_ids[r, :first].tolist()
+            for a in aliases:
+                contexts.append(ctx)
+                conts.append(encode(render_answer(a)))
+                owners.append((j, k))
+    logprobs = score_continuations(teacher, contexts, conts, autocast=autocast, max_tokens=max_tokens)
+    grouped: dict[tuple[int, int], list[list[float]]] = {}
+    for owner, lp in zip(owners, logprobs, strict=True):
+        grouped.setdefault(owner, []).append(lp)
+    out = []
+    for j, traj in enumerate(batch.trajectories):
+        out.append([tips_potential(grouped[(j, k)], reduce=reduce) for k in range(len(traj.policy_nodes))])
+    return out
+
+
+@torch.no_grad()
+def teacher_logprobs(
+    model: nn.Module,
+    batch: TrainBatch,
+    prompt_lengths: Sequence[int],
+    teacher_prompts: Sequence[Sequence[int]],
+    *,
+    temperature: float = 1.0,
+    autocast: bool = False,
+    max_tokens: int = 4096,
+    pad_id: int = 0,
+) -> torch.Tensor:
+    """GEAR: log pi(a_t | s_t*) of each row's policy tokens with the row's prompt replaced by a teacher prompt.
+
+    ``prompt_lengths[r]`` is the length of row r's original prompt (the tree root), ``teacher_prompts[r]`` the
+    answer-conditioned prompt ids; the rest of the row (the student's own tokens and observations) is kept as is
+    (spec §2.2: one teacher-forced pass, no generation, no tool re-runs).
+    """
+    N, L = batch.input_ids.shape
+    out = torch.zeros(N, L)
+    seqs, shifts = [], []
+    for r in range(N):
+        length = int(batch.attention_mask[r].sum())
+        p = prompt_lengths[r]
+        seqs.append(list(teacher_prompts[r]) + batch.input_ids[r, p:length].tolist())
+        shifts.append(len(teacher_prompts[r]) - p)
+    for rows in row_chunks([len(s) for s in seqs], max_tokens):
+        width = max(len(seqs[r]) for r in rows)
+        ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+        attn = torch.zeros(len(rows), width, dtype=torch.bool)
+        want = torch.zeros(len(rows), width, dtype=torch.bool)
+        for k, r in enumerate(rows):
+            ids[k, : len(seqs[r])] = torch.as_tensor(seqs[r])
+            attn[k, : len(seqs[r])] = True
+            cols = batch.policy_mask[r].nonzero(as_tuple=True)[0]
+            want[k, cols + shifts[r]] = True
+        scores = score_tokens(
+            model, ids, attn, want, temperature=temperature, with_entropy=False, autocast=autocast
+        )
+        for k, r in enumerate(rows):
+            cols = batch.policy_mask[r].nonzero(as_tuple=True)[0]
+            out[r, cols] = scores.logprobs[k, cols + shifts[r]]
+    return out

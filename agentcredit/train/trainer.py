@@ -1,0 +1,657 @@
+"""The RL training loop shared by every method: rollout -> signals -> advantages -> PPO update.
+
+One step::
+
+    trees   = engine.run(prompts, strategy, reward)           # rollout (strategy from rollout.strategy)
+    batch   = build_batch(trees)                             # trajectories -> rows, masks, segment ids
+    signals = old log-probs, entropies, critic values, reference log-probs, teacher potentials / log-probs
+    adv     = compute_advantages(algorithm config, ...)      # the estimator + shaping + reweighting parts
+    update  = epochs x minibatches of trajectories, each split into microbatches by a token budget:
+              policy_loss (PPO clip, aggregated by loss_agg) + kl_coef * KL - entropy_coef * H + value_coef * L_V
+
+Every method is a setting of ``config.algorithm`` and ``config.rollout``; nothing here branches on a method name.
+Losses of a minibatch are computed with per-token weights fixed over the whole minibatch
+(:func:`agentcredit.credit.aggregation_weights`), so the microbatch split never changes the gradient.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from agentcredit.config import Config, dump_config
+from agentcredit.credit import aggregation_weights, policy_loss, policy_loss_stats, tips_batch_alpha
+from agentcredit.environment import Environment, build_environment, load_examples
+from agentcredit.models.heads import make_value_head
+from agentcredit.models.scoring import score_tokens
+from agentcredit.rollout.tree import RolloutTree
+from agentcredit.tasks import Example
+from agentcredit.train.advantages import Signals, compute_advantages
+from agentcredit.train.batch import TrainBatch, build_batch
+from agentcredit.train.checkpoint import load_checkpoint, save_checkpoint
+from agentcredit.train.logging import MetricsLogger
+from agentcredit.train.losses import kl_penalty, token_value_loss, value_weights
+from agentcredit.train.signals import row_chunks, score_batch, teacher_logprobs, tips_potentials
+
+
+# ------------------------------------------------------------------------------------------------ model setup
+def load_policy(cfg: Config, *, model: Any = None, tokenizer: Any = None) -> tuple[Any, Any]:
+    """The trainable policy: ``model.name`` ('embedded', 'tiny' for tests, or a local path), LoRA if asked."""
+    if model is None:
+        if cfg.model.name == "tiny":
+            from agentcredit.models.tiny import tiny_llama
+
+            model, tokenizer = tiny_llama(seed=cfg.train.seed, dtype=cfg.model.dtype)
+        else:
+            from agentcredit.models.embedded import load_model
+
+            model, tokenizer = load_model(cfg.model.name, dtype=cfg.model.dtype)
+    if cfg.model.lora.enabled:
+        from peft import LoraConfig, get_peft_model
+
+        lora = cfg.model.lora
+        model = get_peft_model(
+            model,
+            LoraConfig(
+                r=lora.r,
+                lora_alpha=lora.alpha,
+                lora_dropout=lora.dropout,
+                target_modules=lora.target_modules,
+                task_type="CAUSAL_LM",
+            ),
+        )
+    if cfg.model.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    return model, tokenizer
+
+
+def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A no-grad snapshot (the KL reference, TIPS's teacher)."""
+    snapshot = copy.deepcopy(model)
+    snapshot.eval()
+    for p in snapshot.parameters():
+        p.requires_grad_(False)
+    return snapshot
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+
+
+def rng_state() -> dict[str, Any]:
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+
+
+class PromptSampler:
+    """Seeded epochs over the training questions; its position is part of a checkpoint."""
+
+    def __init__(self, examples: list[Example], seed: int):
+        if not examples:
+            raise ValueError("no training examples")
+        self.examples, self.seed, self.epoch, self.pos = examples, seed, 0, 0
+        self._order = self._permutation()
+
+    def _permutation(self) -> list[int]:
+        order = list(range(len(self.examples)))
+        random.Random(f"{self.seed}-{self.epoch}").shuffle(order)
+        return order
+
+    def next(self, k: int) -> list[Example]:
+        out = []
+        while len(out) < k:
+            if self.pos == len(self._order):
+                self.epoch, self.pos = self.epoch + 1, 0
+                self._order = self._permutation()
+            out.append(self.examples[self._order[self.pos]])
+            self.pos += 1
+        return out
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "pos": self.pos}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self.pos = state["epoch"], state["pos"]
+        self._order = self._permutation()
+
+
+@dataclass
+class StepResult:
+    metrics: dict[str, float]
+    trees: list[RolloutTree]
+    batch: TrainBatch
+
+
+class NonFiniteLoss(RuntimeError):
+    pass
+
+
+# ------------------------------------------------------------------------------------------------ trainer
+class Trainer:
+    """Builds everything a run needs from a :class:`Config` and trains; see the module docstring."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        run_dir: str | Path | None = None,
+        model: Any = None,
+        tokenizer: Any = None,
+        environment: Environment | None = None,
+        examples: list[Example] | None = None,
+        log: bool = True,
+    ):
+        self.cfg = config
+        seed_everything(config.train.seed)
+        self.model, self.tokenizer = load_policy(config, model=model, tokenizer=tokenizer)
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        hidden = self.model.config.hidden_size if hasattr(self.model, "config") else None
+        self.value_head = make_value_head(config.algorithm.critic, hidden)
+        a = config.algorithm
+        self.lora = config.model.lora.enabled
+        # the KL reference: the initial policy (with LoRA: the same model with its adapters switched off)
+        self.ref_model = frozen_copy(self.model) if a.kl_coef > 0 and not self.lora else None
+        self.teacher = frozen_copy(self.model) if a.shaping == "tips" else None
+        self.tips_alpha = a.tips.alpha
+        self.optimizer = self._optimizer()
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer,
+            lambda s: min(1.0, (s + 1) / config.optim.warmup_steps) if config.optim.warmup_steps else 1.0,
+        )
+        self.env = environment or build_environment(config)
+        self.examples = examples if examples is not None else load_examples(config)
+        self.sampler = PromptSampler(self.examples, config.train.seed)
+        self.step = 0
+        self.nonfinite_in_row = 0
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.logger = (
+            MetricsLogger(
+                self.run_dir,
+                tensorboard=config.train.tensorboard,
+                wandb=config.train.wandb,
+                wandb_project=config.train.wandb_project,
+                config=config.model_dump(mode="json"),
+            )
+            if (log and self.run_dir is not None)
+            else None
+        )
+        if self.run_dir is not None:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            (self.run_dir / "config.yaml").write_text(dump_config(config))
+
+    # -------------------------------------------------------------- optimiser
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def _optimizer(self) -> torch.optim.Optimizer:
+        o = self.cfg.optim
+        groups = [{"params": self.trainable_parameters(), "lr": o.lr, "weight_decay": o.weight_decay}]
+        if self.value_head is not None:
+            groups.append(
+                {
+                    "params": list(self.value_head.parameters()),
+                    "lr": o.head_lr,
+                    "weight_decay": o.head_weight_decay,
+                }
+            )
+        return torch.optim.AdamW(groups, betas=tuple(o.betas))
+
+    # -------------------------------------------------------------- rollout
+    def rollout_model(self) -> Any:
+        if self.cfg.model.rollout_dtype == "bfloat16" and self.cfg.model.dtype != "bfloat16":
+            if getattr(self, "_bf16_copy", None) is None or self._bf16_synced != self.step:
+                self._bf16_copy = copy.deepcopy(self.model).to(torch.bfloat16).eval()
+                self._bf16_synced = self.step
+            return self._bf16_copy
+        return self.model
+
+    def make_engine(self, *, temperature: float | None = None, seed: int | None = None):
+        from agentcredit.rollout.backend import HFBackend
+        from agentcredit.rollout.engine import EngineConfig, RolloutEngine
+        from agentcredit.rollout.sampling import SamplingParams
+
+        r = self.cfg.rollout
+        sampling = SamplingParams(
+            temperature=r.temperature if temperature is None else temperature, top_p=r.top_p, top_k=r.top_k
+        )
+        engine_cfg = EngineConfig(
+            sampling=sampling,
+            max_segment_tokens=r.max_new_tokens,
+            max_episode_tokens=r.max_episode_tokens,
+            max_turns=r.max_turns,
+            seed=self.cfg.train.seed * 1_000_003 + self.step if seed is None else seed,
+            max_batch=r.max_batch,
+        )
+        backend = HFBackend(self.rollout_model(), pad_token_id=self.pad_id)
+        return RolloutEngine(backend, self.tokenizer, self.env.protocol, self.env.tools, engine_cfg)
+
+    def strategy(self):
+        from agentcredit.rollout import strategies
+
+        r = self.cfg.rollout
+        if r.strategy == "independent":
+            return strategies.independent(r.n)
+        if r.strategy == "entropy_guided":
+            return strategies.entropy_guided(r.n0, r.n, random_fork=r.random_forks)
+        return strategies.portool(r.n, r.branch, r.t_max)
+
+    @torch.no_grad()
+    def rollout(self, examples: list[Example]) -> tuple[list[RolloutTree], dict[str, float]]:
+        was_training = self.model.training
+        self.model.eval()
+        engine = self.make_engine()
+        trees = engine.run(examples, self.strategy(), self.env.reward)
+        self.model.train(was_training)
+        stats = {f"rollout/{k}": float(v) for k, v in engine.stats.to_dict().items()}
+        return trees, stats
+
+    # -------------------------------------------------------------- signals
+    @contextlib.contextmanager
+    def _reference(self):
+        """The KL reference model: the frozen copy, or the policy with its LoRA adapters disabled."""
+        if self.ref_model is not None:
+            yield self.ref_model
+        else:
+            with self.model.disable_adapter():
+                yield self.model
+
+    @torch.no_grad()
+    def compute_signals(
+        self, batch: TrainBatch, trees: list[RolloutTree], examples: list[Example]
+    ) -> Signals:
+        cfg, a = self.cfg, self.cfg.algorithm
+        temp = cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0
+        autocast = cfg.model.autocast_bf16
+        self.model.eval()
+        logp, entropy, values = score_batch(
+            self.model,
+            batch,
+            value_head=self.value_head,
+            value_mask=batch.policy_mask,
+            temperature=temp,
+            autocast=autocast,
+            with_entropy=True,
+        )
+        batch.old_logp, batch.old_entropy, batch.old_values = logp, entropy, values
+        if a.kl_coef > 0:
+            with self._reference() as ref:
+                batch.ref_logp, _, _ = score_batch(
+                    ref, batch, temperature=temp, autocast=autocast, with_entropy=False
+                )
+        signals = Signals(values=values, entropy=entropy)
+        by_tree = {i: ex for i, ex in enumerate(examples)}
+        if a.shaping == "tips":
+            answers = [by_tree[t.tree].answers for t in batch.trajectories]
+            encode = lambda text: self.tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+            reduce = "sum" if a.tips.potential == "paper" else "mean"
+            signals.potentials = tips_potentials(
+                self.teacher,
+                batch,
+                answers,
+                encode,
+                self.env.protocol.render_answer,
+                reduce=reduce,
+                autocast=autocast,
+            )
+            signals.alpha = self._tips_alpha(signals.potentials)
+        if a.reweight == "gear":
+            signals.teacher_logp = self._gear_teacher(batch, trees, by_tree, temp)
+        return signals
+
+    def _tips_alpha(self, potentials: list[list[float]]) -> float:
+        t = self.cfg.algorithm.tips
+        if t.alpha_mode == "batch_target":
+            deltas = [p[k] - p[k - 1] for p in potentials for k in range(1, len(p))]
+            alpha = tips_batch_alpha(deltas, target_mean_abs=t.target_mean_abs)
+            if alpha is not None:  # no non-zero delta in this batch: keep the previous alpha (released code)
+                self.tips_alpha = alpha
+        return self.tips_alpha
+
+    def _gear_teacher(
+        self, batch: TrainBatch, trees: list[RolloutTree], by_tree: dict[int, Example], temp: float
+    ):
+        """Answer-conditioned teacher: the same weights, the gold answer in the last user message (spec §2.2)."""
+        template = self.cfg.algorithm.gear.template
+        protocol = self.env.protocol
+        prompts: dict[int, list[int]] = {}
+        for t, example in by_tree.items():
+            state = protocol.new_episode(example.question)
+            messages = [dict(m) for m in protocol.messages(state)]
+            truth = protocol.render_answer(example.answers[0])
+            if example.info.get("solution"):
+                truth = f"{example.info['solution']}\n{truth}"
+            messages[-1]["content"] = template.format(user=messages[-1]["content"], ground_truth=truth)
+            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            prompts[t] = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        row_tree = [batch.trajectories[int(j)].tree for j in batch.row_traj]
+        prompt_lengths = [len(trees[t].segment(0)) for t in row_tree]
+        teacher_prompts = [prompts[t] for t in row_tree]
+        return teacher_logprobs(
+            self.model,
+            batch,
+            prompt_lengths,
+            teacher_prompts,
+            temperature=temp,
+            autocast=self.cfg.model.autocast_bf16,
+        )
+
+    # -------------------------------------------------------------- update
+    def update(self, batch: TrainBatch) -> dict[str, float]:
+        cfg, o = self.cfg, self.cfg.optim
+        self.model.train()
+        temp = cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0
+        n_traj = len(batch.trajectories)
+        mb_size = o.minibatch_size or n_traj
+        rng = random.Random(f"{cfg.train.seed}-update-{self.step}")
+        sums: dict[str, float] = {}
+        counts = 0
+        for _ in range(o.epochs):
+            order = list(range(n_traj))
+            rng.shuffle(order)
+            for start in range(0, n_traj, mb_size):
+                trajs = order[start : start + mb_size]
+                rows = [r for j in trajs for r in batch.trajectories[j].rows]
+                stats = self._minibatch_step(batch.select(rows), temp)
+                if stats is None:
+                    continue
+                counts += 1
+                for k, v in stats.items():
+                    sums[k] = sums.get(k, 0.0) + v
+        return {k: v / counts for k, v in sums.items()} if counts else {"update/skipped": 1.0}
+
+    def _minibatch_step(self, mb: TrainBatch, temp: float) -> dict[str, float] | None:
+        cfg, a = self.cfg, self.cfg.algorithm
+        seg_ids = mb.segment_ids if a.loss_agg == "segment-mean" else None
+        weights = aggregation_weights(
+            mb.loss_mask, a.loss_agg, segment_ids=seg_ids, sequence_ids=mb.row_traj
+        ).float()
+        critic = a.critic != "none" and mb.value_mask is not None
+        v_weights = value_weights(mb.value_mask, mb.row_traj, a.critic) if critic else None
+        self.optimizer.zero_grad(set_to_none=True)
+        totals = {
+            "loss/policy": 0.0,
+            "loss/kl": 0.0,
+            "loss/entropy": 0.0,
+            "loss/value": 0.0,
+            "loss/total": 0.0,
+        }
+        logp_all = torch.zeros_like(mb.old_logp)
+        lengths = mb.attention_mask.sum(-1).tolist()
+        for rows in row_chunks(lengths, max_tokens=self._micro_tokens()):
+            sub = mb.select(rows)
+            width = sub.input_ids.shape[1]
+            w = weights[rows][:, :width]
+            vmask = sub.value_mask if critic else None
+            scores = score_tokens(
+                self.model,
+                sub.input_ids,
+                sub.attention_mask,
+                sub.loss_mask,
+                value_head=self.value_head if critic else None,
+                value_mask=vmask,
+                temperature=temp,
+                with_entropy=a.entropy_coef > 0,
+                autocast=cfg.model.autocast_bf16,
+            )
+            pg = policy_loss(
+                scores.logprobs, sub.old_logp, sub.advantages, sub.loss_mask, clip_eps=a.clip_eps, weights=w
+            )
+            loss = pg
+            totals["loss/policy"] += float(pg.detach())
+            if a.kl_coef > 0:
+                kl = (kl_penalty(scores.logprobs, sub.ref_logp, a.kl_estimator) * w * sub.loss_mask).sum()
+                loss = loss + a.kl_coef * kl
+                totals["loss/kl"] += float(kl.detach())
+            if a.entropy_coef > 0:
+                ent = (scores.entropies * w * sub.loss_mask).sum()
+                loss = loss - a.entropy_coef * ent
+                totals["loss/entropy"] += float(ent.detach())
+            if critic:
+                vw = v_weights[rows][:, :width]
+                if a.critic == "token":
+                    vloss = token_value_loss(
+                        scores.values, sub.returns, vw, old_values=sub.old_values, clip=a.value_clip
+                    )
+                else:  # carl-segment §3.5: plain MSE to the Monte-Carlo return at every boundary
+                    vloss = ((scores.values - sub.returns) ** 2 * vw).sum()
+                loss = loss + a.value_coef * vloss
+                totals["loss/value"] += float(vloss.detach())
+            if not torch.isfinite(loss):
+                self.optimizer.zero_grad(set_to_none=True)
+                self.nonfinite_in_row += 1
+                if self.nonfinite_in_row >= cfg.train.max_nonfinite:
+                    raise NonFiniteLoss(
+                        f"step {self.step}: {self.nonfinite_in_row} non-finite losses in a row (train.max_nonfinite)"
+                    )
+                return None
+            loss.backward()
+            totals["loss/total"] += float(loss.detach())
+            logp_all[rows, :width] = scores.logprobs.detach()
+        self.nonfinite_in_row = 0
+        params = self.trainable_parameters() + (list(self.value_head.parameters()) if self.value_head else [])
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        stats = policy_loss_stats(logp_all, mb.old_logp, mb.advantages, mb.loss_mask, clip_eps=a.clip_eps)
+        out = dict(totals)
+        out["update/grad_norm"] = float(grad_norm)
+        out["update/clip_fraction"] = stats["clip_fraction"]
+        out["update/approx_kl"] = stats["approx_kl"]
+        out["update/lr"] = self.scheduler.get_last_lr()[0]
+        return out
+
+    def _micro_tokens(self) -> int:
+        return 4096
+
+    # -------------------------------------------------------------- one step
+    def train_step(self) -> StepResult:
+        cfg = self.cfg
+        timings: dict[str, float] = {}
+        t0 = time.perf_counter()
+        examples = self.sampler.next(cfg.rollout.prompts_per_step)
+        trees, rollout_stats = self.rollout(examples)
+        timings["time/rollout"] = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        batch = build_batch(trees, pad_id=self.pad_id)
+        signals = self.compute_signals(batch, trees, examples)
+        adv = compute_advantages(cfg.algorithm, batch, trees, signals)
+        batch.advantages, batch.loss_mask = adv.advantages, adv.loss_mask
+        batch.returns, batch.value_mask = adv.returns, adv.value_mask
+        timings["time/signals"] = time.perf_counter() - t1
+        t2 = time.perf_counter()
+        update_stats = self.update(batch)
+        timings["time/update"] = time.perf_counter() - t2
+        self.step += 1
+        timings["time/step"] = time.perf_counter() - t0
+        metrics = {
+            **episode_metrics(trees, examples),
+            **adv.stats,
+            **self._signal_metrics(batch, signals),
+            **update_stats,
+            **{
+                k: v
+                for k, v in rollout_stats.items()
+                if k in ("rollout/generated_tokens", "rollout/tokens_per_second")
+            },
+            **timings,
+        }
+        if self.teacher is not None and self.step % cfg.algorithm.tips.refresh_every == 0:
+            self.refresh_teacher()
+        return StepResult(metrics, trees, batch)
+
+    def refresh_teacher(self) -> None:
+        """TIPS: the teacher becomes a frozen copy of the current policy (between batches only)."""
+        self.teacher.load_state_dict(self.model.state_dict())
+
+    def _signal_metrics(self, batch: TrainBatch, signals: Signals) -> dict[str, float]:
+        out: dict[str, float] = {}
+        mask = batch.policy_mask
+        if batch.old_entropy is not None and mask.any():
+            out["policy/entropy"] = float(batch.old_entropy[mask].mean())
+        if batch.ref_logp is not None and mask.any():
+            out["policy/kl_ref"] = float((batch.old_logp - batch.ref_logp)[mask].mean())
+        if batch.value_mask is not None and batch.returns is not None and batch.old_values is not None:
+            vm = batch.value_mask
+            if vm.sum() > 1:
+                ret, val = batch.returns[vm], batch.old_values[vm]
+                var = ret.var()
+                out["critic/explained_variance"] = float(1 - (ret - val).var() / var) if var > 0 else 0.0
+                out["critic/value_mean"] = float(val.mean())
+        if signals.alpha is not None:
+            out["tips/alpha"] = float(signals.alpha)
+        if signals.teacher_logp is not None and mask.any():
+            out["gear/rkl_mean"] = float((batch.old_logp - signals.teacher_logp)[mask].mean())
+        return out
+
+    # -------------------------------------------------------------- checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        if self.lora:
+            from peft import get_peft_model_state_dict
+
+            model_state = get_peft_model_state_dict(self.model)
+        else:
+            model_state = self.model.state_dict()
+        return {
+            "step": self.step,
+            "model": model_state,
+            "value_head": self.value_head.state_dict() if self.value_head is not None else None,
+            "teacher": self.teacher.state_dict() if self.teacher is not None else None,
+            "tips_alpha": self.tips_alpha,
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "sampler": self.sampler.state_dict(),
+            "rng": rng_state(),
+            "nonfinite_in_row": self.nonfinite_in_row,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.lora:
+            from peft import set_peft_model_state_dict
+
+            set_peft_model_state_dict(self.model, state["model"])
+        else:
+            self.model.load_state_dict(state["model"])
+        if self.value_head is not None:
+            self.value_head.load_state_dict(state["value_head"])
+        if self.teacher is not None and state.get("teacher") is not None:
+            self.teacher.load_state_dict(state["teacher"])
+        self.tips_alpha = state.get("tips_alpha", self.tips_alpha)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.sampler.load_state_dict(state["sampler"])
+        set_rng_state(state["rng"])
+        self.step = state["step"]
+        self.nonfinite_in_row = state.get("nonfinite_in_row", 0)
+
+    def save(self) -> Path:
+        if self.run_dir is None:
+            raise ValueError("this trainer has no run directory to save checkpoints in")
+        return save_checkpoint(
+            self.run_dir,
+            self.step,
+            self.state_dict(),
+            config_yaml=dump_config(self.cfg),
+            keep=self.cfg.train.keep_checkpoints,
+        )
+
+    def resume(self, path: str | Path) -> None:
+        self.load_state_dict(load_checkpoint(path))
+
+    def save_model(self, directory: str | Path) -> Path:
+        """The policy as a Hugging Face model directory (LoRA merged), loadable as ``model.name``."""
+        directory = Path(directory)
+        model = self.model.merge_and_unload() if self.lora else self.model
+        model.save_pretrained(directory, safe_serialization=True)
+        self.tokenizer.save_pretrained(directory)
+        if self.value_head is not None:
+            torch.save(self.value_head.state_dict(), directory / "value_head.pt")
+        return directory
+
+    # -------------------------------------------------------------- loop
+    def train(self, *, progress: bool = True, on_step=None) -> list[dict[str, float]]:
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+        cfg = self.cfg.train
+        history = []
+        columns = [
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total}"),
+            TextColumn("{task.fields[info]}"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+        ]
+        with Progress(*columns, disable=not progress, transient=False) as bar:
+            task = bar.add_task(self.cfg.method, total=cfg.steps, completed=self.step, info="")
+            while self.step < cfg.steps:
+                result = self.train_step()
+                history.append(result.metrics)
+                if self.logger is not None:
+                    self.logger.log(self.step, result.metrics)
+                m = result.metrics
+                bar.update(
+                    task,
+                    completed=self.step,
+                    info=f"reward {m.get('reward/mean', math.nan):.3f} "
+                    f"acc {m.get('accuracy', math.nan):.3f} {m.get('time/step', 0):.0f}s/step",
+                )
+                if on_step is not None:
+                    on_step(self, result)
+                if self.run_dir is not None and cfg.save_every and self.step % cfg.save_every == 0:
+                    self.save()
+        if self.run_dir is not None:
+            self.save()
+        return history
+
+    def close(self) -> None:
+        if self.logger is not None:
+            self.logger.close()
+        self.env.close()
+
+
+# ------------------------------------------------------------------------------------------------ metrics
+def episode_metrics(trees: list[RolloutTree], examples: list[Example]) -> dict[str, float]:
+    """Reward, accuracy, tool calls and policy tokens per episode (and by arith-tools tier when present)."""
+    rewards, correct, calls, tokens, tiers = [], [], [], [], []
+    for tree, example in zip(trees, examples, strict=True):
+        leaf_rewards = tree.rewards()
+        for leaf, reward in leaf_rewards.items():
+            path = tree.path(leaf)
+            policy = [tree.segment(i) for i in path if tree.segment(i).role == "policy"]
+            rewards.append(reward)
+            answer = tree.nodes[leaf].info.get("answer")
+            from agentcredit.environment import outcome_reward
+
+            correct.append(outcome_reward(example, answer) >= 1.0)
+            calls.append(sum(len(s.info.get("calls", [])) for s in policy))
+            tokens.append(sum(len(s) for s in policy))
+            tiers.append(example.info.get("tier"))
+    out = {
+        "reward/mean": float(np.mean(rewards)),
+        "reward/std": float(np.std(rewards)),
+        "accuracy": float(np.mean(correct)),
+        "episode/tool_calls": float(np.mean(calls)),
+        "episode/policy_tokens": float(np.mean(tokens)),
+        "episode/count": float(len(rewards)),
+    }
+    for tier in sorted({t for t in tiers if t}):
+        sel = [i for i, t in enumerate(tiers) if t == tier]
+        out[f"tier_{tier}/tool_call_rate"] = float(np.mean([calls[i] > 0 for i in sel]))
+        out[f"tier_{tier}/accuracy"] = float(np.mean([correct[i] for i in sel]))
+    return out
