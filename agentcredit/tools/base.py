@@ -47,6 +47,9 @@ class ToolRuntime:
     def __init__(self, tools: Mapping[str, ToolFn] | None = None, *, max_workers: int = 8):
         self.tools: dict[str, ToolFn] = dict(tools or {})
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="agentcredit-tool")
+        # ``submit`` runs a whole step (its calls then go to ``_pool``) on a separate pool: a step waiting for its
+        # calls must never occupy a worker its own calls need, or a full pool deadlocks.
+        self._steps = ThreadPoolExecutor(max_workers=64, thread_name_prefix="agentcredit-tool-step")
 
     def register(self, name: str, fn: ToolFn) -> None:
         self.tools[name] = fn
@@ -71,7 +74,8 @@ class ToolRuntime:
 
     def submit(self, calls: Sequence[ToolCall]):
         """Start ``calls`` in the pool; returns a future of the result list (the engine overlaps tools)."""
-        return self._pool.submit(self.run, list(calls))
+        return self._steps.submit(self.run, list(calls))
 
     def close(self) -> None:
+        self._steps.shutdown(wait=False, cancel_futures=True)
         self._pool.shutdown(wait=False, cancel_futures=True)

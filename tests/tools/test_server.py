@@ -1,0 +1,267 @@
+"""The Search-R1-compatible HTTP service, exercised with real HTTP requests on an ephemeral localhost port."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from agentcredit.cli import app
+from agentcredit.tools.search import BM25Search, format_passages, passage_from_row
+from agentcredit.tools.server import MAX_TOPK, SearchServer, is_loopback
+
+ROWS = [
+    {"id": "p0", "title": "Kiss and Tell", "text": "Shirley Temple plays Corliss Archer."},
+    {"id": "p1", "title": "Shirley Temple", "text": "Shirley Temple Black was an actress and diplomat."},
+    {"id": "p2", "title": "Paris", "text": "Paris is the capital of France."},
+]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SearchServer]:
+    passages = [passage_from_row(r, where="t", default_id=r["id"]) for r in ROWS]
+    retriever = BM25Search(passages, cache_dir=tmp_path_factory.mktemp("index"))
+    srv = SearchServer(
+        retriever, host="127.0.0.1", port=0, default_topk=2, max_body_bytes=4096, request_timeout=1.0
+    )
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+    thread.join(timeout=5)
+
+
+def request(
+    srv: SearchServer,
+    method: str,
+    path: str,
+    body: Any = None,
+    *,
+    raw: bytes | None = None,
+    headers: dict | None = None,
+) -> tuple[int, dict[str, str], Any]:
+    host, port = srv.server_address[:2]
+    conn = http.client.HTTPConnection(host, port, timeout=10)
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    conn.request(method, path, body=data, headers={"Content-Type": "application/json", **(headers or {})})
+    resp = conn.getresponse()
+    payload = resp.read()
+    conn.close()
+    return resp.status, {k.lower(): v for k, v in resp.getheaders()}, json.loads(payload) if payload else None
+
+
+def test_retrieve_with_scores_has_search_r1_shape(server: SearchServer) -> None:
+    status, headers, body = request(
+        server,
+        "POST",
+        "/retrieve",
+        {"queries": ["Corliss Archer", "capital of France"], "topk": 1, "return_scores": True},
+    )
+    assert status == 200 and headers["content-type"].startswith("application/json")
+    assert list(body) == ["result"] and len(body["result"]) == 2
+    first = body["result"][0][0]
+    assert set(first) == {"document", "score"} and isinstance(first["score"], float)
+    assert first["document"] == {
+        "id": "p0",
+        "title": "Kiss and Tell",
+        "text": "Shirley Temple plays Corliss Archer.",
+        "contents": '"Kiss and Tell"\nShirley Temple plays Corliss Archer.',
+    }
+    assert body["result"][1][0]["document"]["id"] == "p2"
+
+
+def test_retrieve_without_scores_returns_documents(server: SearchServer) -> None:
+    status, _, body = request(server, "POST", "/retrieve", {"queries": ["Shirley Temple"]})
+    assert status == 200
+    docs = body["result"][0]
+    assert len(docs) == 2 and {d["id"] for d in docs} == {"p0", "p1"}  # default topk of this server: 2
+    assert all(set(d) == {"id", "title", "text", "contents"} for d in docs)
+
+
+def verl_passages2string(retrieval_result: list[dict]) -> str:
+    """verl's search_r1_like_utils._passages2string, restated from its documented behaviour for this check."""
+    parts = []
+    for i, item in enumerate(retrieval_result, start=1):
+        first, _, rest = item["document"]["contents"].partition("\n")
+        parts.append(f"Doc {i} (Title: {first})\n{rest}")
+    return "\n\n".join(parts).strip()
+
+
+def test_verl_client_rendering_matches_local_verl_style(server: SearchServer) -> None:
+    # What a verl SearchTool pointed at us shows the model equals what our own "verl" style renders locally.
+    _, _, body = request(
+        server, "POST", "/retrieve", {"queries": ["Shirley Temple actress"], "topk": 2, "return_scores": True}
+    )
+    local = server.retriever.retrieve("Shirley Temple actress", 2)
+    assert verl_passages2string(body["result"][0]) == format_passages(local, "verl")
+
+
+def test_empty_query_list_and_unmatched_query(server: SearchServer) -> None:
+    assert request(server, "POST", "/retrieve", {"queries": []})[2] == {"result": []}
+    assert request(server, "POST", "/retrieve", {"queries": ["zebra", ""], "topk": None})[2] == {
+        "result": [[], []]
+    }
+
+
+def test_health_and_trailing_slash(server: SearchServer) -> None:
+    status, _, body = request(server, "GET", "/health")
+    assert status == 200 and body == {"status": "ok", "retriever": "BM25Search", "passages": 3}
+    assert request(server, "POST", "/retrieve/", {"queries": ["Paris"], "topk": 1})[0] == 200
+
+
+@pytest.mark.parametrize(
+    ("raw", "status", "detail"),
+    [
+        (b"{not json", 400, "request body is not valid JSON"),
+        (b"\xff\xfe", 400, "not valid UTF-8"),
+        (b"[1, 2]", 422, "request body must be a JSON object, got list"),
+        (b"{}", 422, "field 'queries' is required"),
+        (b'{"queries": "Paris"}', 422, "field 'queries' must be a list of strings, got str"),
+        (b'{"queries": ["Paris", 3]}', 422, "field 'queries[1]' must be a string, got int"),
+        (b'{"queries": ["Paris"], "topk": "3"}', 422, "field 'topk' must be an integer or null, got str"),
+        (b'{"queries": ["Paris"], "topk": true}', 422, "field 'topk' must be an integer or null, got bool"),
+        (b'{"queries": ["Paris"], "topk": 0}', 422, f"field 'topk' must be between 1 and {MAX_TOPK}, got 0"),
+        (
+            b'{"queries": ["Paris"], "return_scores": "yes"}',
+            422,
+            "field 'return_scores' must be true or false",
+        ),
+    ],
+)
+def test_malformed_requests_get_4xx_with_message(
+    server: SearchServer, raw: bytes, status: int, detail: str
+) -> None:
+    got_status, _, body = request(server, "POST", "/retrieve", raw=raw)
+    assert got_status == status
+    assert detail in body["detail"]
+
+
+def test_wrong_path_method_size_and_length(server: SearchServer) -> None:
+    status, _, body = request(server, "POST", "/search", {"queries": ["x"]})
+    assert status == 404 and "POST /retrieve" in body["detail"]
+    status, headers, body = request(server, "GET", "/retrieve")
+    assert status == 405 and headers["allow"] == "POST" and "use POST" in body["detail"]
+    status, headers, _ = request(server, "PUT", "/health", {})
+    assert status == 405 and headers["allow"] == "GET"
+    status, _, body = request(server, "POST", "/retrieve", raw=b'{"queries": ["' + b"a" * 5000 + b'"]}')
+    assert status == 413 and "limit is 4096 bytes" in body["detail"]
+    # No Content-Length at all: a raw socket request, since http.client always adds one.
+    host, port = server.server_address[:2]
+    conn = http.client.HTTPConnection(host, port, timeout=10)
+    conn.putrequest("POST", "/retrieve")
+    conn.endheaders()
+    resp = conn.getresponse()
+    assert resp.status == 411 and "Content-Length" in json.loads(resp.read())["detail"]
+    conn.close()
+
+
+def test_server_keeps_serving_after_errors_and_under_concurrency(server: SearchServer) -> None:
+    request(server, "POST", "/retrieve", raw=b"{bad")
+    expected = request(server, "POST", "/retrieve", {"queries": ["Paris"], "topk": 1, "return_scores": True})[
+        2
+    ]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        results = list(
+            pool.map(
+                lambda _: request(
+                    server, "POST", "/retrieve", {"queries": ["Paris"], "topk": 1, "return_scores": True}
+                ),
+                range(32),
+            )
+        )
+    assert all(status == 200 and body == expected for status, _, body in results)
+
+
+def test_constructor_validation_and_loopback_check() -> None:
+    with pytest.raises(ValueError, match="default_topk"):
+        SearchServer(object(), port=0, default_topk=0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="port must be between"):
+        SearchServer(object(), port=70000)  # type: ignore[arg-type]
+    assert is_loopback("127.0.0.1") and is_loopback("localhost") and is_loopback("::1")
+    assert not is_loopback("0.0.0.0") and not is_loopback("example.org")
+
+
+def test_cli_help_lists_serve_search() -> None:
+    result = CliRunner().invoke(app, ["serve-search", "--help"])
+    assert result.exit_code == 0
+    assert "--corpus" in result.output and "--port" in result.output and "--dense" in result.output
+
+
+def test_cli_rejects_missing_corpus_and_model_without_dense(tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        app, ["serve-search", "--corpus", str(tmp_path / "none.jsonl"), "--port", "0"]
+    )
+    assert result.exit_code == 2 and "corpus file not found" in result.output
+    result = CliRunner().invoke(app, ["serve-search", "--corpus", "x", "--model", str(tmp_path)])
+    assert result.exit_code != 0
+
+
+def test_cli_serves_over_http_end_to_end(tmp_path: Path) -> None:
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    env = {**os.environ, "AGENTCREDIT_HOME": str(tmp_path / "home")}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "agentcredit.cli",
+            "serve-search",
+            "--corpus",
+            str(corpus),
+            "--port",
+            "0",
+            "--topk",
+            "1",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        match = re.search(r"http://127\.0\.0\.1:(\d+)/retrieve", line)
+        assert match, (
+            f"unexpected first line {line!r}; stderr: {proc.stderr.read() if proc.poll() is not None else ''}"
+        )
+        conn = http.client.HTTPConnection("127.0.0.1", int(match.group(1)), timeout=10)
+        conn.request("POST", "/retrieve", body=json.dumps({"queries": ["capital of France"]}))
+        body = json.loads(conn.getresponse().read())
+        conn.close()
+        assert [d["id"] for d in body["result"][0]] == ["p2"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_cli_import_does_not_load_the_search_stack() -> None:
+    code = "import sys, agentcredit.cli; print(any(m in sys.modules for m in ('agentcredit.tools.server', 'bm25s')))"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert out == "False"  # serve-search imports lazily, so `agentcredit --help` stays fast
+
+
+def test_stalled_body_times_out_with_408(server: SearchServer) -> None:
+    host, port = server.server_address[:2]
+    with socket.create_connection((host, port), timeout=10) as sock:
+        sock.sendall(b'POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"queries"')
+        chunks = []
+        while chunk := sock.recv(4096):  # the server closes the connection after a 408
+            chunks.append(chunk)
+        reply = b"".join(chunks).decode()
+    assert reply.startswith("HTTP/1.1 408") and "timed out reading the request body" in reply
