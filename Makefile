@@ -5,8 +5,11 @@ PIP    := $(PY) -m pip
 # torch first, pinned: this version is the CPU build available locally; a bare `torch` would pull a CUDA build.
 TORCH  ?= torch==2.13.0
 PYTEST_ARGS ?=
+# verl's tests get their own venv: verl 0.9.1 pins transformers < 5.11, the main venv has a newer one.
+VERL_VENV ?= .venv-verl
+VERL_PY   := $(VERL_VENV)/bin/python
 
-.PHONY: setup setup-dev system-packages test test-fast lint format demo bench clean
+.PHONY: setup setup-dev system-packages test test-fast test-verl lint format demo bench clean
 
 # Debian packages the project uses: bubblewrap (the Python sandbox) and chromium (the credit-viewer page test).
 system-packages:
@@ -38,11 +41,27 @@ $(VENV)/.installed-dev: pyproject.toml $(VENV)/.torch
 	$(PIP) install -q -e '.[dev]'
 	touch $@
 
+$(VERL_VENV)/bin/python:
+	python3 -m venv $(VERL_VENV)
+	$(VERL_PY) -m pip install -q --upgrade pip
+
+$(VERL_VENV)/.torch: | $(VERL_VENV)/bin/python
+	$(VERL_PY) -m pip install -q $(TORCH)
+	touch $@
+
+$(VERL_VENV)/.installed: pyproject.toml $(VERL_VENV)/.torch
+	$(VERL_PY) -m pip install -q -e '.[verl,dev]'
+	touch $@
+
 setup: system-packages $(VENV)/.installed
 setup-dev: system-packages $(VENV)/.installed-dev
 
-test: setup-dev
+test: setup-dev test-verl
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# agentcredit.integrations.verl on CPU, in .venv-verl (created on first use: torch first, then -e .[verl,dev]).
+test-verl: $(VERL_VENV)/.installed
+	$(VERL_PY) -m pytest -m verl tests/integrations
 
 test-fast: setup-dev
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
@@ -59,4 +78,4 @@ demo: setup
 	$(VENV)/bin/agentcredit demo
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) $(VERL_VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,62 @@
+"""agentcredit inside an unmodified verl install (verl 0.9.1, the V1 trainer).
+
+What plugs in where (docs/scaling-out-with-verl.md has the full picture):
+
+* :mod:`.register` is the module named in ``VERL_USE_EXTERNAL_MODULES``. ``import verl`` imports it in every
+  process (the driver, the TaskRunner and every Ray worker, because the shipped configs pass the variable
+  through ``ray_kwargs.ray_init.runtime_env.env_vars``), and it registers everything below.
+* :mod:`.agent_loop`: the agent loop ``agentcredit_agent`` runs agentcredit's protocols and tools inside
+  verl's rollout and records what the credit methods need in ``extra_fields["agentcredit"]``
+  (:mod:`.fields`).
+* :mod:`.trainer`: the V1 trainer ``agentcredit`` (``trainer.v1.trainer_mode=agentcredit``) whose
+  ``_compute_advantage`` hands verl's batch to :mod:`.advantages`, which calls agentcredit's credit functions.
+* :mod:`.estimators`: ``@register_adv_est`` estimators for the methods that fit verl's narrow estimator
+  interface (rewards, response mask and uid only).
+* ``config/*.yaml``: Hydra configs that extend verl's own tree through ``searchpath``, one per method.
+
+Nothing in this package is imported by agentcredit's core, and this ``__init__`` imports no verl module, so
+``import agentcredit`` never pulls verl in.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+__all__ = [
+    "AGENT_LOOP_NAME",
+    "ESTIMATOR_NAMES",
+    "EXTRA_KEY",
+    "METHOD_CONFIGS",
+    "REGISTER_MODULE",
+    "TRAINER_NAME",
+    "VERL_VERSION",
+    "config_dir",
+]
+
+#: The verl release this integration is written and tested against (the ``agentcredit[verl]`` extra pins it).
+VERL_VERSION = "0.9.1"
+#: Module to list in ``VERL_USE_EXTERNAL_MODULES``.
+REGISTER_MODULE = "agentcredit.integrations.verl.register"
+#: ``actor_rollout_ref.rollout.agent.default_agent_loop`` / the ``agent_name`` column of the data.
+AGENT_LOOP_NAME = "agentcredit_agent"
+#: ``trainer.v1.trainer_mode``.
+TRAINER_NAME = "agentcredit"
+#: ``algorithm.adv_estimator`` names registered in verl's estimator registry.
+ESTIMATOR_NAMES = ("agentcredit_grpo", "agentcredit_drgrpo")
+#: The key of ``AgentLoopOutput.extra_fields`` that carries agentcredit's per-row record.
+EXTRA_KEY = "agentcredit"
+#: Method preset -> Hydra config name under :func:`config_dir`.
+METHOD_CONFIGS = {
+    "grpo": "grpo",
+    "ppo": "ppo",
+    "carl-segment": "carl_segment",
+    "tips": "tips",
+    "gear": "gear",
+    "portool": "portool",
+    "carl-critical": "carl_critical",
+}
+
+
+def config_dir() -> Path:
+    """Directory of the Hydra configs (pass it to verl's entry point as ``--config-path``)."""
+    return Path(__file__).resolve().parent / "config"

@@ -1,0 +1,232 @@
+"""The verl agent loop ``agentcredit_agent``: agentcredit's protocols and tools inside verl's rollout.
+
+verl instantiates one loop per sample in its agent-loop workers and calls :meth:`AgentCreditAgentLoop.run`,
+which runs :func:`agentcredit.integrations.verl.episode.run_episode` against verl's LLM server (vLLM or SGLang),
+scores the answer, asks the same server for the teacher scores TIPS and GEAR need, and returns one
+``AgentLoopOutput`` per training view with ``extra_fields["agentcredit"]`` (:mod:`.fields`): segment spans and
+kinds (invoke / assimilate / commit / search / answer / step), which tool outputs were transient, the
+protocol's formatting reward per step, the outcome, and the teacher potentials or log-probs.
+
+The data rows come from :mod:`agentcredit.integrations.verl.data` (``raw_prompt`` = the protocol's messages,
+``extra_info`` = question and gold answers); set ``actor_rollout_ref.rollout.agent.default_agent_loop`` to
+``agentcredit_agent`` (the shipped configs do).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+from uuid import uuid4
+
+from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
+
+from agentcredit.integrations.verl import AGENT_LOOP_NAME, EXTRA_KEY
+from agentcredit.integrations.verl.episode import (
+    Generation,
+    answer_potentials,
+    episode_rows,
+    run_episode,
+    teacher_logprobs,
+)
+from agentcredit.integrations.verl.settings import AgentCreditSettings, load_settings
+from agentcredit.integrations.verl.tools import build_runtime
+from agentcredit.protocols import get_protocol
+from agentcredit.tasks.scoring import outcome_with_abstention, score
+from agentcredit.tools.base import ToolCall, ToolResult, ToolRuntime
+
+__all__ = ["AgentCreditAgentLoop", "episode_outcome", "sample_fields", "teacher_messages"]
+
+#: One tool runtime (and its thread pool) per worker process and tool configuration.
+_RUNTIMES: dict[str, ToolRuntime] = {}
+
+
+def _runtime(settings: AgentCreditSettings) -> ToolRuntime:
+    key = json.dumps(settings.tools.model_dump(), sort_keys=True)
+    if key not in _RUNTIMES:
+        _RUNTIMES[key] = build_runtime(settings.tools)
+    return _RUNTIMES[key]
+
+
+def sample_fields(kwargs: dict[str, Any]) -> tuple[list[dict[str, Any]], str, list[str]]:
+    """Messages, question and gold answers of one dataset row (as written by :mod:`.data`)."""
+    if "raw_prompt" not in kwargs:
+        raise ValueError("the dataset row has no raw_prompt; set data.return_raw_chat=True")
+    messages = [dict(m) for m in kwargs["raw_prompt"]]
+    info = kwargs.get("extra_info") or {}
+    question = info.get("question")
+    golds = info.get("answers")
+    if golds is None:
+        golds = (kwargs.get("reward_model") or {}).get("ground_truth")
+    # parquet round trips lists as numpy arrays; a bare string is one alias
+    golds = [golds] if isinstance(golds, str) else list(golds) if golds is not None else []
+    if not isinstance(question, str) or not question.strip():
+        raise ValueError(
+            "extra_info.question is missing: write the data with `python -m agentcredit.integrations.verl "
+            "prepare-data` (or add the question to extra_info)"
+        )
+    if not golds:
+        raise ValueError(f"no gold answers for question {question!r:.80}: set extra_info.answers")
+    return messages, question, [str(g) for g in golds]
+
+
+def teacher_messages(
+    messages: list[dict[str, Any]], ground_truth: str, template: str
+) -> list[dict[str, Any]]:
+    """GEAR's answer-conditioned prompt: the last user message rewritten with ``template`` (spec §2.2)."""
+    out = [dict(m) for m in messages]
+    for m in reversed(out):
+        if m.get("role") == "user":
+            m["content"] = template.format(user=m["content"], ground_truth=ground_truth)
+            return out
+    raise ValueError("GEAR needs a user message to put the reference answer in; the prompt has none")
+
+
+def episode_outcome(settings: AgentCreditSettings, answer: str | None, golds: list[str]) -> float:
+    """The outcome reward: the task metric (plus the optional format bonus), or PORTool's +1 / 0 / -1."""
+    if settings.method == "portool":
+        return outcome_with_abstention(answer, golds, metric=settings.reward_metric)
+    if answer is None:
+        return 0.0
+    return score(answer, golds, metric=settings.reward_metric) + settings.format_bonus
+
+
+@register(AGENT_LOOP_NAME)
+class AgentCreditAgentLoop(AgentLoopBase):
+    """Runs one agentcredit episode per sample and records what the credit methods need."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        if "agentcredit" not in self.config:
+            raise ValueError("the agentcredit agent loop needs the `agentcredit:` config block")
+        self.settings = load_settings(self.config.agentcredit)
+        self.response_length = int(self.rollout_config.response_length)
+        # weight versions the episode was sampled with (verl's staleness tags need them); one loop per sample
+        self._weight_steps: list[int] = []
+
+    async def _generate(self, context: list[int], params: dict[str, Any]) -> Generation:
+        out = await self.server_manager.generate(
+            request_id=uuid4().hex, prompt_ids=context, sampling_params=params
+        )
+        for key in ("min_global_steps", "max_global_steps"):
+            if out.extra_fields.get(key) is not None:
+                self._weight_steps.append(int(out.extra_fields[key]))
+        return Generation(list(out.token_ids), list(out.log_probs) if out.log_probs else None)
+
+    def _step_fields(self, kwargs: dict[str, Any]) -> dict[str, int]:
+        """``min/max_global_steps`` as verl's tool agent loop reports them (the TQ trainer's metrics read them)."""
+        steps = self._weight_steps
+        if not steps and kwargs.get("global_steps") is not None:
+            steps = [int(kwargs["global_steps"])]
+        return {"min_global_steps": min(steps), "max_global_steps": max(steps)} if steps else {}
+
+    async def _prompt_logprobs(self, ids: list[int]) -> list[float]:
+        params = {"max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 0, "detokenize": False}
+        out = await self.server_manager.generate(
+            request_id=uuid4().hex, prompt_ids=ids, sampling_params=params
+        )
+        raw = out.extra_fields.get("prompt_logprobs")
+        if raw is None or len(raw) < len(ids) - 1:
+            raise ValueError(
+                "the rollout server returned no prompt_logprobs; TIPS and GEAR need vLLM or SGLang"
+            )
+        return [float(entry[0]) for entry in raw[: len(ids) - 1]]
+
+    async def run(
+        self, sampling_params: dict[str, Any], **kwargs: Any
+    ) -> AgentLoopOutput | list[AgentLoopOutput]:
+        s = self.settings
+        messages, question, golds = sample_fields(kwargs)
+        protocol = get_protocol(s.protocol, **s.protocol_options)
+        runtime = _runtime(s)
+        loop = asyncio.get_running_loop()
+        timing = {"generate": 0.0, "tools": 0.0}
+
+        async def run_tools(calls: list[ToolCall]) -> list[ToolResult]:
+            start = time.perf_counter()
+            results = await loop.run_in_executor(None, runtime.run, calls)
+            timing["tools"] += time.perf_counter() - start
+            return results
+
+        state = protocol.new_episode(question)
+        # The token ids come from verl's builder (as for every verl agent loop), but the protocol still sees
+        # the tokenizer through prompt(): the tips style reads the chat template's role markers there.
+        protocol.prompt(state, self.tokenizer)
+        prompt_ids = await self.ct_build_initial_tokens(messages)
+        start = time.perf_counter()
+        episode = await run_episode(
+            protocol,
+            state,
+            prompt_ids,
+            tokenizer=self.tokenizer,
+            generate=self._generate,
+            run_tools=run_tools,
+            sampling_params=dict(sampling_params),
+            max_segment_tokens=s.max_segment_tokens,
+            max_response_tokens=self.response_length,
+            eos_token_ids=_eos_ids(self.tokenizer),
+        )
+        timing["generate"] = time.perf_counter() - start - timing["tools"]
+        outcome = episode_outcome(s, episode.answer, golds)
+
+        potentials = teacher = None
+        if s.method == "tips":
+            t = s.tips
+            potentials = await answer_potentials(
+                episode.boundaries,
+                golds,
+                tokenizer=self.tokenizer,
+                prompt_logprobs=self._prompt_logprobs,
+                answer_template=t.answer_template,
+                reduce=t.reduce,
+                aggregate=t.aggregate,
+                max_aliases=t.max_aliases,
+            )
+        views_response = [
+            view.token_ids[len(prompt_ids) :] for view in episode.tree.training_views(episode.leaf)
+        ]
+        if s.method == "gear":
+            t_messages = teacher_messages(messages, golds[0], s.gear.teacher_template)
+            t_prompt = await loop.run_in_executor(
+                None, lambda: self.continuous_token_builder.build_initial_tokens(t_messages)
+            )
+            teacher = await teacher_logprobs(
+                list(t_prompt), views_response, prompt_logprobs=self._prompt_logprobs
+            )
+
+        rows = episode_rows(
+            episode,
+            outcome,
+            format_reward_key=s.portool.format_reward_key,
+            potentials=potentials,
+            teacher=teacher,
+        )
+        metrics = AgentLoopMetrics(generate_sequences=timing["generate"], tool_calls=timing["tools"])
+        outputs = [
+            AgentLoopOutput(
+                prompt_ids=list(prompt_ids),
+                response_ids=row.response_ids,
+                response_mask=row.response_mask,
+                response_logprobs=row.response_logprobs,
+                reward_score=outcome,
+                num_turns=len(episode.tree.path(episode.leaf)),  # the user prompt plus every segment
+                metrics=metrics,
+                extra_fields={
+                    EXTRA_KEY: row.record.model_dump(),
+                    "turn_scores": [],
+                    "tool_rewards": [],
+                    "reward_extra_info": {"acc": outcome},
+                    **self._step_fields(kwargs),
+                },
+            )
+            for row in rows
+        ]
+        return outputs[0] if len(outputs) == 1 else outputs
+
+
+def _eos_ids(tokenizer: Any) -> list[int]:
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if eos is None:
+        return []
+    return list(eos) if isinstance(eos, list | tuple) else [int(eos)]

@@ -1,0 +1,389 @@
+"""One episode of an agentcredit protocol against a token-in/token-out generation server.
+
+This is the engine-independent half of the verl agent loop: it drives a :class:`~agentcredit.protocols.base.
+Protocol` and a :class:`~agentcredit.tools.base.ToolRuntime` through the loop of the protocol's docstring,
+building contexts by appending token ids (never re-rendering a chat template), and returns the episode as a
+one-path :class:`~agentcredit.rollout.tree.RolloutTree`. :func:`episode_rows` then lays it out as verl rows
+(one per training view) with the :class:`~agentcredit.integrations.verl.fields.RowRecord` the trainer reads.
+
+Segment ends. A server with native stop strings (vLLM, SGLang) stops at ``protocol.stop_strings(state)``;
+every stop is only a candidate, confirmed by ``protocol.segment_ends`` on the exact decoded text, and an
+unconfirmed one (a closing fence that closes no python block) just continues the segment. Without stop
+strings the server may also run past the end: the tokens after the first confirmed end are dropped. Dropping
+them is exact, not an approximation: each kept token was sampled from the same conditional distribution it
+would have been sampled from had generation stopped there.
+
+Teacher scores. :func:`answer_potentials` (TIPS) and :func:`teacher_logprobs` (GEAR) ask the same server for
+prompt log-probs of a token sequence, the call verl's own on-policy-distillation teacher uses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentcredit.credit import tips_potential
+from agentcredit.integrations.verl.fields import RowRecord, Span
+from agentcredit.protocols.base import EpisodeState, Protocol
+from agentcredit.rollout.tree import FlatSequence, RolloutTree, Segment
+from agentcredit.tools.base import ToolCall, ToolResult
+
+__all__ = [
+    "Episode",
+    "Generation",
+    "answer_potentials",
+    "continuation_logprobs",
+    "episode_rows",
+    "run_episode",
+    "teacher_logprobs",
+]
+
+
+@dataclass
+class Generation:
+    """What the server returned for one request: sampled tokens and (optionally) their log-probs."""
+
+    token_ids: list[int]
+    log_probs: list[float] | None = None
+
+
+#: ``generate(context_ids, sampling_params) -> Generation``.
+GenerateFn = Callable[[list[int], dict[str, Any]], Awaitable[Generation]]
+#: ``prompt_logprobs(ids) -> lp`` with ``lp[j] = log p(ids[j + 1] | ids[: j + 1])``, ``len(ids) - 1`` values.
+PromptLogprobsFn = Callable[[list[int]], Awaitable[list[float]]]
+#: ``run_tools(calls) -> results`` in call order.
+RunToolsFn = Callable[[list[ToolCall]], Awaitable[list[ToolResult]]]
+
+
+@dataclass
+class Episode:
+    """A finished episode: the tree (one path), its leaf, the answer, and what the credit methods need."""
+
+    tree: RolloutTree
+    leaf: int
+    answer: str | None
+    prompt_length: int
+    boundaries: list[list[int]] = field(default_factory=list)  # contexts S_0, S_1, ... after each observation
+    finished: bool = True  # False: cut by the response budget before the protocol ended the episode
+
+    def policy_nodes(self) -> list[int]:
+        return [i for i in self.tree.path(self.leaf) if self.tree.segment(i).is_policy]
+
+    def tool_turns(self) -> list[int]:
+        """Policy segments (episode order) directly followed by an observation."""
+        path = self.tree.path(self.leaf)
+        out, k = [], -1
+        for a, b in zip(path, path[1:] + [None], strict=True):
+            if self.tree.segment(a).is_policy:
+                k += 1
+                if b is not None and self.tree.segment(b).role == "observation":
+                    out.append(k)
+        return out
+
+
+def _candidate_ends(
+    protocol: Protocol, state: EpisodeState, tokenizer: Any, prefix: list[int], new: list[int]
+):
+    """Positions i (1-based over ``new``) where the segment prefix + new[:i] may end, cheapest check first.
+
+    The per-token pieces (one batch decode) approximate the text; every hit is confirmed on the exact decoding
+    of the whole prefix, so the approximation only decides where to look.
+    """
+    text = tokenizer.decode(prefix, skip_special_tokens=True) if prefix else ""
+    pieces = tokenizer.batch_decode([[t] for t in new], skip_special_tokens=True)
+    for i, piece in enumerate(pieces, start=1):
+        text += piece
+        if protocol.segment_ends(state, text):
+            yield i
+
+
+def _first_end(
+    protocol: Protocol, state: EpisodeState, tokenizer: Any, prefix: list[int], new: list[int]
+) -> int | None:
+    for i in _candidate_ends(protocol, state, tokenizer, prefix, new):
+        if protocol.segment_ends(state, tokenizer.decode(prefix + new[:i], skip_special_tokens=True)):
+            return i
+    # The exact text may end a segment where the pieces did not (multi-byte characters): check the full text.
+    if new and protocol.segment_ends(state, tokenizer.decode(prefix + new, skip_special_tokens=True)):
+        for i in range(1, len(new) + 1):
+            if protocol.segment_ends(state, tokenizer.decode(prefix + new[:i], skip_special_tokens=True)):
+                return i
+    return None
+
+
+async def _generate_segment(
+    protocol: Protocol,
+    state: EpisodeState,
+    tokenizer: Any,
+    generate: GenerateFn,
+    context: list[int],
+    budget: int,
+    sampling_params: dict[str, Any],
+    eos_token_ids: frozenset[int],
+) -> tuple[list[int], list[float] | None, str]:
+    """Sample one policy segment: its tokens, their log-probs (if the server gives them) and the finish reason."""
+    ids: list[int] = []
+    logprobs: list[float] | None = []
+    stops = protocol.stop_strings(state)
+    while True:
+        params = dict(sampling_params, max_new_tokens=budget - len(ids))
+        if stops:
+            params["stop"] = list(stops)
+        out = await generate(context + ids, params)
+        new = list(out.token_ids)
+        if out.log_probs is None:
+            logprobs = None
+        elif logprobs is not None:
+            if len(out.log_probs) != len(new):
+                raise ValueError(f"the server returned {len(out.log_probs)} log-probs for {len(new)} tokens")
+        if not new:
+            return ids, logprobs, "length"  # aborted or empty: nothing more will come
+        cut = _first_end(protocol, state, tokenizer, ids, new)
+        keep = new if cut is None else new[:cut]
+        ids.extend(keep)
+        if logprobs is not None:
+            logprobs.extend(out.log_probs[: len(keep)])
+        if cut is not None:
+            return ids, logprobs, "stop"
+        if new[-1] in eos_token_ids:
+            return ids, logprobs, "eos"
+        if len(ids) >= budget or not stops:
+            return ids, logprobs, "length"
+        # stopped at a stop string the protocol did not confirm: the segment goes on from here
+
+
+async def run_episode(
+    protocol: Protocol,
+    state: EpisodeState,
+    prompt_ids: list[int],
+    *,
+    tokenizer: Any,
+    generate: GenerateFn,
+    run_tools: RunToolsFn,
+    sampling_params: dict[str, Any],
+    max_segment_tokens: int,
+    max_response_tokens: int,
+    eos_token_ids: Sequence[int] = (),
+) -> Episode:
+    """Run one episode of ``protocol`` from ``prompt_ids``; the response never exceeds ``max_response_tokens``."""
+    if not prompt_ids:
+        raise ValueError("run_episode: the prompt is empty")
+    eos = frozenset(int(t) for t in eos_token_ids)
+    tree = RolloutTree(Segment(list(prompt_ids), role="prompt", kind="prompt"))
+    node = 0
+    visible: list[int] = [0]  # node ids whose tokens form the current context
+    pending_transient: int | None = None
+    boundaries = [list(prompt_ids)]
+    answer, finished = None, False
+
+    def context() -> list[int]:
+        return [t for i in visible for t in tree.segment(i).token_ids]
+
+    while True:
+        ctx = context()
+        room = max_response_tokens - (len(ctx) - len(prompt_ids))
+        budget = min(protocol.max_new_tokens(state, max_segment_tokens), room)
+        if budget <= 0:
+            break
+        ids, logprobs, finish = await _generate_segment(
+            protocol, state, tokenizer, generate, ctx, budget, sampling_params, eos
+        )
+        if not ids:
+            break
+        text = tokenizer.decode(ids, skip_special_tokens=True)
+        turn = protocol.read_segment(state, text, finish)
+        protocol.record(state, turn, text)
+        observation = None
+        if not turn.done:
+            results = await run_tools(list(turn.calls)) if turn.calls else []
+            observation = protocol.observation(state, turn, results)
+        # turn.info is final only now (observation() may complete it), so the segment is built after it.
+        seg = Segment(ids, text, role="policy", kind=turn.kind, logprobs=logprobs, info=dict(turn.info))
+        node = tree.add(seg, node)
+        visible.append(node)
+        if pending_transient is not None and turn.drop_transient:
+            visible.remove(pending_transient)
+            pending_transient = None
+        if turn.done:
+            answer, finished = turn.answer, True
+            break
+        if observation is None:
+            continue
+        obs_ids = tokenizer.encode(observation.text, add_special_tokens=False)
+        room = max_response_tokens - (len(context()) - len(prompt_ids))
+        if len(obs_ids) >= room:
+            break  # the observation does not fit and leave room to answer: the episode is cut here
+        node = tree.add(
+            Segment(
+                obs_ids,
+                observation.text,
+                role="observation",
+                kind=observation.kind,
+                transient=observation.transient,
+            ),
+            node,
+        )
+        visible.append(node)
+        if observation.transient:
+            pending_transient = node
+        boundaries.append(context())
+    return Episode(tree, node, answer, len(prompt_ids), boundaries, finished)
+
+
+def _spans(
+    view: FlatSequence, tree: RolloutTree, prompt_length: int, policy_order: dict[int, int]
+) -> list[Span]:
+    spans: list[Span] = []
+    n = len(view.token_ids)
+    t = prompt_length
+    while t < n:
+        node = view.segment_index[t]
+        end = t
+        while end < n and view.segment_index[end] == node:
+            end += 1
+        seg = tree.segment(node)
+        spans.append(
+            Span(
+                start=t - prompt_length,
+                end=end - prompt_length,
+                role=seg.role,
+                kind=seg.kind or seg.role,
+                trained=bool(view.policy_mask[t]),
+                transient=seg.transient,
+                segment=policy_order.get(node),
+            )
+        )
+        t = end
+    return spans
+
+
+@dataclass
+class Row:
+    """One verl row: what goes into ``AgentLoopOutput`` plus the agentcredit record."""
+
+    response_ids: list[int]
+    response_mask: list[int]
+    response_logprobs: list[float] | None
+    record: RowRecord
+
+
+def episode_rows(
+    episode: Episode,
+    outcome: float,
+    *,
+    format_reward_key: str = "format_reward",
+    potentials: list[float] | None = None,
+    teacher: list[list[float]] | None = None,
+    episode_id: str | None = None,
+) -> list[Row]:
+    """The episode as verl rows, one per training view (one row unless tool outputs were transient)."""
+    tree, leaf, p = episode.tree, episode.leaf, episode.prompt_length
+    if leaf == 0:
+        raise ValueError("episode_rows: the episode generated nothing")
+    views = tree.training_views(leaf)
+    if teacher is not None and len(teacher) != len(views):
+        raise ValueError(f"episode_rows: {len(teacher)} teacher rows for {len(views)} views")
+    nodes = episode.policy_nodes()
+    policy_order = {node: k for k, node in enumerate(nodes)}
+    kinds = [tree.segment(n).kind for n in nodes]
+    fmt = [tree.segment(n).info.get(format_reward_key) for n in nodes]
+    has_logprobs = all(tree.segment(n).logprobs is not None for n in nodes)
+    eid = episode_id or uuid.uuid4().hex
+    rows = []
+    for i, view in enumerate(views):
+        record = RowRecord(
+            episode_id=eid,
+            view=i,
+            n_views=len(views),
+            spans=_spans(view, tree, p, policy_order),
+            outcome=float(outcome),
+            answer=episode.answer,
+            segment_kinds=kinds,
+            tool_turns=episode.tool_turns(),
+            format_rewards=fmt if any(f is not None for f in fmt) else [],
+            potentials=potentials,
+            teacher_logprobs=teacher[i] if teacher is not None else None,
+        )
+        rows.append(
+            Row(
+                response_ids=view.token_ids[p:],
+                response_mask=[int(m) for m in view.policy_mask[p:]],
+                response_logprobs=view.logprobs[p:] if has_logprobs else None,
+                record=record,
+            )
+        )
+    return rows
+
+
+def continuation_logprobs(
+    prompt_logprobs: Sequence[float], context_length: int, n_tokens: int
+) -> list[float]:
+    """The log-probs of the ``n_tokens`` tokens that follow the first ``context_length`` tokens of a sequence.
+
+    ``prompt_logprobs[j]`` is log p(token j + 1 | tokens 0..j) (what the server returns for prompt tokens, the
+    first token having none), so token ``context_length + i`` is at index ``context_length - 1 + i``.
+    """
+    if context_length < 1:
+        raise ValueError("continuation_logprobs: the context must hold at least one token")
+    start, stop = context_length - 1, context_length - 1 + n_tokens
+    if stop > len(prompt_logprobs):
+        raise ValueError(
+            f"continuation_logprobs: need {stop} prompt log-probs for a {context_length}-token context and "
+            f"{n_tokens} continuation tokens, got {len(prompt_logprobs)}"
+        )
+    return [float(x) for x in prompt_logprobs[start:stop]]
+
+
+def dedup_aliases(golds: Sequence[str], cap: int) -> list[str]:
+    """Stripped, de-duplicated, non-empty aliases, at most ``cap`` (TIPS spec §8 items 3 and 11)."""
+    out: list[str] = []
+    for g in golds:
+        g = str(g).strip()
+        if g and g not in out:
+            out.append(g)
+    return out[:cap]
+
+
+async def answer_potentials(
+    boundaries: Sequence[list[int]],
+    golds: Sequence[str],
+    *,
+    tokenizer: Any,
+    prompt_logprobs: PromptLogprobsFn,
+    answer_template: str = "<answer>{answer}</answer>",
+    reduce: str = "sum",
+    aggregate: str = "lse",
+    max_aliases: int = 16,
+) -> list[float]:
+    """TIPS potentials Phi(S_k) = log sum_a p(answer a | S_k) at every boundary context (exact token ids)."""
+    aliases = dedup_aliases(golds, max_aliases)
+    if not aliases:
+        raise ValueError("answer_potentials: the question has no non-empty gold answer to score")
+    answers = [tokenizer.encode(answer_template.format(answer=a), add_special_tokens=False) for a in aliases]
+
+    async def score(ctx: list[int], ans: list[int]) -> list[float]:
+        return continuation_logprobs(await prompt_logprobs(ctx + ans), len(ctx), len(ans))
+
+    scored = await asyncio.gather(*(score(ctx, ans) for ctx in boundaries for ans in answers))
+    n = len(answers)
+    return [
+        tips_potential(scored[k * n : (k + 1) * n], reduce=reduce, aggregate=aggregate)
+        for k in range(len(boundaries))
+    ]
+
+
+async def teacher_logprobs(
+    teacher_prompt_ids: list[int], responses: Sequence[list[int]], *, prompt_logprobs: PromptLogprobsFn
+) -> list[list[float]]:
+    """GEAR: log p(a_t | answer-conditioned prompt, a_<t) for every token of every response (teacher-forced)."""
+
+    async def one(response: list[int]) -> list[float]:
+        if not response:
+            return []
+        lp = await prompt_logprobs(teacher_prompt_ids + response)
+        return continuation_logprobs(lp, len(teacher_prompt_ids), len(response))
+
+    return list(await asyncio.gather(*(one(r) for r in responses)))

@@ -1,0 +1,77 @@
+"""agentcredit estimators in verl's advantage-estimator registry (``algorithm.adv_estimator=<name>``).
+
+verl calls a registered estimator with ``token_level_rewards``, ``response_mask``, ``index`` (the prompt uid)
+and ``config`` only (``verl.trainer.ppo.ray_trainer.compute_advantage``); values, log-probs, entropies and the
+agent loop's ``extra_fields`` never reach it. So only outcome-group methods fit:
+
+* ``agentcredit_grpo``: :func:`agentcredit.credit.grpo_advantages` on R = the row's summed token rewards.
+  Unlike verl's built-in ``grpo``, a group of one episode gets 0 (verl's singleton rule would return the raw
+  reward; PORTool spec §3.5 rejects it).
+* ``agentcredit_drgrpo``: the same without the std division (Dr.GRPO). It is also what carl-critical's tree
+  advantage reduces to on verl's independent rollouts (a star tree: A = R - mean R).
+
+Every other method needs the trainer (``trainer.v1.trainer_mode=agentcredit``). These work with verl's own
+agent loops and trainers, one row per episode (with multi-row episodes verl would count each row as a member
+of the group; use the agentcredit trainer there).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from verl.trainer.ppo.core_algos import register_adv_est
+
+from agentcredit.credit import grpo_advantages
+
+__all__ = ["EPSILON", "agentcredit_drgrpo", "agentcredit_grpo"]
+
+#: Added to the group std, as verl's built-in estimators do.
+EPSILON = 1e-6
+
+
+def _group_outcome(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: np.ndarray | None,
+    scale: bool,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if index is None:
+        raise ValueError(
+            "agentcredit estimators need the prompt uid (`uid` in non_tensor_batch) to form groups"
+        )
+    if token_level_rewards.shape != response_mask.shape:
+        raise ValueError(
+            f"token_level_rewards {tuple(token_level_rewards.shape)} and response_mask "
+            f"{tuple(response_mask.shape)} differ in shape"
+        )
+    scores = (token_level_rewards * response_mask).sum(dim=-1)
+    per_row = grpo_advantages(scores.float(), list(index), eps=eps, scale=scale)
+    advantages = per_row.unsqueeze(-1) * response_mask
+    return advantages, advantages
+
+
+@register_adv_est("agentcredit_grpo")
+def agentcredit_grpo(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: np.ndarray | None = None,
+    config: Any = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GRPO advantages from agentcredit (``(R - mean_g R) / (std_g R + eps)``), broadcast to the response."""
+    return _group_outcome(token_level_rewards, response_mask, index, scale=True, eps=EPSILON)
+
+
+@register_adv_est("agentcredit_drgrpo")
+def agentcredit_drgrpo(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: np.ndarray | None = None,
+    config: Any = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dr.GRPO advantages from agentcredit (``R - mean_g R``), broadcast to the response."""
+    return _group_outcome(token_level_rewards, response_mask, index, scale=False, eps=EPSILON)

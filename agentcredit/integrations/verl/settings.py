@@ -1,0 +1,187 @@
+"""The ``agentcredit:`` block of the Hydra config, typed and validated.
+
+verl's Hydra tree is struct-mode, so a mistyped key on the command line fails in Hydra already
+(``agentcredit.carl_segment.lamda=0``). A key that reaches the config some other way (a user YAML, or a forced
+``+key=...`` override) is caught here: every section forbids unknown keys and the error names the dotted path.
+Every field gives its paper value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+__all__ = ["METHODS", "AgentCreditSettings", "load_settings"]
+
+METHODS = ("grpo", "ppo", "carl-segment", "tips", "gear", "portool", "carl-critical")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ToolSettings(_Section):
+    search_url: str | None = Field(
+        None,
+        description="Search-R1 retrieval endpoint (POST {queries, topk}); `agentcredit serve-search` serves it.",
+    )
+    search_topk: int = Field(3, ge=1, description="passages per query (Search-R1 / TIPS / CARL: top-3).")
+    search_timeout: float = Field(30.0, gt=0, description="seconds per retrieval request.")
+    search_format: Literal["default", "search-r1", "verl"] = Field(
+        "search-r1", description="how passages are rendered (agentcredit.tools.search.format_passages)."
+    )
+    python: bool = Field(False, description="enable the sandboxed python tool (carl-segment's code fences).")
+    python_timeout: float = Field(5.0, gt=0, description="wall-clock limit of one python call.")
+    suite: bool = Field(
+        False, description="PORTool's 17-tool suite (agentcredit.tools.suite), run in each worker."
+    )
+    suite_corpus: str | None = Field(
+        None,
+        description="JSONL corpus behind the suite's knowledge_search (BM25, per worker); None = packaged sample.",
+    )
+    max_workers: int = Field(8, ge=1, description="concurrent tool calls per agent-loop worker.")
+
+
+class GrpoSettings(_Section):
+    scale: bool = Field(True, description="divide by the group std (GRPO); False = Dr.GRPO.")
+    eps: float = Field(1e-6, ge=0, description="added to the group std (verl's epsilon).")
+
+
+class GaeSettings(_Section):
+    gamma: float = Field(
+        1.0, ge=0, le=1, description="discount per policy token (TIPS / Search-R1 PPO: 1.0)."
+    )
+    lam: float = Field(1.0, ge=0, le=1, description="GAE lambda (TIPS: 1.0; Search-R1 PPO baseline: 0.95).")
+    whiten: bool = Field(
+        True, description="masked whitening of the advantages over the batch (verl's GAE does it)."
+    )
+
+
+class CarlSegmentSettings(_Section):
+    lam: float = Field(
+        0.0, ge=0, le=1, description="segment-level GAE lambda (paper: 0, one-step TD, Tab. 5)."
+    )
+    gamma: float = Field(1.0, ge=0, le=1, description="per-segment discount (paper: 1.0).")
+    segment_mean_loss: bool = Field(
+        False,
+        description=(
+            "divide each segment's advantage by its token count (times rows/episodes) so that verl's "
+            "loss_agg_mode=seq-mean-token-sum equals the paper's segment-mean (Eq. 3); off = plain token advantages."
+        ),
+    )
+
+
+class TipsSettings(_Section):
+    alpha_mode: Literal["fixed", "batch_target"] = Field(
+        "batch_target", description="fixed alpha, or per-batch alpha = target / mean |dPhi| (released code)."
+    )
+    alpha: float = Field(
+        0.2, ge=0, description="the fixed alpha, and the first batch's alpha if no delta is non-zero."
+    )
+    target_mean_abs: float = Field(
+        0.11, gt=0, description="batch_target: mean |alpha dPhi| (code 0.11, paper rule 0.2)."
+    )
+    reduce: Literal["sum", "mean"] = Field(
+        "sum", description="per-alias log-prob: sum (paper Eq. 16) or mean (code)."
+    )
+    aggregate: Literal["lse", "mean", "max"] = Field(
+        "lse", description="across aliases (paper and code: logsumexp)."
+    )
+    answer_template: str = Field(
+        "<answer>{answer}</answer>",
+        description="continuation scored at each boundary (code: tags, no spaces).",
+    )
+    max_aliases: int = Field(
+        16, ge=1, description="cap on de-duplicated gold aliases per question (spec §8.11)."
+    )
+    no_tool_shaping: Literal["paper", "none"] = Field(
+        "paper", description="M = 0 episodes: paper or code quirk."
+    )
+    terminal_potential: Literal["zero", "hold"] = Field(
+        "zero", description="Phi(S_K) = 0 (Eq. 20) or the ablation."
+    )
+
+
+class GearSettings(_Section):
+    lambda_kl: float = Field(0.1, ge=0, le=1, description="trigger threshold on normalised rKL (paper 0.1).")
+    lambda_h: float = Field(1.5, gt=0, description="entropy termination multiplier (paper 1.5).")
+    alpha: float = Field(0.2, ge=0, description="modulation range (paper 0.2).")
+    beta: float | None = Field(None, description="modulation offset; None = 1 - alpha / 2 (paper 0.9).")
+    student_logprobs: Literal["rollout", "old"] = Field(
+        "rollout",
+        description=(
+            "student log-probs: 'rollout' (the inference engine, the same engine that scores the teacher, so the "
+            "rKL has no precision mismatch; needs rollout.calculate_log_probs=True) or 'old' (training engine)."
+        ),
+    )
+    teacher_template: str = Field(
+        "{user}\n\nHere is a reference solution:\n{ground_truth}\n\nAfter understanding the reference solution, "
+        "please try to solve this problem using your own approach below:",
+        description="last user message of the answer-conditioned teacher prompt (spec §2.2, OPSD style).",
+    )
+
+
+class PortoolSettings(_Section):
+    gamma: float = Field(
+        0.95, ge=0, le=1, description="decay of the outcome term in step rewards (paper 0.95)."
+    )
+    w1: float = Field(1.0, description="weight of the trajectory-relative term (paper 1).")
+    root_is_fork: bool = Field(True, description="count the root in N_forks (spec §3.9).")
+    format_reward_key: str = Field(
+        "format_reward",
+        description="turn.info key holding the rescaled formatting reward R_fm in [-0.25, 0.25].",
+    )
+
+
+class AgentCreditSettings(_Section):
+    method: Literal["grpo", "ppo", "carl-segment", "tips", "gear", "portool", "carl-critical"] = Field(
+        description="which credit method the trainer runs."
+    )
+    protocol: str = Field(
+        "tags", description="agentcredit protocol: tags (Search-R1), codefence (CARL), jsoncall."
+    )
+    protocol_options: dict[str, Any] = Field(
+        default_factory=dict, description="keyword options of get_protocol()."
+    )
+    reward_metric: str = Field(
+        "em", description="agentcredit.tasks.scoring.score metric for the outcome (EM)."
+    )
+    format_bonus: float = Field(
+        0.0, description="added to the outcome when an answer was extracted (TIPS code: 0.2)."
+    )
+    max_segment_tokens: int = Field(2048, ge=1, description="generation budget of one policy segment.")
+    tools: ToolSettings = Field(default_factory=ToolSettings)
+    grpo: GrpoSettings = Field(default_factory=GrpoSettings)
+    gae: GaeSettings = Field(default_factory=GaeSettings)
+    carl_segment: CarlSegmentSettings = Field(default_factory=CarlSegmentSettings)
+    tips: TipsSettings = Field(default_factory=TipsSettings)
+    gear: GearSettings = Field(default_factory=GearSettings)
+    portool: PortoolSettings = Field(default_factory=PortoolSettings)
+
+
+def _plain(config: Any) -> Any:
+    """An OmegaConf node (or anything mapping-like) as plain Python containers."""
+    try:
+        from omegaconf import DictConfig, ListConfig, OmegaConf
+    except ImportError:  # only plain dicts then
+        return config
+    if isinstance(config, DictConfig | ListConfig):
+        return OmegaConf.to_container(config, resolve=True)
+    return config
+
+
+def load_settings(config: Any, *, where: str = "agentcredit") -> AgentCreditSettings:
+    """Validate the ``agentcredit`` block (an OmegaConf node or a dict); errors name the dotted key."""
+    block = _plain(config)
+    if not isinstance(block, Mapping):
+        raise ValueError(f"{where} must be a mapping with at least `method`, got {type(block).__name__}")
+    try:
+        return AgentCreditSettings.model_validate(dict(block))
+    except ValidationError as err:
+        problems = []
+        for e in err.errors():
+            key = ".".join([where, *(str(p) for p in e["loc"])])
+            problems.append(f"{key}: {e['msg']}")
+        raise ValueError("invalid agentcredit config:\n  " + "\n  ".join(problems)) from None

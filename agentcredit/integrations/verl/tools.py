@@ -1,0 +1,99 @@
+"""The tools an agent-loop worker runs: agentcredit's tools, with search answered by a retrieval server.
+
+verl runs agent loops in Ray actors spread over the cluster, so the search index lives in one retrieval
+server (``agentcredit serve-search``, or Search-R1's own E5 server: same API) and every worker calls it over
+HTTP. :class:`RemoteRetriever` is that client; it answers both the ``search`` tool of the tags protocol and
+the ``search()`` function inside the python sandbox (carl-segment's code fences). The HTTP client is the
+standard library's: one JSON POST does not justify a dependency.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.request
+from typing import Any
+
+from agentcredit.tools.base import ToolRuntime
+from agentcredit.tools.search import EMPTY_QUERY_TEXT, Passage, format_passages, no_results_text
+
+__all__ = ["RemoteRetriever", "build_runtime", "passage_from_document"]
+
+
+def passage_from_document(doc: Any, *, where: str) -> Passage:
+    """A Search-R1 document (``{"id", "contents"}``, plus ``title``/``text`` from agentcredit's server)."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("contents", doc.get("text")), str):
+        raise ValueError(f"{where}: expected a document with a string 'contents', got {doc!r:.200}")
+    contents = doc.get("contents")
+    title, text = doc.get("title"), doc.get("text")
+    if contents is None:
+        contents = f'"{title or ""}"\n{text}'
+    if title is None or text is None:
+        first, _, rest = contents.partition("\n")
+        title = first.strip().strip('"') if title is None else title
+        text = rest if text is None else text
+    return Passage(id=str(doc.get("id", "")), title=str(title), text=str(text), contents=contents)
+
+
+class RemoteRetriever:
+    """Client of a Search-R1 retrieval server (``POST url {"queries", "topk", "return_scores"}``)."""
+
+    def __init__(self, url: str, *, topk: int = 3, timeout: float = 30.0, style: str = "search-r1"):
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"search_url must be an http(s) URL of a /retrieve endpoint, got {url!r}")
+        self.url, self.topk, self.timeout, self.style = url, topk, timeout, style
+
+    def retrieve(self, queries: list[str], k: int | None = None) -> list[list[Passage]]:
+        body = json.dumps({"queries": queries, "topk": k or self.topk, "return_scores": False}).encode()
+        request = urllib.request.Request(self.url, data=body, headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=self.timeout) as response:  # noqa: S310 (configured URL)
+            payload = json.loads(response.read())
+        result = payload.get("result") if isinstance(payload, dict) else None
+        if not isinstance(result, list) or len(result) != len(queries):
+            raise ValueError(
+                f"{self.url}: expected {{'result': [...]}} with {len(queries)} lists, got {payload!r:.200}"
+            )
+        return [
+            [passage_from_document(d, where=f"{self.url} result[{i}][{j}]") for j, d in enumerate(docs)]
+            for i, docs in enumerate(result)
+        ]
+
+    def search(self, query: str, k: int | None = None) -> str:
+        """Formatted passages for one query; failures come back as ``ERROR:`` text for the model."""
+        if not isinstance(query, str) or not query.strip():
+            return EMPTY_QUERY_TEXT
+        try:
+            (passages,) = self.retrieve([query], k)
+        except (urllib.error.URLError, TimeoutError, OSError, ValueError) as exc:
+            return f"ERROR: search failed: {exc}"
+        return format_passages(passages, self.style) if passages else no_results_text(query)
+
+
+def build_runtime(settings: Any) -> ToolRuntime:
+    """The tool runtime for ``settings.tools`` (a :class:`~.settings.ToolSettings`)."""
+    tools: dict[str, Any] = {}
+    if settings.suite:
+        from agentcredit.tools.suite import build_suite
+
+        corpus = os.path.expanduser(settings.suite_corpus) if settings.suite_corpus else None
+        tools.update(build_suite(corpus, knowledge_k=settings.search_topk))
+    retriever = None
+    if settings.search_url:
+        retriever = RemoteRetriever(
+            settings.search_url,
+            topk=settings.search_topk,
+            timeout=settings.search_timeout,
+            style=settings.search_format,
+        )
+
+        def search(arguments: dict[str, Any]) -> str:
+            query = arguments.get("query") if isinstance(arguments, dict) else None
+            return retriever.search(query if isinstance(query, str) else "")
+
+        tools["search"] = search
+    if settings.python:
+        from agentcredit.tools.python_sandbox import python_tool
+
+        tools["python"] = python_tool(retriever, timeout=settings.python_timeout)
+    return ToolRuntime(tools, max_workers=settings.max_workers)

@@ -1,0 +1,142 @@
+"""The V1 trainer ``agentcredit``: verl's synchronous PPO trainer with agentcredit's advantages.
+
+Select it with ``trainer.v1.trainer_mode=agentcredit``. Everything but the advantage step is verl's
+``PPOTrainerSync``: rollout through the agent loop, old log-probs and entropies from the actor, reference
+log-probs, critic values, the critic and actor updates. ``_compute_advantage`` reads from TransferQueue what
+the credit methods need (values, old and rollout log-probs, entropies, and the agent loop's
+``extra_fields["agentcredit"]`` record), hands them to :func:`agentcredit.integrations.verl.advantages
+.apply_to_dataproto`, and writes ``advantages`` and ``returns`` back exactly where verl's own step puts them.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import transfer_queue as tq
+from omegaconf import DictConfig
+from tensordict import TensorDict
+from verl.protocol import DataProto
+from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
+from verl.trainer.ppo.v1 import PPOTrainerSync, register_trainer
+from verl.workers.utils.padding import response_to_nested
+
+from agentcredit.integrations.verl import EXTRA_KEY, TRAINER_NAME
+from agentcredit.integrations.verl.advantages import apply_to_dataproto
+from agentcredit.integrations.verl.settings import AgentCreditSettings, load_settings
+
+__all__ = ["AgentCreditTrainer", "check_trainer_config", "fields_to_dataproto"]
+
+logger = logging.getLogger(__name__)
+
+#: Methods whose advantages need critic values.
+CRITIC_METHODS = frozenset({"ppo", "tips", "carl-segment"})
+
+
+def check_trainer_config(config: DictConfig) -> AgentCreditSettings:
+    """Validate the ``agentcredit`` block against the rest of verl's config; raise with the key to change."""
+    if "agentcredit" not in config:
+        raise ValueError(
+            "trainer.v1.trainer_mode=agentcredit needs an `agentcredit:` block; start from one of the configs in "
+            "agentcredit/integrations/verl/config (e.g. --config-name carl_segment)"
+        )
+    settings = load_settings(config.agentcredit)
+    if config.algorithm.get("use_kl_in_reward", False):
+        raise ValueError(
+            "algorithm.use_kl_in_reward=True is not supported by the agentcredit trainer: the credit methods "
+            "define their own token rewards; use actor_rollout_ref.actor.use_kl_loss=True (the papers' KL loss)"
+        )
+    enabled = config.critic.get("enable")
+    has_critic = bool(enabled) if enabled is not None else config.algorithm.adv_estimator == "gae"
+    if settings.method in CRITIC_METHODS and not has_critic:
+        raise ValueError(f"agentcredit.method={settings.method} needs a critic: set critic.enable=True")
+    if settings.method == "gear":
+        if (
+            settings.gear.student_logprobs == "rollout"
+            and not config.actor_rollout_ref.rollout.calculate_log_probs
+        ):
+            raise ValueError(
+                "agentcredit.gear.student_logprobs=rollout needs actor_rollout_ref.rollout.calculate_log_probs=True"
+            )
+    agent = config.actor_rollout_ref.rollout.get("agent", {})
+    if agent.get("default_agent_loop") != "agentcredit_agent":
+        logger.warning(
+            "actor_rollout_ref.rollout.agent.default_agent_loop is %r; rows from other agent loops carry no "
+            "agentcredit record and will be rejected unless the data's agent_name column selects agentcredit_agent",
+            agent.get("default_agent_loop"),
+        )
+    return settings
+
+
+def _as_list(values: Any) -> list:
+    return values.tolist() if hasattr(values, "tolist") else list(values)
+
+
+def fields_to_dataproto(data: TensorDict) -> DataProto:
+    """The TransferQueue fields of a batch (nested per-row tensors, ``uid``, ``extra_fields``) as a padded
+    ``DataProto`` with ``uid`` and the agentcredit records in ``non_tensor_batch``, as the adapter reads it."""
+    extra = _as_list(data.pop("extra_fields"))
+    uids = _as_list(data.pop("uid"))
+    proto = DataProto(batch=data.to_padded_tensor())
+    proto.non_tensor_batch["uid"] = np.array(uids, dtype=object)
+    records = np.empty(len(extra), dtype=object)
+    records[:] = [(e or {}).get(EXTRA_KEY) for e in extra]
+    proto.non_tensor_batch[EXTRA_KEY] = records
+    return proto
+
+
+@register_trainer(TRAINER_NAME)
+class AgentCreditTrainer(PPOTrainerSync):
+    """``PPOTrainerSync`` whose advantage step calls agentcredit's credit functions."""
+
+    def __init__(self, config: DictConfig):
+        self.agentcredit = check_trainer_config(config)
+        super().__init__(config)
+        self._tips_alpha: float | None = None  # TIPS batch_target: kept when a batch has no non-zero delta
+
+    def _advantage_fields(self) -> list[str]:
+        fields = ["uid", "response_mask", "old_log_probs", "extra_fields"]
+        rollout_cfg = self.config.algorithm.get("rollout_correction", None)
+        bypass = bool(rollout_cfg and rollout_cfg.get("bypass_mode", False))
+        if not bypass:
+            fields.append("entropy")  # written by _compute_old_log_prob (not in bypass mode)
+        if self.use_critic:
+            fields.append("values")
+        if self.config.actor_rollout_ref.rollout.calculate_log_probs:
+            fields.append("rollout_log_probs")
+        return fields
+
+    def _compute_advantage(self, batch, metrics: dict):
+        data = tq.kv_batch_get(
+            keys=batch.keys, partition_id=batch.partition_id, select_fields=self._advantage_fields()
+        )
+        nested_mask = data["response_mask"]
+        proto = fields_to_dataproto(data)
+
+        # Rollout correction (IS weights / rejection sampling) exactly as verl's own step applies it.
+        rollout_cfg = self.config.algorithm.get("rollout_correction", None)
+        bypass = bool(rollout_cfg and rollout_cfg.get("bypass_mode", False))
+        correct = rollout_cfg is not None and "rollout_log_probs" in proto.batch.keys() and not bypass
+        if correct:
+            proto, is_metrics = compute_rollout_correction_and_add_to_batch(proto, rollout_cfg)
+            metrics.update(is_metrics)
+
+        padding = [bool(tag.get("is_padding", False)) for tag in batch.tags]  # rows verl appended to even out
+        proto, result = apply_to_dataproto(
+            proto, self.agentcredit, previous_alpha=self._tips_alpha, padding=padding
+        )
+        if result.alpha is not None:
+            self._tips_alpha = result.alpha
+        metrics.update(result.metrics)
+
+        out_fields = ["advantages", "returns"]
+        if correct:
+            out_fields.append("response_mask")
+            if "rollout_is_weights" in proto.batch.keys():
+                out_fields.append("rollout_is_weights")
+        output = TensorDict(
+            {name: response_to_nested(proto.batch[name], nested_mask) for name in out_fields},
+            batch_size=len(batch),
+        )
+        return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=output)

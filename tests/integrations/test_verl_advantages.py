@@ -1,0 +1,456 @@
+"""The advantage adapter on a synthetic verl batch equals agentcredit's credit functions on the same episodes.
+
+The batch is built the way verl builds it: each row is a verl ``AgentLoopOutput`` (made from
+:func:`episode_rows`, as the agent loop does), stored with verl's ``list_of_dict_to_tensordict`` (TransferQueue's
+layout: nested per-row tensors, ``extra_fields`` as non-tensor data), read back by the trainer's
+``fields_to_dataproto`` into a ``DataProto``. The expected advantages are computed from the hand-written
+episode descriptions (not from the adapter's records) by calling the credit functions directly; carl-segment
+and carl-critical are also checked against hand-worked numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+pytest.importorskip("verl")
+
+from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput  # noqa: E402
+from verl.utils.tensordict_utils import list_of_dict_to_tensordict  # noqa: E402
+from verl.utils.torch_functional import masked_whiten  # noqa: E402
+
+from agentcredit.credit import (  # noqa: E402
+    critical_action_advantages,
+    gae_advantages,
+    gear_advantages,
+    grpo_advantages,
+    policy_loss,
+    portool_advantages,
+    segment_advantages,
+    tips_batch_alpha,
+    tips_token_rewards,
+    tips_turn_rewards,
+)
+from agentcredit.integrations.verl.advantages import apply_to_dataproto  # noqa: E402
+from agentcredit.integrations.verl.episode import Episode, episode_rows  # noqa: E402
+from agentcredit.integrations.verl.settings import load_settings  # noqa: E402
+from agentcredit.integrations.verl.trainer import fields_to_dataproto  # noqa: E402
+from agentcredit.rollout.tree import RolloutTree, Segment  # noqa: E402
+
+pytestmark = pytest.mark.verl
+
+PROMPT_LEN = 6
+
+
+@dataclass
+class Ep:
+    """A hand-described episode: segments as (role, kind, n_tokens, transient)."""
+
+    uid: str
+    segs: list[tuple[str, str, int, bool]]
+    outcome: float
+    potentials: list[float] | None = None
+    fmt: list[float] | None = None  # per policy segment (portool)
+
+
+def _views_by_hand(ep: Ep) -> list[tuple[list[int], list[tuple[int, int, int]]]]:
+    """(response segment indices, trained (start, end, k)) per view, written from the replacement rule."""
+    views, visible, trained, pending = [], [], [], None
+    k = -1
+    for i, (role, _, _, transient) in enumerate(ep.segs):
+        visible.append(i)
+        if role == "policy":
+            k += 1
+            trained.append((i, k))
+            if pending is not None:
+                views.append((list(visible), list(trained)))
+                visible.remove(pending)
+                trained, pending = [], None
+        elif transient:
+            pending = i
+    if trained or not views:
+        views.append((visible, trained))
+    out = []
+    for vis, tr in views:
+        offsets, pos = {}, 0
+        for i in vis:
+            offsets[i] = (pos, pos + ep.segs[i][2])
+            pos += ep.segs[i][2]
+        out.append((vis, [(offsets[i][0], offsets[i][1], k) for i, k in tr]))
+    return out
+
+
+def _tree(ep: Ep, rng: torch.Generator) -> Episode:
+    tree = RolloutTree(Segment(list(range(100, 100 + PROMPT_LEN)), role="prompt"))
+    node = 0
+    for role, kind, n, transient in ep.segs:
+        ids = torch.randint(0, 50, (n,), generator=rng).tolist()
+        if role == "policy":
+            logprobs = (-torch.rand(n, generator=rng)).tolist()
+            node = tree.add(Segment(ids, role="policy", kind=kind, logprobs=logprobs), node)
+        else:
+            node = tree.add(Segment(ids, role="observation", kind=kind, transient=transient), node)
+    k = 0
+    for i in tree.path(node):
+        if tree.segment(i).is_policy:
+            if ep.fmt is not None:
+                tree.segment(i).info["format_reward"] = ep.fmt[k]
+            k += 1
+    return Episode(tree, node, "ans", PROMPT_LEN)
+
+
+@dataclass
+class Batch:
+    proto: object
+    eps: list[Ep]
+    row_of: list[tuple[int, int]]  # row -> (episode index, view)
+    values: torch.Tensor
+    entropy: torch.Tensor
+    rollout_lp: torch.Tensor
+    teacher: torch.Tensor
+    mask: torch.Tensor
+
+
+def build_batch(
+    eps: list[Ep], seed: int = 0, with_teacher: bool = False, values_at: dict | None = None
+) -> Batch:
+    rng = torch.Generator().manual_seed(seed)
+    fields, row_of = [], []
+    for e, ep in enumerate(eps):
+        episode = _tree(ep, rng)
+        n_views = len(_views_by_hand(ep))
+        teacher = None
+        if with_teacher:
+            teacher = [
+                (-2 * torch.rand(len(v.token_ids) - PROMPT_LEN, generator=rng)).tolist()
+                for v in episode.tree.training_views(episode.leaf)
+            ]
+        rows = episode_rows(
+            episode, ep.outcome, potentials=ep.potentials, teacher=teacher, episode_id=f"ep{e}"
+        )
+        assert len(rows) == n_views
+        for v, row in enumerate(rows):
+            out = AgentLoopOutput(
+                prompt_ids=list(range(100, 100 + PROMPT_LEN)),
+                response_ids=row.response_ids,
+                response_mask=row.response_mask,
+                response_logprobs=row.response_logprobs,
+                reward_score=ep.outcome,
+                num_turns=len(ep.segs) + 1,
+                metrics=AgentLoopMetrics(),
+                extra_fields={"agentcredit": row.record.model_dump(), "turn_scores": [], "tool_rewards": []},
+            )
+            d = out.as_dict()
+            n = len(row.response_ids)
+            # what the trainer has written to TransferQueue by the advantage step (response-aligned, nested)
+            d["values"] = torch.rand(n, generator=rng)
+            d["old_log_probs"] = -torch.rand(n, generator=rng)
+            d["entropy"] = 3 * torch.rand(n, generator=rng)
+            d["uid"] = ep.uid
+            fields.append(d)
+            row_of.append((e, v))
+    for (row, pos), value in (values_at or {}).items():
+        fields[row]["values"][pos] = value
+    keep = ["uid", "response_mask", "old_log_probs", "entropy", "values", "rollout_log_probs", "extra_fields"]
+    td = list_of_dict_to_tensordict([{k: f[k] for k in keep} for f in fields])
+    proto = fields_to_dataproto(td)
+    b = proto.batch
+    teacher = torch.zeros_like(b["values"])
+    if with_teacher:
+        for r, rec in enumerate(proto.non_tensor_batch["agentcredit"]):
+            tl = rec["teacher_logprobs"]
+            teacher[r, : len(tl)] = torch.tensor(tl)
+    return Batch(
+        proto,
+        eps,
+        row_of,
+        b["values"].clone(),
+        b["entropy"].clone(),
+        b["rollout_log_probs"].clone(),
+        teacher,
+        b["response_mask"].clone(),
+    )
+
+
+def settings(method: str, **extra):
+    return load_settings({"method": method, **extra})
+
+
+def search_ep(uid, outcome, n_turns=1, lengths=(5, 4, 7), potentials=None, fmt=None):
+    segs = []
+    for _ in range(n_turns):
+        segs += [("policy", "search", lengths[0], False), ("observation", "information", lengths[1], False)]
+    segs.append(("policy", "answer", lengths[2], False))
+    return Ep(uid, segs, outcome, potentials=potentials, fmt=fmt)
+
+
+def _trained(batch: Batch, r: int) -> list[tuple[int, int, int]]:
+    e, v = batch.row_of[r]
+    return _views_by_hand(batch.eps[e])[v][1]
+
+
+# ------------------------------------------------------------------------------------------------ tests
+def test_batch_layout_matches_the_hand_description():
+    eps = [search_ep("p0", 1.0), search_ep("p0", 0.0, n_turns=2, lengths=(3, 6, 2))]
+    b = build_batch(eps)
+    for r in range(len(b.row_of)):
+        expected = torch.zeros(b.mask.shape[1], dtype=torch.long)
+        for s, t, _ in _trained(b, r):
+            expected[s:t] = 1
+        assert torch.equal(b.mask[r].long(), expected)
+
+
+def test_grpo_equals_grpo_advantages():
+    eps = [
+        search_ep("p0", 1.0),
+        search_ep("p0", 0.0, 2),
+        search_ep("p0", 1.0, 0),
+        search_ep("p1", 0.0),
+        search_ep("p1", 1.0),
+        search_ep("p2", 1.0),
+    ]
+    b = build_batch(eps)
+    _, res = apply_to_dataproto(b.proto, settings("grpo"))
+    per_ep = grpo_advantages(torch.tensor([e.outcome for e in eps]), [e.uid for e in eps])
+    expected = per_ep[[e for e, _ in b.row_of]].unsqueeze(1) * b.mask
+    torch.testing.assert_close(b.proto.batch["advantages"], expected.float())
+    torch.testing.assert_close(b.proto.batch["returns"], expected.float())
+    # hand check: p0 = (1, 0, 1) -> mean 2/3, unbiased std sqrt(1/3); a lone p2 episode gets 0
+    assert float(per_ep[0]) == pytest.approx((1 - 2 / 3) / (math.sqrt(1 / 3) + 1e-6), rel=1e-6)
+    assert float(per_ep[5]) == 0.0
+    assert res.metrics["agentcredit/episodes"] == 6
+
+
+def test_carl_critical_star_tree_is_reward_minus_mean():
+    eps = [search_ep("p0", 1.0), search_ep("p0", 0.0), search_ep("p0", 0.0), search_ep("p1", 1.0)]
+    b = build_batch(eps)
+    apply_to_dataproto(b.proto, settings("carl-critical"))
+    _, adv, update = critical_action_advantages([-1, 0, 0, 0], {1: 1.0, 2: 0.0, 3: 0.0})
+    assert adv[1:] == pytest.approx([2 / 3, -1 / 3, -1 / 3]) and all(update[1:])
+    expected = torch.tensor([2 / 3, -1 / 3, -1 / 3, 0.0])[[e for e, _ in b.row_of]].unsqueeze(1) * b.mask
+    torch.testing.assert_close(b.proto.batch["advantages"], expected.float())
+
+
+@pytest.mark.parametrize("whiten", [False, True])
+def test_ppo_equals_masked_gae(whiten):
+    eps = [search_ep("p0", 1.0), search_ep("p0", 0.0, 2, (3, 6, 2)), search_ep("p1", 1.0, 0)]
+    b = build_batch(eps)
+    apply_to_dataproto(b.proto, settings("ppo", gae={"gamma": 1.0, "lam": 0.95, "whiten": whiten}))
+    rewards = torch.zeros_like(b.values)
+    for r, (e, _) in enumerate(b.row_of):
+        rewards[r, _trained(b, r)[-1][1] - 1] = eps[e].outcome
+    adv, ret = gae_advantages(rewards, b.values, b.mask, gamma=1.0, lam=0.95)
+    if whiten:
+        adv = masked_whiten(adv, b.mask.float()) * b.mask
+    torch.testing.assert_close(b.proto.batch["advantages"], adv.float())
+    torch.testing.assert_close(b.proto.batch["returns"], ret.float())
+
+
+def test_tips_equals_turn_rewards_then_gae():
+    eps = [
+        search_ep("p0", 1.2, 2, (4, 5, 3), potentials=[-3.0, -1.5, -0.5]),
+        search_ep("p0", 0.0, 1, (6, 3, 2), potentials=[-3.0, -3.4]),
+        search_ep("p1", 0.2, 0, (2, 2, 5), potentials=[-2.0]),
+    ]
+    b = build_batch(eps)
+    s = settings("tips", gae={"whiten": False}, tips={"alpha_mode": "batch_target", "target_mean_abs": 0.11})
+    _, res = apply_to_dataproto(b.proto, s)
+    deltas = [1.5, 1.0, -0.4]
+    alpha = tips_batch_alpha(deltas, target_mean_abs=0.11)
+    assert alpha == pytest.approx(0.11 / (2.9 / 3)) and res.alpha == pytest.approx(alpha)
+    rewards = torch.zeros_like(b.values)
+    for r, (e, _) in enumerate(b.row_of):
+        trained = _trained(b, r)
+        turn = tips_turn_rewards(eps[e].potentials, eps[e].outcome, alpha=alpha)
+        positions = [t - 1 for _, t, _ in trained]  # tool turns are every segment but the last, then the last
+        rewards[r] = tips_token_rewards(turn, positions, b.mask[r], dtype=rewards.dtype)
+    adv, ret = gae_advantages(rewards, b.values, b.mask, gamma=1.0, lam=1.0)
+    torch.testing.assert_close(b.proto.batch["advantages"], adv.float())
+    torch.testing.assert_close(b.proto.batch["returns"], ret.float())
+    # hand check of the shaping: episode 0 rewards sum to outcome - alpha * Phi(S_0) = 1.2 + 3 alpha
+    assert float(rewards[0].sum()) == pytest.approx(1.2 + 3.0 * alpha)
+
+
+def _carl_eps():
+    tool = [
+        ("policy", "invoke", 5, False),
+        ("observation", "tool_output", 4, True),
+        ("policy", "assimilate", 3, False),
+        ("policy", "commit", 6, False),
+    ]
+    direct = [("policy", "commit", 4, False)]
+    return [Ep("p0", tool, 1.0), Ep("p0", direct, 0.0)]
+
+
+def test_carl_segment_worked_example_across_views():
+    """carl-segment spec §3.2 worked example: V = (0.40, 0.70, 0.50), R = 1 -> (+0.30, -0.20, +0.50)."""
+    eps = _carl_eps()
+    # rows: 0 = ep0 view 0 (invoke + raw + assimilate), 1 = ep0 view 1 (invoke + assimilate + commit), 2 = ep1
+    values_at = {(0, 0): 0.40, (0, 9): 0.70, (1, 8): 0.50, (2, 0): 0.60}
+    b = build_batch(eps, values_at=values_at)
+    assert b.row_of == [(0, 0), (0, 1), (1, 0)]
+    _, res = apply_to_dataproto(b.proto, settings("carl-segment"))
+    adv, ret = b.proto.batch["advantages"], b.proto.batch["returns"]
+    assert segment_advantages([0.4, 0.7, 0.5], 1.0) == pytest.approx([0.3, -0.2, 0.5])
+    torch.testing.assert_close(adv[0, 0:5], torch.full((5,), 0.3))
+    torch.testing.assert_close(adv[0, 9:12], torch.full((3,), -0.2))
+    torch.testing.assert_close(adv[1, 8:14], torch.full((6,), 0.5))
+    torch.testing.assert_close(adv[2, 0:4], torch.full((4,), -0.6))
+    assert float(adv[0, 5:9].abs().sum() + adv[1, 0:8].abs().sum()) == 0.0  # raw output and replayed context
+    # Monte-Carlo critic target R on every trained token
+    torch.testing.assert_close(ret, (b.mask * torch.tensor([[1.0], [1.0], [0.0]])).float())
+    assert res.metrics["agentcredit/segments_per_episode"] == 2.0
+
+
+def test_carl_segment_mean_loss_scaling_equals_segment_mean_in_verl_loss():
+    """With segment_mean_loss, verl's own PPO loss (seq-mean-token-sum) equals agentcredit's segment-mean loss."""
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.core_algos import compute_policy_loss_vanilla
+
+    # append mode (no transient output): one row per episode, so rows / episodes = 1
+    tool = [
+        ("policy", "invoke", 5, False),
+        ("observation", "tool_output", 4, False),
+        ("policy", "assimilate", 3, False),
+        ("policy", "commit", 6, False),
+    ]
+    eps = [Ep("p0", tool, 1.0), Ep("p0", [("policy", "commit", 4, False)], 0.0)]
+    b = build_batch(eps, seed=3)
+    plain = build_batch(eps, seed=3)
+    apply_to_dataproto(b.proto, settings("carl-segment", carl_segment={"segment_mean_loss": True}))
+    apply_to_dataproto(plain.proto, settings("carl-segment"))
+    seg_ids = torch.full(b.mask.shape, -1)
+    for r in range(len(b.row_of)):
+        for s, t, k in _trained(b, r):
+            seg_ids[r, s:t] = k
+    old = b.proto.batch["old_log_probs"]
+    new = old + 0.3 * torch.randn(old.shape, generator=torch.Generator().manual_seed(1))
+    cfg = OmegaConf.create(
+        {
+            "clip_ratio": 0.2,
+            "clip_ratio_low": None,
+            "clip_ratio_high": None,
+            "clip_ratio_c": 3.0,
+            "global_batch_info": {},
+        }
+    )
+    verl_loss, _ = compute_policy_loss_vanilla(
+        old, new, b.proto.batch["advantages"], b.mask.bool(), "seq-mean-token-sum", cfg
+    )
+    ours = policy_loss(
+        new,
+        old,
+        plain.proto.batch["advantages"],
+        b.mask,
+        clip_eps=0.2,
+        agg="segment-mean",
+        segment_ids=seg_ids,
+        dual_clip=3.0,
+    )
+    assert float(verl_loss) == pytest.approx(float(ours), rel=1e-5)
+
+
+def test_gear_equals_gear_advantages_on_grpo():
+    eps = [
+        search_ep("p0", 1.0),
+        search_ep("p0", 0.0, 2, (3, 6, 2)),
+        search_ep("p0", 1.0, 0),
+        search_ep("p1", 0.0),
+    ]
+    b = build_batch(eps, with_teacher=True)
+    g = {"lambda_kl": 0.1, "lambda_h": 1.5, "alpha": 0.2, "beta": 0.9, "student_logprobs": "rollout"}
+    apply_to_dataproto(b.proto, settings("gear", gear=g))
+    base = grpo_advantages(torch.tensor([e.outcome for e in eps]), [e.uid for e in eps])
+    expected = torch.zeros_like(b.values)
+    for r, (e, _) in enumerate(b.row_of):
+        expected[r] = gear_advantages(
+            float(base[e]),
+            b.rollout_lp[r],
+            b.teacher[r],
+            b.entropy[r],
+            b.mask[r],
+            lambda_kl=0.1,
+            lambda_h=1.5,
+            alpha=0.2,
+            beta=0.9,
+        )
+    torch.testing.assert_close(b.proto.batch["advantages"], expected.float())
+    # the zero-advantage episode (p1 alone) stays zero whatever the teacher says
+    assert float(b.proto.batch["advantages"][3].abs().sum()) == 0.0
+
+
+def test_portool_equals_portool_advantages_on_the_chain_tree():
+    eps = [
+        search_ep("p0", 1.0, 1, (5, 4, 7), fmt=[0.25, 0.25]),
+        search_ep("p0", -1.0, 2, (3, 2, 6), fmt=[0.1, -0.025, 0.25]),
+        search_ep("p0", 0.0, 0, (5, 4, 4), fmt=[0.25]),
+    ]
+    b = build_batch(eps)
+    apply_to_dataproto(b.proto, settings("portool", portool={"gamma": 0.95}))
+    parents, lengths, fmt, leaves = [-1], [0], [0.0], []
+    for ep in eps:
+        parent = 0
+        pol = [s for s in ep.segs if s[0] == "policy"]
+        for (_, _, n, _), f in zip(pol, ep.fmt, strict=True):
+            parents.append(parent)
+            lengths.append(n)
+            fmt.append(f)
+            parent = len(parents) - 1
+        leaves.append(parent)
+    per_leaf = portool_advantages(
+        parents, lengths, {leaf: ep.outcome for leaf, ep in zip(leaves, eps, strict=True)}, fmt, gamma=0.95
+    )
+    expected = torch.zeros_like(b.values)
+    for r, (e, _) in enumerate(b.row_of):
+        for s, t, k in _trained(b, r):
+            expected[r, s:t] = per_leaf[leaves[e]][k]
+    torch.testing.assert_close(b.proto.batch["advantages"], expected.float())
+
+
+def test_estimator_through_verls_compute_advantage():
+    """`algorithm.adv_estimator=agentcredit_grpo` through verl's own dispatcher equals grpo_advantages."""
+    from verl.trainer.config import AlgoConfig
+    from verl.trainer.ppo.ray_trainer import compute_advantage
+
+    import agentcredit.integrations.verl.estimators  # noqa: F401  (registers the names)
+
+    eps = [search_ep("p0", 1.0), search_ep("p0", 0.0), search_ep("p1", 1.0)]
+    b = build_batch(eps)
+    scores = torch.zeros_like(b.values)
+    for r in range(len(b.row_of)):
+        scores[r, _trained(b, r)[-1][1] - 1] = eps[b.row_of[r][0]].outcome
+    b.proto.batch["token_level_rewards"] = scores
+    for name, scale in (("agentcredit_grpo", True), ("agentcredit_drgrpo", False)):
+        out = compute_advantage(b.proto, adv_estimator=name, config=AlgoConfig())
+        per_ep = grpo_advantages(torch.tensor([1.0, 0.0, 1.0]), ["p0", "p0", "p1"], scale=scale)
+        torch.testing.assert_close(out.batch["advantages"], (per_ep.unsqueeze(1) * b.mask).float())
+
+
+def test_bad_batches_fail_with_the_row_named():
+    eps = [search_ep("p0", 1.0), search_ep("p0", 0.0)]
+    b = build_batch(eps)
+    with pytest.raises(ValueError, match="method ppo needs `values`"):
+        proto = build_batch(eps).proto
+        proto.batch.pop("values")
+        apply_to_dataproto(proto, settings("ppo"))
+    b.proto.batch["response_mask"][1, 0] = 0
+    with pytest.raises(ValueError, match=r"row 1: response_mask\[0\] = 0"):
+        apply_to_dataproto(b.proto, settings("grpo"))
+    proto = build_batch(eps).proto
+    proto.non_tensor_batch["agentcredit"][0] = None
+    with pytest.raises(ValueError, match=r"extra_fields\['agentcredit'\]\[0\] is None"):
+        apply_to_dataproto(proto, settings("grpo"))
+    proto = build_batch(eps).proto
+    proto.non_tensor_batch["agentcredit"][1] = {**proto.non_tensor_batch["agentcredit"][1], "bogus": 1}
+    with pytest.raises(ValueError, match=r"(?s)\[1\] is malformed.*bogus"):
+        apply_to_dataproto(proto, settings("grpo"))
+    with pytest.raises(ValueError, match="tips needs the teacher potentials"):
+        apply_to_dataproto(build_batch(eps).proto, settings("tips"))
+    # one view of a two-view episode missing from the batch
+    proto = build_batch(_carl_eps()).proto
+    sub = proto.select_idxs([0, 2])
+    with pytest.raises(ValueError, match="has 1 of its 2 rows"):
+        apply_to_dataproto(sub, settings("carl-segment"))

@@ -1,0 +1,177 @@
+"""The agent loop as verl's worker builds and runs it (hydra.utils.instantiate of the registered entry).
+
+Only the LLM server is replaced, by a scripted token server with verl's ``generate`` signature (it also answers
+``prompt_logprobs`` requests, as vLLM does for verl's teacher); the config is a composed shipped config, the
+tokenizer a real (byte-level) one, the protocols, tools, scorer and credit records the real ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+pytest.importorskip("verl")
+
+import hydra  # noqa: E402
+from hydra import compose, initialize_config_dir  # noqa: E402
+from verl.experimental.agent_loop.agent_loop import (  # noqa: E402
+    AgentLoopOutput,
+    DictConfigWrap,
+    ToolListWrap,
+    _agent_loop_registry,
+)
+from verl.utils.dataset.rl_dataset import RLHFDataset  # noqa: E402
+from verl.workers.rollout.replica import TokenOutput  # noqa: E402
+
+import agentcredit.integrations.verl.agent_loop as agent_loop_module  # noqa: E402
+from agentcredit.integrations.verl import AGENT_LOOP_NAME, config_dir  # noqa: E402
+from agentcredit.integrations.verl.fields import RowRecord  # noqa: E402
+from agentcredit.protocols import get_protocol  # noqa: E402
+from agentcredit.tools.base import ToolRuntime  # noqa: E402
+
+pytestmark = pytest.mark.verl
+
+
+class FakeServer:
+    """verl's LLMServerClient.generate signature; scripted completions; log p(token j) = -0.001 * j."""
+
+    def __init__(self, tokenizer, texts):
+        self.tok, self.texts = tokenizer, list(texts)
+        self.scored: list[list[int]] = []
+
+    async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
+        if "prompt_logprobs" in sampling_params:
+            self.scored.append(list(prompt_ids))
+            lp = [[-0.001 * j] for j in range(1, len(prompt_ids))] + [[0.0]]
+            return TokenOutput(token_ids=[0], extra_fields={"prompt_logprobs": lp})
+        text = self.texts.pop(0)
+        stops = sampling_params.get("stop") or []
+        hits = [text.find(s) + len(s) for s in stops if s in text]
+        if hits and min(hits) < len(text):
+            self.texts.insert(0, text[min(hits) :])
+            text = text[: min(hits)]
+            ids = self.tok.encode(text, add_special_tokens=False)
+        else:  # the scripted text is used up: the model ends its turn
+            ids = self.tok.encode(text, add_special_tokens=False) + [self.tok.eos_token_id]
+        return TokenOutput(
+            token_ids=ids,
+            log_probs=[-0.25] * len(ids),
+            extra_fields={"min_global_steps": 7, "max_global_steps": 8},
+        )
+
+
+def _run_loop(tokenizer, method_config, server, overrides=(), tools=None):
+    with initialize_config_dir(str(config_dir()), version_base=None):
+        cfg = compose(method_config, overrides=["data.max_response_length=400", *overrides])
+    question, answers = "who wrote X", ["Jane Doe", "J. Doe"]
+    protocol = get_protocol(cfg.agentcredit.protocol, **cfg.agentcredit.protocol_options)
+    messages = protocol.messages(protocol.new_episode(question))
+    agent_loop_module._RUNTIMES.clear()
+    if tools is not None:  # the retrieval server is not running here: give the runtime a local search tool
+        key = agent_loop_module.json.dumps(
+            agent_loop_module.load_settings(cfg.agentcredit).tools.model_dump(), sort_keys=True
+        )
+        agent_loop_module._RUNTIMES[key] = ToolRuntime(tools)
+
+    async def main():
+        loop = hydra.utils.instantiate(
+            config=_agent_loop_registry[AGENT_LOOP_NAME],
+            trainer_config=DictConfigWrap(config=cfg),
+            server_manager=server,
+            tokenizer=tokenizer,
+            processor=None,
+            hf_model_type=None,
+            dataset_cls=RLHFDataset,
+            data_config=DictConfigWrap(cfg.data),
+            tools=ToolListWrap([]),
+        )
+        return await loop.run(
+            {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True},
+            raw_prompt=messages,
+            extra_info={"question": question, "answers": answers, "index": 0},
+            reward_model={"style": "rule", "ground_truth": answers},
+        )
+
+    return asyncio.run(main())
+
+
+SEARCH = {"search": lambda a: f"Doc 1 Jane Doe wrote {a['query']}"}
+
+
+def test_grpo_loop_returns_one_output_with_the_record(byte_tokenizer):
+    server = FakeServer(byte_tokenizer, ["<search>author of X</search>", "<answer>Jane Doe</answer>"])
+    out = _run_loop(byte_tokenizer, "grpo", server, tools=SEARCH)
+    assert isinstance(out, AgentLoopOutput)
+    rec = RowRecord.model_validate(out.extra_fields["agentcredit"])
+    assert out.reward_score == 1.0 == rec.outcome and rec.answer == "Jane Doe"
+    assert rec.segment_kinds == ["search", "answer"] and rec.tool_turns == [0]
+    assert [s.kind for s in rec.spans] == ["search", "information", "answer"]
+    assert sum(out.response_mask) == sum(s.end - s.start for s in rec.spans if s.trained)
+    assert out.response_logprobs == [-0.25 if m else 0.0 for m in out.response_mask]
+    assert server.scored == []  # grpo asks the server for no teacher scores
+    # the weight versions the episode was sampled with, for verl's staleness tags and metrics
+    assert (out.extra_fields["min_global_steps"], out.extra_fields["max_global_steps"]) == (7, 8)
+
+
+def test_tips_loop_records_teacher_potentials_at_each_boundary(byte_tokenizer):
+    """The shipped tips config: TIPS's own style (Qwen tool calls, <tool_response> user turns)."""
+    call = '<tool_call>{"name": "search", "arguments": {"query_list": ["author of X"]}}</tool_call>'
+    server = FakeServer(byte_tokenizer, [call, "<answer>Jane Doe</answer>"])
+    out = _run_loop(byte_tokenizer, "tips", server, tools=SEARCH)
+    rec = RowRecord.model_validate(out.extra_fields["agentcredit"])
+    assert rec.tool_turns == [0] and out.response_ids.count(byte_tokenizer.eos_token_id) >= 2
+    obs = next(s for s in rec.spans if s.role == "observation")
+    assert "<tool_response>" in byte_tokenizer.decode(out.response_ids[obs.start : obs.end])
+    assert rec.potentials is not None and len(rec.potentials) == 2  # Phi(S_0), Phi(S_1)
+    # 2 boundaries x 2 aliases scored, each = boundary context + "<answer>alias</answer>"
+    assert len(server.scored) == 4
+    assert out.reward_score == pytest.approx(1.2)  # EM + TIPS's 0.2 format bonus
+    # with log p(token j) = -0.001 j, Phi(S) = logsumexp over aliases of -0.001 * sum of the answer positions
+    import math
+
+    def phi(full_lengths):
+        return math.log(sum(math.exp(-0.001 * sum(range(n - m, n))) for n, m in full_lengths))
+
+    n_ans = [
+        len(byte_tokenizer.encode(f"<answer>{a}</answer>", add_special_tokens=False))
+        for a in ("Jane Doe", "J. Doe")
+    ]
+    lens = [len(c) for c in server.scored]
+    assert rec.potentials == pytest.approx(
+        [phi(zip(lens[:2], n_ans, strict=True)), phi(zip(lens[2:], n_ans, strict=True))], rel=1e-9
+    )
+
+
+def test_gear_loop_records_teacher_logprobs_per_response_token(byte_tokenizer):
+    server = FakeServer(byte_tokenizer, ["<search>author of X</search>", "<answer>Jane Doe</answer>"])
+    out = _run_loop(byte_tokenizer, "gear", server, tools=SEARCH)
+    rec = RowRecord.model_validate(out.extra_fields["agentcredit"])
+    assert len(rec.teacher_logprobs) == len(out.response_ids)
+    (scored,) = server.scored
+    # the teacher sequence is the answer-conditioned prompt followed by exactly the student's response tokens
+    assert scored[-len(out.response_ids) :] == out.response_ids
+    assert "Here is a reference solution:\nJane Doe" in byte_tokenizer.decode(scored)
+
+
+def test_carl_segment_loop_returns_one_output_per_view(byte_tokenizer):
+    texts = [
+        "I search.\n```python\nprint(search('X'))\n```",
+        "<context>Jane Doe</context>",
+        "\\boxed{Jane Doe}",
+    ]
+    server = FakeServer(byte_tokenizer, texts)
+    outs = _run_loop(byte_tokenizer, "carl_segment", server, tools={"python": lambda a: "Jane Doe wrote X"})
+    assert isinstance(outs, list) and len(outs) == 2
+    recs = [RowRecord.model_validate(o.extra_fields["agentcredit"]) for o in outs]
+    assert [r.view for r in recs] == [0, 1] and recs[0].episode_id == recs[1].episode_id
+    assert all(o.reward_score == 1.0 for o in outs)
+    assert [s.kind for s in recs[0].spans] == ["invoke", "tool_output", "assimilate"]
+    assert [s.kind for s in recs[1].spans] == ["invoke", "assimilate", "commit"]
+
+
+def test_missing_question_is_a_clear_error():
+    with pytest.raises(ValueError, match="extra_info.question is missing"):
+        agent_loop_module.sample_fields({"raw_prompt": [], "extra_info": {}})
+    with pytest.raises(ValueError, match="return_raw_chat"):
+        agent_loop_module.sample_fields({})

@@ -1,0 +1,99 @@
+"""The shipped Hydra configs compose with verl's own tree for every method, and unknown keys fail loudly."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("verl")
+
+from hydra import compose, initialize_config_dir  # noqa: E402
+from hydra.errors import ConfigCompositionException  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
+
+from agentcredit.integrations.verl import METHOD_CONFIGS, REGISTER_MODULE, TRAINER_NAME, config_dir  # noqa: E402
+from agentcredit.integrations.verl.settings import load_settings  # noqa: E402
+from agentcredit.integrations.verl.trainer import check_trainer_config  # noqa: E402
+
+pytestmark = pytest.mark.verl
+
+
+@pytest.fixture(scope="module")
+def hydra_ctx():
+    with initialize_config_dir(str(config_dir()), version_base=None):
+        yield
+
+
+@pytest.mark.parametrize("method", sorted(METHOD_CONFIGS))
+def test_every_method_config_composes_with_verls_tree(hydra_ctx, method):
+    cfg = compose(METHOD_CONFIGS[method])
+    OmegaConf.resolve(cfg)
+    # verl's own defaults are there (nothing was copied), with ours merged on top
+    assert cfg.actor_rollout_ref.actor.strategy in ("fsdp", "fsdp2")
+    assert "rollout_correction" in cfg.algorithm
+    assert cfg.trainer.use_v1 is True and cfg.trainer.v1.trainer_mode == TRAINER_NAME
+    assert cfg.actor_rollout_ref.rollout.agent.default_agent_loop == "agentcredit_agent"
+    assert cfg.ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES == REGISTER_MODULE
+    assert cfg.actor_rollout_ref.model.path == "Qwen/Qwen2.5-3B-Instruct"
+    assert cfg.trainer.n_gpus_per_node == 8
+    settings = check_trainer_config(cfg)
+    assert settings.method == method
+
+
+def test_paper_hyperparameters_land_in_verls_keys(hydra_ctx):
+    tips = compose("tips")
+    assert (tips.algorithm.gamma, tips.algorithm.lam, tips.critic.optim.lr) == (1.0, 1.0, 1.0e-5)
+    assert tips.actor_rollout_ref.actor.optim.lr == 1.0e-6 and tips.agentcredit.format_bonus == 0.2
+    carl = compose("carl_segment")
+    assert (
+        carl.actor_rollout_ref.actor.ppo_epochs == 4
+        and carl.actor_rollout_ref.actor.ppo_mini_batch_size == 16
+    )
+    assert carl.actor_rollout_ref.rollout.n == 5 and carl.agentcredit.carl_segment.lam == 0.0
+    gear = compose("gear")
+    assert gear.actor_rollout_ref.rollout.n == 8 and gear.data.train_batch_size == 128
+    assert gear.agentcredit.gear.lambda_kl == 0.1 and gear.agentcredit.gear.lambda_h == 1.5
+    portool = compose("portool")
+    assert portool.actor_rollout_ref.actor.use_kl_loss is False
+    assert portool.actor_rollout_ref.actor.loss_agg_mode == "seq-mean-token-mean"
+    assert portool.actor_rollout_ref.model.lora_rank == 16 and portool.actor_rollout_ref.rollout.n == 8
+    grpo = compose("grpo")
+    assert grpo.actor_rollout_ref.actor.optim.lr == 5.0e-7 and grpo.actor_rollout_ref.rollout.n == 5
+
+
+@pytest.mark.parametrize(
+    "override", ["agentcredit.bogus=1", "agentcredit.carl_segment.lamda=0.5", "algorithm.bogus=1"]
+)
+def test_unknown_key_on_the_command_line_fails_in_hydra(hydra_ctx, override):
+    with pytest.raises(ConfigCompositionException, match="Could not override"):
+        compose("carl_segment", overrides=[override])
+
+
+def test_forced_unknown_key_fails_in_our_validation(hydra_ctx):
+    cfg = compose("carl_segment", overrides=["+agentcredit.carl_segment.lamda=0.5"])
+    with pytest.raises(ValueError, match=r"agentcredit\.carl_segment\.lamda: Extra inputs are not permitted"):
+        check_trainer_config(cfg)
+    with pytest.raises(ValueError, match=r"agentcredit\.method: Input should be"):
+        load_settings({"method": "carl_segment"})
+
+
+def test_inconsistent_settings_are_rejected(hydra_ctx):
+    with pytest.raises(ValueError, match="needs a critic: set critic.enable=True"):
+        check_trainer_config(compose("tips", overrides=["critic.enable=false"]))
+    with pytest.raises(ValueError, match="calculate_log_probs=True"):
+        check_trainer_config(
+            compose("gear", overrides=["actor_rollout_ref.rollout.calculate_log_probs=false"])
+        )
+    with pytest.raises(ValueError, match="use_kl_in_reward=True is not supported"):
+        check_trainer_config(compose("ppo", overrides=["algorithm.use_kl_in_reward=true"]))
+
+
+@pytest.mark.parametrize("method", ["grpo", "gear", "carl-critical"])
+def test_verls_own_validation_accepts_critic_free_configs(hydra_ctx, method, monkeypatch):
+    """verl's validate_config on CPU (the critic methods need the model's files, the LoRA one vLLM)."""
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    cfg = compose(METHOD_CONFIGS[method])
+    OmegaConf.resolve(cfg)
+    validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))

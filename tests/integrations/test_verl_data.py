@@ -1,0 +1,69 @@
+"""prepare-data writes parquet that verl's own RLHFDataset reads, with what the agent loop needs in each row."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("verl")
+
+from hydra import compose, initialize_config_dir  # noqa: E402
+from verl.utils.dataset.rl_dataset import RLHFDataset  # noqa: E402
+
+from agentcredit.integrations.verl import AGENT_LOOP_NAME, config_dir  # noqa: E402
+from agentcredit.integrations.verl.__main__ import main  # noqa: E402
+from agentcredit.integrations.verl.agent_loop import sample_fields  # noqa: E402
+from agentcredit.integrations.verl.data import parse_task_list  # noqa: E402
+from agentcredit.protocols import get_protocol  # noqa: E402
+
+pytestmark = pytest.mark.verl
+
+
+def test_parse_task_list():
+    assert parse_task_list("nq:dev, hotpotqa,jsonl:/a/b:c.jsonl") == [
+        ("nq", "dev"),
+        ("hotpotqa", None),
+        ("jsonl:/a/b:c.jsonl", None),
+    ]
+    with pytest.raises(ValueError, match="no task"):
+        parse_task_list(" , ")
+
+
+def test_prepare_data_round_trips_through_verls_dataset(tmp_path, byte_tokenizer):
+    questions = tmp_path / "qa.jsonl"
+    questions.write_text(
+        '{"id": "a", "question": "who wrote X", "golden_answers": ["Jane Doe", "J. Doe"]}\n'
+        '{"id": "b", "question": "capital of Y", "golden_answers": ["Z"]}\n'
+    )
+    rc = main(
+        [
+            "prepare-data",
+            "--train",
+            f"jsonl:{questions}",
+            "--val",
+            "",
+            "--out",
+            str(tmp_path / "out"),
+            "--task-option",
+            "answer_field=golden_answers",
+        ]
+    )
+    assert rc == 0
+    with initialize_config_dir(str(config_dir()), version_base=None):
+        cfg = compose("grpo", overrides=["data.dataloader_num_workers=0"])
+    ds = RLHFDataset(str(tmp_path / "out" / "train.parquet"), byte_tokenizer, cfg.data)
+    assert len(ds) == 2
+    row = ds[0]
+    assert row["agent_name"] == AGENT_LOOP_NAME and row["index"] == 0
+    proto = get_protocol("tags", style="search-r1")
+    assert list(row["raw_prompt"]) == proto.messages(proto.new_episode("who wrote X"))
+    # what the agent loop reads from a dataset row
+    messages, question, golds = sample_fields(row)
+    assert question == "who wrote X" and golds == ["Jane Doe", "J. Doe"]
+    assert messages == proto.messages(proto.new_episode("who wrote X"))
+
+
+def test_prepare_data_rejects_questions_without_answers(tmp_path):
+    questions = tmp_path / "qa.jsonl"
+    questions.write_text('{"id": "a", "question": "q", "answers": []}\n')
+    with pytest.raises(ValueError):
+        main(["prepare-data", "--train", f"jsonl:{questions}", "--val", "", "--out", str(tmp_path / "o")])
