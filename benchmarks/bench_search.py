@@ -21,7 +21,7 @@ from pathlib import Path
 
 from agentcredit.tools.search import BM25Search, read_corpus
 
-SHARED = Path(os.environ.get("AGENTCREDIT_SHARED", "/work/shared")) / "data"
+SHARED = Path(os.environ.get("AGENTCREDIT_SHARED", Path(__file__).resolve().parents[2] / "shared")) / "data"
 DEFAULT_CORPUS = SHARED / "corpora" / "hotpotqa_dev_pooled_paragraphs.jsonl"
 QUESTIONS = SHARED / "hotpotqa" / "ircot_dev_subsampled_500.jsonl"
 

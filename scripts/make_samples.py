@@ -38,7 +38,7 @@ SAMPLES: tuple[tuple[str, str, int], ...] = (
 )
 SEED = 0
 
-# Licences as /work/shared/data/README.md states them: (repository licence, dataset licence).
+# Licences as ../shared/data/README.md states them: (repository licence, dataset licence).
 LICENCES: dict[str, tuple[str, str]] = {
     "gsm8k": ("MIT", "MIT"),
     "hotpotqa": ("Apache-2.0 (IRCoT fork), MIT (MASArena), none (MIGRES)", "CC BY-SA 4.0"),

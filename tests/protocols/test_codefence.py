@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 
 import pytest
-from conftest import SEEDS, SPECS, run_episode, token_pieces
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from protocol_helpers import SEEDS, SPECS, run_episode, token_pieces
 
 from agentcredit.protocols import get_protocol
 from agentcredit.protocols.base import Turn
@@ -40,12 +40,12 @@ def _spec_prompts() -> list[str]:
     return re.findall(r"   ```\n   (.*?)\n   ```", section, re.S)
 
 
-@pytest.mark.skipif(not SPECS.exists(), reason="needs /work/shared/specs")
+@pytest.mark.skipif(not SPECS.exists(), reason="needs ../shared/specs")
 def test_system_prompts_are_verbatim_from_the_spec():
     assert _spec_prompts() == [NO_TOOL_PROMPT, FORCED_TOOL_PROMPT, OPTIONAL_TOOL_PROMPT, MULTIHOP_TOOL_PROMPT]
 
 
-@pytest.mark.skipif(not SEEDS.exists(), reason="needs /work/shared/seeds")
+@pytest.mark.skipif(not SEEDS.exists(), reason="needs ../shared/seeds")
 def test_system_prompts_agree_with_the_paper():
     paper = (SEEDS / "carl-segment-level-credit.txt").read_text()
     assert f"No-tool direct answer: “{NO_TOOL_PROMPT}”" in paper
@@ -337,7 +337,7 @@ def test_invoke_stops_exactly_at_the_first_closing_python_fence(before, lang, co
     prefix = "\n".join(lines) + ("\n" if lines else "")
     block = f"```{lang}\n" + "".join(c + "\n" for c in code) + "```"
     output = prefix + block + "\n" + after
-    from conftest import chunk_pieces
+    from protocol_helpers import chunk_pieces
 
     episode = run_episode(
         get_protocol("codefence"),

@@ -6,9 +6,9 @@ import json
 import re
 
 import pytest
-from conftest import SEEDS, SPECS, run_episode, stops_at, token_pieces
 from hypothesis import given
 from hypothesis import strategies as st
+from protocol_helpers import SEEDS, SPECS, run_episode, stops_at, token_pieces
 
 from agentcredit.protocols import get_protocol
 from agentcredit.protocols.jsoncall import (
@@ -77,12 +77,12 @@ def _spec_prompt() -> str:
     return re.search(r"```\n(.*?)\n```", section, re.S).group(1)
 
 
-@pytest.mark.skipif(not SPECS.exists(), reason="needs /work/shared/specs")
+@pytest.mark.skipif(not SPECS.exists(), reason="needs ../shared/specs")
 def test_system_prompt_is_verbatim_from_the_spec():
     assert _spec_prompt() == PORTOOL_SYSTEM_PROMPT_TEMPLATE
 
 
-@pytest.mark.skipif(not SEEDS.exists(), reason="needs /work/shared/seeds")
+@pytest.mark.skipif(not SEEDS.exists(), reason="needs ../shared/seeds")
 def test_system_prompt_agrees_with_the_paper_up_to_typesetting():
     """The paper's PDF text has curly quotes, OCR-split words and a garbled example line where the spec (and
     we) have ASCII text; outside the garbled example both say the same thing word for word."""

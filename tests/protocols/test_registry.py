@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import run_episode
+from protocol_helpers import run_episode
 
 from agentcredit.protocols import (
     PROTOCOLS,

@@ -6,7 +6,7 @@ import json
 import re
 
 import pytest
-from conftest import SEEDS, SPECS, run_episode, stops_at, token_pieces
+from protocol_helpers import SEEDS, SPECS, run_episode, stops_at, token_pieces
 
 from agentcredit.protocols import get_protocol
 from agentcredit.protocols.base import Turn
@@ -228,14 +228,14 @@ def _spec_tips_blocks() -> list[str]:
     return re.findall(r"```\n(.*?)\n```", section, re.S)
 
 
-@pytest.mark.skipif(not SPECS.exists(), reason="needs /work/shared/specs")
+@pytest.mark.skipif(not SPECS.exists(), reason="needs ../shared/specs")
 def test_tips_prompts_are_verbatim_from_the_spec():
     system, user = _spec_tips_blocks()
     assert system == TIPS_SYSTEM_PROMPT
     assert user == TIPS_USER_PREFIX + "{question}"
 
 
-@pytest.mark.skipif(not SEEDS.exists(), reason="needs /work/shared/seeds")
+@pytest.mark.skipif(not SEEDS.exists(), reason="needs ../shared/seeds")
 def test_tips_prompts_agree_with_the_paper():
     """The paper renders the prompt twice and not identically: Fig. 8 (a token heatmap, "as you want", a
     schema whose braces the PDF lost) and Fig. 12 ("as your want", verl's pydantic dump with "enum": null).

@@ -12,7 +12,7 @@ import time
 
 import pytest
 import torch
-from conftest import EXAMPLES, SMALL
+from train_helpers import EXAMPLES, SMALL
 
 from agentcredit.config import load_config
 from agentcredit.train.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
@@ -25,7 +25,14 @@ def test_resume_continues_exactly(preset, fitted_codefence, tmp_path):
     config = load_config(preset, [*SMALL, "optim.epochs=1"])
 
     def trainer(run_dir):
-        return Trainer(config, model=copy.deepcopy(model), tokenizer=tokenizer, examples=list(EXAMPLES), run_dir=run_dir, log=False)
+        return Trainer(
+            config,
+            model=copy.deepcopy(model),
+            tokenizer=tokenizer,
+            examples=list(EXAMPLES),
+            run_dir=run_dir,
+            log=False,
+        )
 
     straight = trainer(tmp_path / "straight")
     try:
@@ -52,7 +59,9 @@ def test_resume_continues_exactly(preset, fitted_codefence, tmp_path):
 
 def test_checkpoints_are_complete_and_pruned(tmp_path):
     for step in (1, 2, 3):
-        save_checkpoint(tmp_path, step, {"step": step, "w": torch.ones(3) * step}, config_yaml="a: 1\n", keep=2)
+        save_checkpoint(
+            tmp_path, step, {"step": step, "w": torch.ones(3) * step}, config_yaml="a: 1\n", keep=2
+        )
     names = [p.name for p in list_checkpoints(tmp_path)]
     assert names == ["step-000002", "step-000003"]
     assert load_checkpoint(tmp_path)["step"] == 3  # a run directory resolves to its latest checkpoint

@@ -12,7 +12,7 @@ import math
 
 import pytest
 import torch
-from conftest import EXAMPLES, SMALL
+from train_helpers import EXAMPLES, SMALL
 
 from agentcredit.config import load_config
 from agentcredit.train.trainer import Trainer
@@ -63,7 +63,9 @@ def test_one_training_step(name, fitted_codefence, fitted_jsoncall):
     assert all(math.isfinite(v) for v in m.values()), {k: v for k, v in m.items() if not math.isfinite(v)}
     assert m["adv/nonzero_frac"] > 0, "the fitted model should sample both correct and wrong episodes"
     assert m["tokens/trained"] > 0 and m["loss/total"] != 0
-    changed = [n for n, p in trainer.model.named_parameters() if p.requires_grad and not torch.equal(p, before[n])]
+    changed = [
+        n for n, p in trainer.model.named_parameters() if p.requires_grad and not torch.equal(p, before[n])
+    ]
     assert changed, "no trainable parameter changed"
     # frozen models: no gradient, no change
     for module, saved in zip(frozen, frozen_before, strict=True):

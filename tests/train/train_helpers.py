@@ -1,0 +1,63 @@
+"""Shared pieces of the trainer tests: a tiny random Llama fitted on two demonstrations per protocol.
+
+A random tiny model never writes an answer, so every reward would be 0 and every advantage 0. Fitting it for a
+few dozen steps on two scripted arith-tools episodes (one easy, answered directly; one hard, computed with the
+tool) makes it sample a mix of correct and wrong episodes at temperature 1 — real, non-zero advantages through
+the real engine, protocols, sandbox and tool suite.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from agentcredit.config import load_config
+from agentcredit.environment import build_environment
+from agentcredit.tasks import Example
+from agentcredit.train.sft import demonstrations, sft
+from agentcredit.train.trainer import load_base_model
+
+EXAMPLES = [
+    Example(
+        "q-hard",
+        "What is 17*23?",
+        ["391"],
+        "arith-tools",
+        {"tier": "hard", "expression": "17*23", "metric": "numeric"},
+    ),
+    Example(
+        "q-easy",
+        "What is 3+4?",
+        ["7"],
+        "arith-tools",
+        {"tier": "easy", "expression": "3+4", "metric": "numeric"},
+    ),
+]
+
+# CPU-sized settings every trainer test starts from
+SMALL = [
+    "model.name=tiny",
+    "rollout.prompts_per_step=2",
+    "rollout.n=3",
+    "rollout.n0=1",
+    "rollout.max_new_tokens=40",
+    "rollout.max_episode_tokens=96",
+    "rollout.temperature=1.0",
+    "optim.minibatch_size=0",
+    "optim.epochs=1",
+    "train.tensorboard=false",
+    "train.save_every=0",
+]
+
+
+def fit_tiny(preset: str):
+    torch.manual_seed(0)
+    config = load_config(preset, SMALL)
+    model, tokenizer = load_base_model("tiny", seed=0)
+    env = build_environment(config)
+    try:
+        trees = demonstrations(env, tokenizer, EXAMPLES, config.protocol.name)
+    finally:
+        env.close()
+    assert len(trees) == len(EXAMPLES)
+    sft(model, trees, pad_id=tokenizer.pad_token_id, epochs=100, batch_trajectories=2, lr=3e-3)
+    return model, tokenizer
