@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Annotated
+
 import typer
 
 app = typer.Typer(
@@ -15,6 +18,244 @@ app = typer.Typer(
 @app.callback()
 def main() -> None:
     """agentcredit: train, evaluate and compare credit-assignment methods for tool-using agents."""
+
+
+@app.command("serve-search")
+def serve_search(
+    corpus: Annotated[
+        Path, typer.Option("--corpus", help="JSONL passages: {id, title, text} or {id, contents}.")
+    ],
+    port: Annotated[
+        int, typer.Option("--port", min=0, max=65535, help="TCP port (0 picks a free one).")
+    ] = 8000,
+    host: Annotated[str, typer.Option("--host", help="Bind address; localhost by default.")] = "127.0.0.1",
+    topk: Annotated[
+        int, typer.Option("--topk", min=1, help="Passages per query when a request sends no topk.")
+    ] = 3,
+    dense: Annotated[
+        bool, typer.Option("--dense", help="Dense retrieval (needs the 'dense' extra), not BM25.")
+    ] = False,
+    model: Annotated[
+        Path | None, typer.Option("--model", help="Local sentence-transformers model dir (--dense).")
+    ] = None,
+) -> None:
+    """Serve search over HTTP with Search-R1's retrieval-server API (POST /retrieve), for Search-R1 / verl."""
+    from agentcredit.tools.server import serve  # lazy: keeps `agentcredit --help` fast
+
+    if model is not None and not dense:
+        raise typer.BadParameter("--model only applies with --dense", param_hint="--model")
+    try:
+        serve(corpus, host=host, port=port, topk=topk, dense=dense, model_path=model)
+    except (FileNotFoundError, ValueError, ImportError, OSError) as exc:
+        typer.secho(f"error: {exc}", err=True, fg=typer.colors.RED)
+        raise typer.Exit(code=2) from exc
+
+
+# ------------------------------------------------------------------------------------------------ training
+ConfigOpt = Annotated[str, typer.Option("--config", "-c", help="A preset name (see configs/) or a YAML file.")]
+SetOpt = Annotated[
+    list[str] | None, typer.Option("--set", "-s", help="Override a config key: section.key=value (repeatable).")
+]
+
+
+def _fail(exc: Exception) -> None:
+    typer.secho(f"error: {exc}", err=True, fg=typer.colors.RED)
+    raise typer.Exit(code=2) from exc
+
+
+def _config(config: str, overrides: list[str] | None):
+    from agentcredit.config import ConfigError, load_config
+
+    try:
+        return load_config(config, overrides or [])
+    except ConfigError as exc:
+        _fail(exc)
+
+
+@app.command()
+def train(
+    config: ConfigOpt = "carl-segment-arith-tools",
+    set_: SetOpt = None,
+    resume: Annotated[Path | None, typer.Option("--resume", help="Continue the run in this directory.")] = None,
+    run_dir: Annotated[Path | None, typer.Option("--run-dir", help="Where the run is written.")] = None,
+) -> None:
+    """Train a method (rollout -> credit assignment -> PPO update), then evaluate on the eval split."""
+    from agentcredit.config import ConfigError
+    from agentcredit.train.run import config_for_resume, run_train
+
+    try:
+        cfg = config_for_resume(resume, set_ or []) if resume is not None else _config(config, set_)
+        run_train(cfg, run_dir=run_dir, resume=resume)
+    except (ConfigError, FileNotFoundError, ValueError) as exc:
+        _fail(exc)
+
+
+@app.command()
+def sft(
+    out: Annotated[Path, typer.Option("--out", help="Directory for the fine-tuned model.")],
+    config: ConfigOpt = "carl-segment-arith-tools",
+    set_: SetOpt = None,
+    examples: Annotated[int, typer.Option(min=1, help="Training questions to demonstrate.")] = 256,
+    epochs: Annotated[int, typer.Option(min=1)] = 2,
+    lr: Annotated[float, typer.Option(help="Learning rate.")] = 5e-5,
+    rejection: Annotated[
+        int, typer.Option(min=0, help="Rejection sampling: k samples per question, keep the correct ones (0 = scripted).")
+    ] = 0,
+) -> None:
+    """Supervised fine-tuning on demonstrations in the preset's protocol format."""
+    from agentcredit.train.run import run_sft
+
+    try:
+        run_sft(_config(config, set_), out, examples=examples, epochs=epochs, lr=lr, rejection_samples=rejection)
+    except (FileNotFoundError, ValueError) as exc:
+        _fail(exc)
+
+
+@app.command()
+def warmup(
+    out: Annotated[Path, typer.Option("--out", help="Directory for the warmed-up model and value head.")],
+    config: ConfigOpt = "carl-segment-arith-tools",
+    set_: SetOpt = None,
+    questions: Annotated[int, typer.Option(min=4, help="Warm-up questions (a held-out part is used for the gate).")] = 48,
+    steps: Annotated[int, typer.Option(min=1, help="Critic training steps (paper: >= 1,800).")] = 60,
+    pairs: Annotated[int, typer.Option(min=4, help="(state, R) pairs per step (paper: 256).")] = 64,
+) -> None:
+    """carl-segment critic warm-up: tier labels, forced/no-tool buckets, critic training and the gate."""
+    from agentcredit.train.run import run_warmup
+    from agentcredit.train.warmup import WarmupSettings
+
+    cfg = _config(config, set_)
+    try:
+        run_warmup(cfg, out, questions=questions, settings=WarmupSettings(steps=steps, pairs_per_step=pairs, seed=cfg.train.seed))
+    except (FileNotFoundError, ValueError) as exc:
+        _fail(exc)
+
+
+@app.command()
+def demo(
+    out: Annotated[Path | None, typer.Option("--out", help="Output directory (default runs/demo-<time>).")] = None,
+    rl_steps: Annotated[int, typer.Option(min=1, help="carl-segment steps.")] = 6,
+    sft_examples: Annotated[int, typer.Option(min=8)] = 192,
+    eval_limit: Annotated[int, typer.Option(min=4)] = 64,
+    set_: SetOpt = None,
+) -> None:
+    """The main job on the embedded model: SFT, evaluate, carl-segment, evaluate, before/after table."""
+    from agentcredit.train.run import run_demo
+
+    run_demo(out, rl_steps=rl_steps, sft_examples=sft_examples, eval_limit=eval_limit, overrides=tuple(set_ or ()))
+
+
+# ------------------------------------------------------------------------------------------------ evaluation
+@app.command("eval")
+def eval_(
+    model: Annotated[
+        str, typer.Option("--model", "-m", help="'embedded', a model dir, a run dir or a checkpoint dir.")
+    ],
+    config: Annotated[
+        str | None, typer.Option("--config", "-c", help="Preset or YAML (default: the run's own config).")
+    ] = None,
+    set_: SetOpt = None,
+    split: Annotated[str | None, typer.Option(help="Split (default: task.eval_split).")] = None,
+    limit: Annotated[int | None, typer.Option(min=1, help="Questions (default: task.eval_limit).")] = None,
+    samples: Annotated[int, typer.Option(min=1, help="Episodes per question (needs --temperature).")] = 1,
+    temperature: Annotated[float, typer.Option(min=0.0, help="0 = greedy.")] = 0.0,
+    tiers: Annotated[
+        bool, typer.Option("--tiers", help="Tier 1/2 labels from 5 no-tool samples (carl-segment §4.1).")
+    ] = False,
+    seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,
+    out: Annotated[Path | None, typer.Option("--out", help="Output dir for episodes.jsonl + summary.json.")] = None,
+) -> None:
+    """Evaluate a model on a task: EM/F1/accuracy, tool calls, tiers, critic AUC/ECE/EV; writes every episode."""
+    from agentcredit.config import ConfigError
+    from agentcredit.eval.runner import EvalOptions, run_eval
+
+    try:
+        options = EvalOptions(
+            split=split, limit=limit, samples=samples, temperature=temperature, tiers=tiers, seed=seed
+        )
+        run_eval(model, config, overrides=set_ or [], options=options, out_dir=out)
+    except (ConfigError, FileNotFoundError, ValueError) as exc:
+        _fail(exc)
+
+
+@app.command()
+def compare(
+    runs: Annotated[list[Path], typer.Argument(help="Run directories (metrics.jsonl, config.yaml, evals).")],
+    out: Annotated[Path, typer.Option("--out", help="Report directory.")] = Path("report"),
+) -> None:
+    """One report (report.md + self-contained report.html) comparing runs: metrics, curves, calibration, time."""
+    from agentcredit.eval.report import write_report
+
+    try:
+        paths = write_report(runs, out)
+    except (FileNotFoundError, ValueError) as exc:
+        _fail(exc)
+    typer.echo(f"wrote {paths['markdown']} and {paths['html']}")
+
+
+@app.command()
+def view(
+    episodes: Annotated[Path, typer.Argument(help="Episodes JSONL (train.dump_episodes_every or eval).")],
+    out: Annotated[Path | None, typer.Option("--out", help="HTML page (default: beside the JSONL).")] = None,
+    limit: Annotated[int | None, typer.Option(min=1, help="Show at most this many episodes.")] = None,
+    scale: Annotated[
+        float | None, typer.Option(min=0.0, help="|advantage| at full colour (default: the file's max).")
+    ] = None,
+) -> None:
+    """A self-contained HTML page with every token coloured by the advantage it received."""
+    from agentcredit.eval.viewer import write_viewer
+
+    try:
+        page = write_viewer(episodes, out, limit=limit, scale=scale)
+    except (FileNotFoundError, ValueError) as exc:
+        _fail(exc)
+    typer.echo(f"wrote {page}")
+
+
+bench_app = typer.Typer(help="Benchmarks: rollout engine and training step time.", no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
+
+
+@bench_app.command("train")
+def bench_train_cmd(
+    methods: Annotated[
+        list[str] | None, typer.Option("--methods", help="Methods to time (default: all seven).")
+    ] = None,
+    steps: Annotated[int, typer.Option(min=1, help="Timed steps per method.")] = 2,
+    warmup_steps: Annotated[int, typer.Option("--warmup", min=0, help="Untimed steps first.")] = 0,
+    prompts: Annotated[int, typer.Option(min=1, help="Prompts per step (the same for every method).")] = 2,
+    episodes: Annotated[int, typer.Option(min=2, help="Episodes (leaves) per prompt.")] = 4,
+    model: Annotated[str, typer.Option(help="'embedded', 'tiny' or a model dir.")] = "embedded",
+    task: Annotated[str, typer.Option(help="Task of the presets <method>-<task>.")] = "arith-tools",
+    set_: SetOpt = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+    out: Annotated[Path | None, typer.Option("--out", help="Also write the JSON result here.")] = None,
+) -> None:
+    """Seconds per training step and per phase for each method, and each one's ratio to GRPO (same run)."""
+    import json
+
+    from agentcredit.config import ConfigError
+    from agentcredit.eval.bench import bench_train, format_bench_table
+
+    try:
+        result = bench_train(
+            methods or None,
+            steps=steps,
+            warmup_steps=warmup_steps,
+            prompts=prompts,
+            episodes=episodes,
+            model=model,
+            task=task,
+            overrides=set_ or [],
+            log=(lambda _msg: None) if json_out else typer.echo,
+        )
+    except (ConfigError, FileNotFoundError, ValueError) as exc:
+        _fail(exc)
+    text = json.dumps(result, indent=2)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+    typer.echo(text if json_out else format_bench_table(result))
 
 
 if __name__ == "__main__":

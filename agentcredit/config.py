@@ -286,6 +286,12 @@ class TrainConfig(Section):
     tensorboard: bool = Field(True, description="Write TensorBoard events.")
     wandb: bool = Field(False, description="Log to Weights & Biases (needs wandb installed).")
     wandb_project: str = Field("agentcredit", description="W&B project.")
+    dump_episodes_every: int = Field(
+        0,
+        ge=0,
+        description="Write the step's trajectories with per-token advantages to <run>/episodes/step-N.jsonl "
+        "every N steps, for `agentcredit view` (0 = never).",
+    )
 
 
 class Config(Section):

@@ -74,16 +74,28 @@ def codefence_policy(example: Example, turn: int, observation: str | None) -> st
 
 
 # ------------------------------------------------------------------------------------------------ tags
-def tags_policy(example: Example, turn: int, observation: str | None) -> str:
-    """Search-R1 format: <think>, <search>, <answer>. One search per hop; arithmetic is answered directly."""
+def tags_policy(example: Example, turn: int, observation: str | None, *, style: str = "search-r1") -> str:
+    """Search-R1 / ASearcher / TIPS formats: one search per hop, then the answer; arithmetic is answered directly.
+
+    ASearcher (carl-critical) makes reading a separate action: after an ``<information>`` block the protocol opens
+    a ``<think>`` and the read action writes the extracted fact and closes it.
+    """
     answer = example.answers[0]
     hops = _hops(example)
-    if not hops:
-        return f"<think>I can answer this directly.</think>\n<answer>{answer}</answer>"
-    if turn < len(hops):
-        subject = hops[turn][0]
-        return f"<think>I need information about {subject}.</think>\n<search>{subject}</search>"
-    return f"<think>I have found the answer.</think>\n<answer>{answer}</answer>"
+    if style == "asearcher" and observation is not None and observation.rstrip().endswith("<think>"):
+        step = turn // 2  # actions alternate: search, read, search, read, ...
+        subject, relation, obj = hops[min(step, len(hops) - 1)]
+        fact = f"{subject} {_relation_text(relation)} {obj}." if relation else _first_sentence(observation, subject)
+        return f"{fact or subject}</think>"
+    searches = turn // 2 if style == "asearcher" else turn
+    if not hops or searches >= len(hops):
+        thought = "I can answer this directly." if not hops else "I have found the answer."
+        return f"<think>{thought}</think>\n<answer>{answer}</answer>"
+    subject = hops[searches][0]
+    if style == "tips":
+        call = json.dumps({"name": "search", "arguments": {"query_list": [subject]}})
+        return f"<think>I need information about {subject}.</think>\n<tool_call>\n{call}\n</tool_call>"
+    return f"<think>I need information about {subject}.</think>\n<search>{subject}</search>"
 
 
 # ------------------------------------------------------------------------------------------------ jsoncall
@@ -111,14 +123,13 @@ def jsoncall_policy(example: Example, turn: int, observation: str | None) -> str
     return final
 
 
-SCRIPTED_POLICIES: dict[str, ScriptedPolicy] = {
-    "codefence": codefence_policy,
-    "tags": tags_policy,
-    "jsoncall": jsoncall_policy,
-}
-
-
-def scripted_policy(protocol_name: str) -> ScriptedPolicy:
-    if protocol_name not in SCRIPTED_POLICIES:
-        raise ValueError(f"no scripted demonstrations for protocol {protocol_name!r}; use rejection sampling")
-    return SCRIPTED_POLICIES[protocol_name]
+def scripted_policy(protocol_name: str, protocol: object | None = None) -> ScriptedPolicy:
+    """The scripted policy for a protocol (its style, for ``tags``, read from the protocol object)."""
+    if protocol_name == "codefence":
+        return codefence_policy
+    if protocol_name == "jsoncall":
+        return jsoncall_policy
+    if protocol_name == "tags":
+        style = getattr(protocol, "style", "search-r1")
+        return lambda example, turn, observation: tags_policy(example, turn, observation, style=style)
+    raise ValueError(f"no scripted demonstrations for protocol {protocol_name!r}; use rejection sampling")

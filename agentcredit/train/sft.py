@@ -34,7 +34,7 @@ def demonstrations(
     env: Environment, tokenizer: Any, examples: Sequence[Example], protocol_name: str
 ) -> list[RolloutTree]:
     """Scripted episodes for ``examples``, played through the environment; only correct ones are kept."""
-    policy = scripted_policy(protocol_name)
+    policy = scripted_policy(protocol_name, env.protocol)
     trees = []
     for example in examples:
         tree = replay(
@@ -114,7 +114,7 @@ def sft(
                 )
                 loss = -(scores.logprobs * weights[micro][:, : sub.input_ids.shape[1]]).sum()
                 loss.backward()
-                total += float(loss)
+                total += float(loss.detach())
             torch.nn.utils.clip_grad_norm_(params, grad_clip)
             optimizer.step()
             losses.append(total)

@@ -21,7 +21,7 @@ import copy
 import math
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -44,17 +44,21 @@ from agentcredit.train.signals import row_chunks, score_batch, teacher_logprobs,
 
 
 # ------------------------------------------------------------------------------------------------ model setup
+def load_base_model(name: str, dtype: str = "float32", *, seed: int = 0) -> tuple[Any, Any]:
+    """``(model, tokenizer)``: 'embedded' (SmolLM2-135M), 'tiny' (a random tiny Llama, for tests) or a local path."""
+    if name == "tiny":
+        from agentcredit.models.tiny import tiny_llama
+
+        return tiny_llama(seed=seed, dtype=dtype, max_positions=8192)
+    from agentcredit.models.embedded import load_model
+
+    return load_model(name, dtype=dtype)
+
+
 def load_policy(cfg: Config, *, model: Any = None, tokenizer: Any = None) -> tuple[Any, Any]:
-    """The trainable policy: ``model.name`` ('embedded', 'tiny' for tests, or a local path), LoRA if asked."""
+    """The trainable policy: the base model of ``model.name``, wrapped with LoRA adapters if asked."""
     if model is None:
-        if cfg.model.name == "tiny":
-            from agentcredit.models.tiny import tiny_llama
-
-            model, tokenizer = tiny_llama(seed=cfg.train.seed, dtype=cfg.model.dtype)
-        else:
-            from agentcredit.models.embedded import load_model
-
-            model, tokenizer = load_model(cfg.model.name, dtype=cfg.model.dtype)
+        model, tokenizer = load_base_model(cfg.model.name, cfg.model.dtype, seed=cfg.train.seed)
     if cfg.model.lora.enabled:
         from peft import LoraConfig, get_peft_model
 
@@ -72,6 +76,18 @@ def load_policy(cfg: Config, *, model: Any = None, tokenizer: Any = None) -> tup
     if cfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     return model, tokenizer
+
+
+def initial_value_head(cfg: Config, hidden_size: int):
+    """The value head of ``algorithm.critic``; a warmed-up one is loaded from ``<model dir>/value_head.pt``."""
+    head = make_value_head(cfg.algorithm.critic, hidden_size)
+    saved = Path(cfg.model.name) / "value_head.pt"
+    if head is not None and cfg.model.name not in ("embedded", "tiny") and saved.is_file():
+        try:
+            head.load_state_dict(torch.load(saved, map_location="cpu"))
+        except RuntimeError as exc:
+            raise ValueError(f"{saved}: does not fit a {cfg.algorithm.critic!r} value head ({exc})") from None
+    return head
 
 
 def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
@@ -136,6 +152,7 @@ class StepResult:
     metrics: dict[str, float]
     trees: list[RolloutTree]
     batch: TrainBatch
+    examples: list[Example] = field(default_factory=list)  # the step's prompts, tree i <- examples[i]
 
 
 class NonFiniteLoss(RuntimeError):
@@ -161,8 +178,7 @@ class Trainer:
         seed_everything(config.train.seed)
         self.model, self.tokenizer = load_policy(config, model=model, tokenizer=tokenizer)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        hidden = self.model.config.hidden_size if hasattr(self.model, "config") else None
-        self.value_head = make_value_head(config.algorithm.critic, hidden)
+        self.value_head = initial_value_head(config, self.model.config.hidden_size)
         a = config.algorithm
         self.lora = config.model.lora.enabled
         # the KL reference: the initial policy (with LoRA: the same model with its adapters switched off)
@@ -493,7 +509,7 @@ class Trainer:
         }
         if self.teacher is not None and self.step % cfg.algorithm.tips.refresh_every == 0:
             self.refresh_teacher()
-        return StepResult(metrics, trees, batch)
+        return StepResult(metrics, trees, batch, examples)
 
     def refresh_teacher(self) -> None:
         """TIPS: the teacher becomes a frozen copy of the current policy (between batches only)."""
@@ -613,6 +629,17 @@ class Trainer:
                 )
                 if on_step is not None:
                     on_step(self, result)
+                if self.run_dir is not None and cfg.dump_episodes_every and self.step % cfg.dump_episodes_every == 0:
+                    # per-token advantages of this step, for `agentcredit view`
+                    from agentcredit.eval.credit import write_credit_episodes
+
+                    write_credit_episodes(
+                        self.run_dir / "episodes" / f"step-{self.step:06d}.jsonl",
+                        result,
+                        self.tokenizer,
+                        step=self.step,
+                        method=self.cfg.method,
+                    )
                 if self.run_dir is not None and cfg.save_every and self.step % cfg.save_every == 0:
                     self.save()
         if self.run_dir is not None:

@@ -1,0 +1,259 @@
+"""What the ``agentcredit`` commands run: train, sft, warmup and the demo. The CLI only parses options."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agentcredit.config import Config, ConfigError, dump_config, load_config
+from agentcredit.environment import build_environment, load_examples
+from agentcredit.eval.evaluate import evaluate
+from agentcredit.train.trainer import Trainer, load_base_model, load_policy, seed_everything
+
+Log = Callable[[str], None]
+
+
+def default_run_dir(config: Config, kind: str = "") -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    name = "-".join(p for p in (config.method, config.task.name.replace(":", "_").replace("/", "_"), kind, stamp) if p)
+    return Path("runs") / name
+
+
+def evaluate_model(
+    model: Any, tokenizer: Any, config: Config, *, split: str | None = None, limit: int | None = None, value_head=None
+):
+    """Greedy evaluation of ``model`` on the config's eval split with the config's environment.
+
+    With a ``value_head`` the episodes carry V at every boundary and the summary the critic metrics (ECE, EV).
+    """
+    env = build_environment(config)
+    try:
+        examples = load_examples(config, split=split or config.task.eval_split, limit=limit or config.task.eval_limit)
+        r = config.rollout
+        return evaluate(
+            model,
+            tokenizer,
+            env,
+            examples,
+            value_head=value_head,
+            max_new_tokens=r.max_new_tokens,
+            max_episode_tokens=r.max_episode_tokens,
+            max_turns=r.max_turns,
+            max_batch=r.max_batch,
+        )
+    finally:
+        env.close()
+
+
+def write_episodes(path: Path, records: list[dict[str, Any]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as fh:
+        for record in records:
+            fh.write(json.dumps(record) + "\n")
+
+
+# ------------------------------------------------------------------------------------------------ train
+def run_train(
+    config: Config, *, run_dir: Path | None = None, resume: Path | None = None, progress: bool = True, log: Log = print
+) -> Trainer:
+    """Train with ``config`` (or continue the run in ``resume``), then evaluate on the eval split."""
+    if resume is not None:
+        run_dir = Path(resume)
+    run_dir = run_dir or default_run_dir(config)
+    trainer = Trainer(config, run_dir=run_dir)
+    if resume is not None:
+        trainer.resume(run_dir)
+        log(f"resumed {run_dir} at step {trainer.step}")
+    log(f"run directory: {run_dir}")
+    try:
+        trainer.train(progress=progress)
+        summary, records = evaluate_model(trainer.model, trainer.tokenizer, config, value_head=trainer.value_head)
+        write_episodes(run_dir / "eval_episodes.jsonl", records)
+        (run_dir / "eval_summary.json").write_text(json.dumps(summary, indent=2))
+        log("final evaluation: " + ", ".join(f"{k}={v:.3f}" for k, v in summary.items()))
+    finally:
+        trainer.close()
+    return trainer
+
+
+def config_for_resume(run_dir: Path, overrides: list[str]) -> Config:
+    path = Path(run_dir) / "config.yaml"
+    if not path.is_file():
+        raise ConfigError(f"{run_dir}: not a run directory (no config.yaml)")
+    return load_config(path, overrides)
+
+
+# ------------------------------------------------------------------------------------------------ sft
+def run_sft(
+    config: Config,
+    out_dir: Path,
+    *,
+    examples: int = 256,
+    epochs: int = 2,
+    lr: float = 5e-5,
+    batch_trajectories: int = 16,
+    rejection_samples: int = 0,
+    log: Log = print,
+) -> Path:
+    """SFT on scripted demonstrations (or the model's own correct episodes when ``rejection_samples`` > 0)."""
+    from agentcredit.train.sft import demonstrations, rejection_sample, sft
+
+    seed_everything(config.train.seed)
+    model, tokenizer = load_base_model(config.model.name, config.model.dtype, seed=config.train.seed)  # full SFT
+    env = build_environment(config)
+    start = time.perf_counter()
+    try:
+        data = load_examples(config, limit=examples)
+        if rejection_samples > 0:
+            from agentcredit.rollout.strategies import independent
+
+            trainer_like = Trainer(config, model=model, tokenizer=tokenizer, environment=env, examples=data, log=False)
+            engine = trainer_like.make_engine()
+            trees = rejection_sample(engine, independent(rejection_samples), env, data)
+            source = f"rejection sampling ({rejection_samples} samples per question)"
+        else:
+            trees = demonstrations(env, tokenizer, data, config.protocol.name)
+            source = "scripted demonstrations"
+        log(f"SFT on {len(trees)} episodes from {source} ({len(data)} questions)")
+        result = sft(
+            model,
+            trees,
+            pad_id=tokenizer.pad_token_id or 0,
+            epochs=epochs,
+            lr=lr,
+            batch_trajectories=batch_trajectories,
+            seed=config.train.seed,
+            autocast=config.model.autocast_bf16,
+            on_step=lambda step, loss: log(f"sft step {step}: loss {loss:.4f}") if step % 5 == 0 else None,
+        )
+    finally:
+        env.close()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
+    (out_dir / "sft_summary.json").write_text(
+        json.dumps(
+            {
+                "episodes": len(trees),
+                "source": source,
+                "policy_tokens": result.tokens,
+                "epochs": epochs,
+                "first_loss": result.losses[0],
+                "last_loss": result.losses[-1],
+                "seconds": time.perf_counter() - start,
+            },
+            indent=2,
+        )
+    )
+    log(f"SFT: loss {result.losses[0]:.3f} -> {result.losses[-1]:.3f} in {result.seconds:.0f}s; saved to {out_dir}")
+    return out_dir
+
+
+# ------------------------------------------------------------------------------------------------ warm-up
+def run_warmup(config: Config, out_dir: Path, *, questions: int = 48, settings=None, log: Log = print):
+    """carl-segment critic warm-up; saves the model (backbone trained at a low LR) with ``value_head.pt``."""
+    from agentcredit.models.heads import BoundaryValueHead
+    from agentcredit.train.warmup import WarmupSettings, warmup
+
+    settings = settings or WarmupSettings(seed=config.train.seed)
+    seed_everything(settings.seed)
+    model, tokenizer = load_policy(config)
+    head = BoundaryValueHead(model.config.hidden_size)
+    examples = load_examples(config, limit=questions)
+    report = warmup(model, head, tokenizer, config, examples, settings, log=log)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
+    torch.save(head.state_dict(), out_dir / "value_head.pt")
+    summary = {
+        "gate": report.gate,
+        "passed": report.passed,
+        "buckets": report.buckets,
+        "tiers": {t: sum(1 for v in report.tiers.values() if v == t) for t in ("tier1", "tier2")},
+        "first_loss": report.losses[0] if report.losses else None,
+        "last_loss": report.losses[-1] if report.losses else None,
+        "seconds": report.seconds,
+        **report.extra,
+    }
+    (out_dir / "warmup_summary.json").write_text(json.dumps(summary, indent=2))
+    log(report.table())
+    log(f"gate {'passed' if report.passed else 'NOT passed'}; saved to {out_dir} ({report.seconds:.0f}s)")
+    return report
+
+
+# ------------------------------------------------------------------------------------------------ demo
+DEMO_ROWS = [
+    ("accuracy", "accuracy"),
+    ("accuracy, easy questions", "easy/accuracy"),
+    ("accuracy, hard questions", "hard/accuracy"),
+    ("tool-call rate, easy", "easy/tool_call_rate"),
+    ("tool-call rate, hard", "hard/tool_call_rate"),
+    ("tool calls / episode", "tool_calls"),
+    ("policy tokens / episode", "policy_tokens"),
+]
+
+
+def demo_table(before: dict[str, float], after: dict[str, float]) -> str:
+    lines = [f"| {'metric':<26} | {'after SFT':>10} | {'after carl-segment':>18} |", f"|{'-' * 28}|{'-' * 12}|{'-' * 20}|"]
+    for label, key in DEMO_ROWS:
+        lines.append(f"| {label:<26} | {before.get(key, float('nan')):>10.3f} | {after.get(key, float('nan')):>18.3f} |")
+    return "\n".join(lines)
+
+
+def run_demo(
+    out_dir: Path | None = None,
+    *,
+    sft_examples: int = 192,
+    sft_epochs: int = 2,
+    rl_steps: int = 6,
+    eval_limit: int = 64,
+    overrides: tuple[str, ...] = (),
+    log: Log = print,
+) -> dict[str, Any]:
+    """SFT -> evaluate -> carl-segment -> evaluate on arith-tools with the embedded model; prints the table."""
+    start = time.perf_counter()
+    out_dir = Path(out_dir or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S"))
+    base = load_config("carl-segment-arith-tools", list(overrides))
+    log(f"[1/4] SFT of {base.model.name} on {sft_examples} scripted arith-tools demonstrations")
+    sft_dir = run_sft(base, out_dir / "sft-model", examples=sft_examples, epochs=sft_epochs, log=log)
+    rl_config = load_config(
+        "carl-segment-arith-tools",
+        [f"model.name={sft_dir}", f"train.steps={rl_steps}", f"task.eval_limit={eval_limit}", "train.save_every=0", *overrides],
+    )
+    log(f"[2/4] evaluation after SFT ({eval_limit} test questions, greedy)")
+    model, tokenizer = load_policy(rl_config)
+    before, before_records = evaluate_model(model, tokenizer, rl_config)
+    write_episodes(out_dir / "eval_after_sft.jsonl", before_records)
+    del model
+    log(f"[3/4] carl-segment: {rl_steps} steps")
+    trainer = Trainer(rl_config, run_dir=out_dir / "carl-segment")
+    try:
+        trainer.train()
+        log("[4/4] evaluation after carl-segment")
+        after, after_records = evaluate_model(trainer.model, trainer.tokenizer, rl_config)
+        write_episodes(out_dir / "eval_after_rl.jsonl", after_records)
+    finally:
+        trainer.close()
+    table = demo_table(before, after)
+    minutes = (time.perf_counter() - start) / 60
+    report = (
+        "# agentcredit demo: carl-segment on arith-tools\n\n"
+        f"Model: SmolLM2-135M-Instruct (embedded), CPU. SFT on {sft_examples} scripted demonstrations x "
+        f"{sft_epochs} epochs, then {rl_steps} carl-segment steps ({rl_config.rollout.prompts_per_step} prompts x "
+        f"{rl_config.rollout.n} episodes per step). Evaluation: {eval_limit} held-out test questions, greedy.\n\n"
+        f"{table}\n\nTotal time: {minutes:.1f} min. Episodes: `eval_after_sft.jsonl`, `eval_after_rl.jsonl`; "
+        "training metrics: `carl-segment/metrics.jsonl`.\n"
+    )
+    (out_dir / "report.md").write_text(report)
+    (out_dir / "summary.json").write_text(json.dumps({"after_sft": before, "after_rl": after, "minutes": minutes}, indent=2))
+    (out_dir / "config.yaml").write_text(dump_config(rl_config))
+    log(table)
+    log(f"report: {out_dir / 'report.md'} ({minutes:.1f} min)")
+    return {"before": before, "after": after, "minutes": minutes, "out_dir": str(out_dir)}

@@ -1,0 +1,275 @@
+"""carl-segment's critic warm-up (spec carl-segment.md §4, App. C), before PPO.
+
+1. Tier labels: 5 no-tool rollouts per question (prompt 1, temperature 1); Tier 2 ("within competence") if any is
+   correct, Tier 1 otherwise (§4.1).
+2. Controlled rollouts of the base model under forced tool use (prompt 2, or prompt 4 for multi-hop tasks) and
+   without tools (prompt 1): with the tier this gives four buckets (§4.2).
+3. Pairs (boundary state, R): every boundary b_k of every trajectory, transient ones included, re-rendered with the
+   PPO system prompt (spec A14, "canonicalize") so V(s_0) is a per-question competence estimate.
+4. Critic training: MSE to R, batches drawn uniformly across the four buckets, the value head at its learning rate
+   and the backbone 10x lower, the LM head (and tied input embeddings) frozen, no policy loss (§4.3, A9).
+5. The gate on held-out questions (§4.4): AUC of V(s_0) between tiers, sign accuracy of V after a retrieval (A22),
+   explained variance, printed against the paper's thresholds.
+
+CPU scale: the paper uses 32K trajectories and 1,800+ steps of 256 pairs; the defaults here are a few dozen
+questions and steps, set in :class:`WarmupSettings` and the ``warmup`` command.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from agentcredit.config import Config
+from agentcredit.environment import build_environment
+from agentcredit.eval.evaluate import run_episodes
+from agentcredit.eval.metrics import auc, explained_variance, sign_accuracy
+from agentcredit.models.scoring import score_tokens
+from agentcredit.rollout.tree import RolloutTree, Segment
+from agentcredit.tasks import Example
+from agentcredit.tasks.scoring import normalize_answer
+from agentcredit.train.batch import build_batch, segment_spans
+from agentcredit.train.signals import row_chunks
+
+GATE = {"auc": (0.70, 0.80), "sign_accuracy": (0.60, 0.70), "explained_variance": (0.45, 0.55)}  # (gate, target)
+
+
+@dataclass
+class WarmupSettings:
+    tier_samples: int = 5  # §4.1: 5 no-tool rollouts per question
+    rollouts_per_mode: int = 1  # controlled rollouts per question and prompt mode
+    steps: int = 60  # paper: >= 1,800 steps (CPU-scaled)
+    pairs_per_step: int = 64  # paper: 256 pairs, 64 per bucket (A29)
+    head_lr: float = 5e-5  # paper: 5e-6 (CPU-scaled 10x, like the PPO presets)
+    backbone_lr: float = 5e-6  # paper: 5e-7 (10x below the head)
+    weight_decay: float = 0.01
+    holdout_fraction: float = 0.2  # paper: 5% of questions (A30); more on a small CPU set
+    seed: int = 0
+
+
+@dataclass
+class Pair:
+    row: int
+    col: int
+    target: float
+    bucket: str
+    is_s0: bool
+
+
+@dataclass
+class WarmupReport:
+    tiers: dict[str, str]
+    buckets: dict[str, int]
+    losses: list[float]
+    gate: dict[str, float]
+    seconds: float
+    passed: bool
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def table(self) -> str:
+        lines = [f"{'check':<22}{'value':>8}{'gate':>8}{'target':>8}  result"]
+        for name, (gate, target) in GATE.items():
+            value = self.gate.get(name, float("nan"))
+            ok = "pass" if value >= gate else "FAIL"
+            lines.append(f"{name:<22}{value:>8.3f}{gate:>8.2f}{target:>8.2f}  {ok}")
+        return "\n".join(lines)
+
+
+def _with_prompt(config: Config, prompt: str) -> Config:
+    data = config.model_dump()
+    data["protocol"]["options"] = {**data["protocol"]["options"], "prompt": prompt}
+    return Config.model_validate(data)
+
+
+def tier_labels(model: Any, tokenizer: Any, config: Config, examples: Sequence[Example], samples: int, seed: int) -> dict[str, str]:
+    """Tier 2 if any of ``samples`` no-tool rollouts (temperature 1) is correct, else Tier 1 (§4.1)."""
+    env = build_environment(_with_prompt(config, "no_tool"))
+    try:
+        trees = run_episodes(
+            model, tokenizer, env, examples, samples=samples, temperature=1.0,
+            max_new_tokens=config.rollout.max_new_tokens, max_episode_tokens=config.rollout.max_episode_tokens, seed=seed,
+        )
+    finally:
+        env.close()
+    labels = {}
+    for tree, example in zip(trees, examples, strict=True):
+        correct = any(r >= 1.0 for r in tree.rewards().values())
+        labels[example.id] = "tier2" if correct else "tier1"
+    return labels
+
+
+def canonical(tree: RolloutTree, prompt_ids: list[int], prompt_text: str) -> RolloutTree:
+    """The same episode with its prompt replaced by ``prompt_ids`` (spec A14)."""
+    out = RolloutTree(Segment(prompt_ids, prompt_text, role="prompt", kind="prompt"), prompt_id=tree.prompt_id, info=tree.info)
+    for i in range(1, len(tree)):
+        node = tree.nodes[i]
+        new = out.add(node.segment, node.parent, info=node.info)
+        out.nodes[new].reward = node.reward
+    return out
+
+
+def controlled_rollouts(
+    model: Any, tokenizer: Any, config: Config, examples: Sequence[Example], tiers: dict[str, str], settings: WarmupSettings
+) -> tuple[list[RolloutTree], list[Example], list[str]]:
+    """Forced-tool and no-tool rollouts, re-rendered with the PPO prompt; returns trees, their examples, buckets."""
+    canon_env = build_environment(config)
+    trees, owners, buckets = [], [], []
+    try:
+        for mode in ("forced", "no_tool"):
+            prompt = mode
+            if mode == "forced" and any(ex.info.get("hops", 1) > 1 for ex in examples):
+                prompt = "multihop"  # A32: prompt 4 for multi-hop data
+            env = build_environment(_with_prompt(config, prompt))
+            try:
+                rolled = run_episodes(
+                    model, tokenizer, env, examples, samples=settings.rollouts_per_mode, temperature=1.0,
+                    max_new_tokens=config.rollout.max_new_tokens, max_episode_tokens=config.rollout.max_episode_tokens,
+                    seed=settings.seed + (1 if mode == "forced" else 2),
+                )
+            finally:
+                env.close()
+            for tree, example in zip(rolled, examples, strict=True):
+                state = canon_env.protocol.new_episode(example.question)
+                text = canon_env.protocol.prompt(state, tokenizer)
+                ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+                trees.append(canonical(tree, ids, text))
+                owners.append(example)
+                buckets.append(f"{tiers[example.id]}/{mode}")
+    finally:
+        canon_env.close()
+    return trees, owners, buckets
+
+
+def _freeze_for_critic(model: Any) -> list[torch.nn.Parameter]:
+    """Backbone parameters that train during warm-up: everything but the LM head and the (tied) input embeddings."""
+    frozen = {id(p) for p in model.get_output_embeddings().parameters()}
+    frozen |= {id(p) for p in model.get_input_embeddings().parameters()}
+    return [p for p in model.parameters() if id(p) not in frozen and p.requires_grad]
+
+
+def _values_at(model: Any, value_head: Any, batch, positions: dict[int, list[int]]) -> dict[tuple[int, int], torch.Tensor]:
+    """V at (row, col) positions, with gradient when called outside no_grad."""
+    out = {}
+    rows = sorted(positions)
+    lengths = [int(batch.attention_mask[r].sum()) for r in rows]
+    for chunk in row_chunks(lengths, 4096):
+        chunk_rows = [rows[i] for i in chunk]
+        sub = batch.select(chunk_rows)
+        vmask = torch.zeros_like(sub.attention_mask)
+        for k, r in enumerate(chunk_rows):
+            vmask[k, positions[r]] = True
+        scores = score_tokens(
+            model, sub.input_ids, sub.attention_mask, torch.zeros_like(vmask), value_head=value_head,
+            value_mask=vmask, with_entropy=False,
+        )
+        for k, r in enumerate(chunk_rows):
+            for c in positions[r]:
+                out[(r, c)] = scores.values[k, c]
+    return out
+
+
+def warmup(
+    model: Any, value_head: Any, tokenizer: Any, config: Config, examples: Sequence[Example], settings: WarmupSettings,
+    *, log=print,
+) -> WarmupReport:
+    """Run the whole warm-up on ``examples``; trains ``model``'s backbone and ``value_head`` in place."""
+    start = time.perf_counter()
+    rng = random.Random(settings.seed)
+    model.eval()
+    log(f"tier labels: {settings.tier_samples} no-tool rollouts for each of {len(examples)} questions")
+    tiers = tier_labels(model, tokenizer, config, examples, settings.tier_samples, settings.seed)
+    log("controlled rollouts: forced-tool and no-tool")
+    trees, owners, buckets = controlled_rollouts(model, tokenizer, config, examples, tiers, settings)
+
+    ids = sorted({ex.id for ex in examples})
+    rng.shuffle(ids)
+    held = set(ids[: max(1, round(len(ids) * settings.holdout_fraction))])
+    batch = build_batch(trees, pad_id=tokenizer.pad_token_id or 0)
+    train_pairs: list[Pair] = []
+    eval_info = []  # (traj index, spans) for held-out trajectories
+    for j, traj in enumerate(batch.trajectories):
+        example = owners[traj.tree]
+        spans = segment_spans(batch, traj)
+        if example.id in held:
+            eval_info.append((j, spans))
+            continue
+        for k, (r, first, _) in enumerate(spans):
+            train_pairs.append(Pair(r, first, traj.reward, buckets[traj.tree], k == 0))
+    by_bucket: dict[str, list[Pair]] = {}
+    for p in train_pairs:
+        by_bucket.setdefault(p.bucket, []).append(p)
+    log("buckets (training pairs): " + ", ".join(f"{b}={len(v)}" for b, v in sorted(by_bucket.items())))
+
+    head_params = list(value_head.parameters())
+    optimizer = torch.optim.AdamW(
+        [
+            {"params": _freeze_for_critic(model), "lr": settings.backbone_lr, "weight_decay": settings.weight_decay},
+            {"params": head_params, "lr": settings.head_lr, "weight_decay": 0.0},
+        ]
+    )
+    losses = []
+    model.train()
+    per_bucket = max(1, settings.pairs_per_step // max(1, len(by_bucket)))
+    for step in range(settings.steps):
+        pairs = [rng.choice(pool) for pool in by_bucket.values() for _ in range(per_bucket)]  # uniform over buckets
+        positions: dict[int, list[int]] = {}
+        for p in pairs:
+            positions.setdefault(p.row, []).append(p.col)
+        positions = {r: sorted(set(c)) for r, c in positions.items()}
+        optimizer.zero_grad(set_to_none=True)
+        values = _values_at(model, value_head, batch, positions)
+        loss = torch.stack([(values[(p.row, p.col)] - p.target) ** 2 for p in pairs]).mean()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_([q for g in optimizer.param_groups for q in g["params"]], 1.0)
+        optimizer.step()
+        losses.append(float(loss.detach()))
+        if (step + 1) % max(1, settings.steps // 5) == 0:
+            log(f"warm-up step {step + 1}/{settings.steps}: critic MSE {losses[-1]:.4f}")
+    model.eval()
+    gate = _gate(model, value_head, batch, trees, owners, tiers, eval_info)
+    passed = all(gate.get(name, float("nan")) >= g for name, (g, _) in GATE.items())
+    return WarmupReport(
+        tiers, {b: len(v) for b, v in by_bucket.items()}, losses, gate, time.perf_counter() - start, passed,
+        extra={"heldout_questions": len(held)},
+    )
+
+
+@torch.no_grad()
+def _gate(model, value_head, batch, trees, owners, tiers, eval_info) -> dict[str, float]:
+    positions: dict[int, list[int]] = {}
+    for _, spans in eval_info:
+        for r, first, _ in spans:
+            positions.setdefault(r, []).append(first)
+    if not positions:
+        return {}
+    values = _values_at(model, value_head, batch, {r: sorted(set(c)) for r, c in positions.items()})
+    s0_scores, s0_labels, all_v, all_r, deltas, expected = {}, {}, [], [], [], []
+    for j, spans in eval_info:
+        traj = batch.trajectories[j]
+        example = owners[traj.tree]
+        tree = trees[traj.tree]
+        v = [float(values[(r, first)]) for r, first, _ in spans]
+        s0_scores[example.id] = v[0]
+        s0_labels[example.id] = 1.0 if tiers[example.id] == "tier2" else 0.0
+        all_v.extend(v)
+        all_r.extend([traj.reward] * len(v))
+        gold = [normalize_answer(a) for a in example.answers]
+        for k, node in enumerate(traj.policy_nodes[:-1]):
+            if tree.segment(node).kind != "invoke":
+                continue
+            raw = " ".join(tree.segment(c).text for c in tree.children(node) if tree.segment(c).role == "observation")
+            deltas.append(v[k + 1] - v[k])  # V(s~_{k+1}) - V(s_k), A22
+            expected.append(any(g and g in normalize_answer(raw) for g in gold))
+    ids = sorted(s0_scores)
+    return {
+        "auc": auc([s0_scores[i] for i in ids], [s0_labels[i] for i in ids]),
+        "sign_accuracy": sign_accuracy(deltas, expected),
+        "explained_variance": explained_variance(all_v, all_r),
+        "heldout_boundaries": float(len(all_v)),
+        "heldout_invokes": float(len(deltas)),
+    }
