@@ -16,7 +16,7 @@ from agentcredit.config import Config
 from agentcredit.protocols import get_protocol
 from agentcredit.protocols.base import Protocol
 from agentcredit.tasks import Example, load_task, task_corpus
-from agentcredit.tasks.scoring import outcome_with_abstention, score
+from agentcredit.tasks.scoring import score
 from agentcredit.tools.base import ToolRuntime
 
 # Outcome reward of one episode: (example, extracted final answer or None when the episode gave none) -> reward
@@ -48,13 +48,6 @@ def outcome_reward(
     if answer is None:
         return 0.0
     return score(answer, example.answers, metric=example_metric(example, metric)) + format_bonus
-
-
-def portool_outcome(example: Example, answer: str | None, *, metric: str = "auto") -> float:
-    """PORTool's judge, rule-based: +1 true, -1 false, 0 unable to answer, -1 unfinished (no answer; spec §4.2)."""
-    return outcome_with_abstention(
-        answer, example.answers, metric=example_metric(example, metric), unfinished=-1.0
-    )
 
 
 def build_tools(config: Config, protocol_name: str, corpus: Path | None) -> ToolRuntime:
@@ -132,7 +125,10 @@ def build_environment(config: Config) -> Environment:
     )
     tools = build_tools(config, config.protocol.name, corpus)
     if config.algorithm.estimator == "portool":
-        reward: RewardFn = partial(portool_outcome, metric=config.task.metric)
+        from agentcredit.eval.judge import build_judge
+
+        p = config.algorithm.portool
+        reward: RewardFn = build_judge(p.judge, p.judge_model, metric=config.task.metric)
     else:
         reward = partial(outcome_reward, metric=config.task.metric, format_bonus=config.task.format_bonus)
     return Environment(protocol, tools, reward, corpus)
