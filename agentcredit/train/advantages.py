@@ -69,6 +69,7 @@ class StepTree:
 
     parents: list[int]
     policy_node: list[int]  # tree node id of each step (-1 for the root)
+    step_of: dict[int, int]  # any tree node -> the step whose state it belongs to (0 = the question)
     step_of_leaf: dict[int, int]  # tree leaf -> step node
     leaf_rewards: dict[int, float]  # step node -> reward, for step leaves
 
@@ -91,7 +92,7 @@ def step_tree(tree: RolloutTree) -> StepTree:
         if step == 0:
             raise ValueError(f"tree leaf {leaf} has no policy segment on its path")
         leaf_rewards[step] = rewards[leaf]
-    return StepTree(parents, policy_node, step_of_leaf, leaf_rewards)
+    return StepTree(parents, policy_node, step_of, step_of_leaf, leaf_rewards)
 
 
 # ------------------------------------------------------------------------------------------ estimators
@@ -179,11 +180,12 @@ def _critical(cfg: AlgorithmConfig, batch: TrainBatch, trees: list[RolloutTree])
         st = step_tree(tree)
         kwargs = {}
         if cfg.critical.update_rule == "forked_parent":
-            forks = tree.info.get("fork_counts", {})
-            kwargs["fork_counts"] = {
-                i: int(forks.get(str(n), forks.get(n, 0))) for i, n in enumerate(st.policy_node) if i
-            }
-            kwargs["fork_counts"][0] = int(forks.get("0", forks.get(0, 0)))
+            # the strategy counts forks per state node (a policy segment or the observation after it)
+            counts: dict[int, int] = {}
+            for node, c in tree.info.get("fork_counts", {}).items():
+                step = st.step_of[int(node)]
+                counts[step] = counts.get(step, 0) + int(c)
+            kwargs["fork_counts"] = counts
         _, step_adv, update = critical_action_advantages(
             st.parents, st.leaf_rewards, rule=cfg.critical.update_rule, **kwargs
         )

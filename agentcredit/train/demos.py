@@ -85,7 +85,11 @@ def tags_policy(example: Example, turn: int, observation: str | None, *, style: 
     if style == "asearcher" and observation is not None and observation.rstrip().endswith("<think>"):
         step = turn // 2  # actions alternate: search, read, search, read, ...
         subject, relation, obj = hops[min(step, len(hops) - 1)]
-        fact = f"{subject} {_relation_text(relation)} {obj}." if relation else _first_sentence(observation, subject)
+        fact = (
+            f"{subject} {_relation_text(relation)} {obj}."
+            if relation
+            else _first_sentence(observation, subject)
+        )
         return f"{fact or subject}</think>"
     searches = turn // 2 if style == "asearcher" else turn
     if not hops or searches >= len(hops):

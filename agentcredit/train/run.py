@@ -20,12 +20,20 @@ Log = Callable[[str], None]
 
 def default_run_dir(config: Config, kind: str = "") -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    name = "-".join(p for p in (config.method, config.task.name.replace(":", "_").replace("/", "_"), kind, stamp) if p)
+    name = "-".join(
+        p for p in (config.method, config.task.name.replace(":", "_").replace("/", "_"), kind, stamp) if p
+    )
     return Path("runs") / name
 
 
 def evaluate_model(
-    model: Any, tokenizer: Any, config: Config, *, split: str | None = None, limit: int | None = None, value_head=None
+    model: Any,
+    tokenizer: Any,
+    config: Config,
+    *,
+    split: str | None = None,
+    limit: int | None = None,
+    value_head=None,
 ):
     """Greedy evaluation of ``model`` on the config's eval split with the config's environment.
 
@@ -33,7 +41,9 @@ def evaluate_model(
     """
     env = build_environment(config)
     try:
-        examples = load_examples(config, split=split or config.task.eval_split, limit=limit or config.task.eval_limit)
+        examples = load_examples(
+            config, split=split or config.task.eval_split, limit=limit or config.task.eval_limit
+        )
         r = config.rollout
         return evaluate(
             model,
@@ -59,7 +69,12 @@ def write_episodes(path: Path, records: list[dict[str, Any]]) -> None:
 
 # ------------------------------------------------------------------------------------------------ train
 def run_train(
-    config: Config, *, run_dir: Path | None = None, resume: Path | None = None, progress: bool = True, log: Log = print
+    config: Config,
+    *,
+    run_dir: Path | None = None,
+    resume: Path | None = None,
+    progress: bool = True,
+    log: Log = print,
 ) -> Trainer:
     """Train with ``config`` (or continue the run in ``resume``), then evaluate on the eval split."""
     if resume is not None:
@@ -72,7 +87,9 @@ def run_train(
     log(f"run directory: {run_dir}")
     try:
         trainer.train(progress=progress)
-        summary, records = evaluate_model(trainer.model, trainer.tokenizer, config, value_head=trainer.value_head)
+        summary, records = evaluate_model(
+            trainer.model, trainer.tokenizer, config, value_head=trainer.value_head
+        )
         write_episodes(run_dir / "eval_episodes.jsonl", records)
         (run_dir / "eval_summary.json").write_text(json.dumps(summary, indent=2))
         log("final evaluation: " + ", ".join(f"{k}={v:.3f}" for k, v in summary.items()))
@@ -104,7 +121,9 @@ def run_sft(
     from agentcredit.train.sft import demonstrations, rejection_sample, sft
 
     seed_everything(config.train.seed)
-    model, tokenizer = load_base_model(config.model.name, config.model.dtype, seed=config.train.seed)  # full SFT
+    model, tokenizer = load_base_model(
+        config.model.name, config.model.dtype, seed=config.train.seed
+    )  # full SFT
     env = build_environment(config)
     start = time.perf_counter()
     try:
@@ -112,7 +131,9 @@ def run_sft(
         if rejection_samples > 0:
             from agentcredit.rollout.strategies import independent
 
-            trainer_like = Trainer(config, model=model, tokenizer=tokenizer, environment=env, examples=data, log=False)
+            trainer_like = Trainer(
+                config, model=model, tokenizer=tokenizer, environment=env, examples=data, log=False
+            )
             engine = trainer_like.make_engine()
             trees = rejection_sample(engine, independent(rejection_samples), env, data)
             source = f"rejection sampling ({rejection_samples} samples per question)"
@@ -151,7 +172,9 @@ def run_sft(
             indent=2,
         )
     )
-    log(f"SFT: loss {result.losses[0]:.3f} -> {result.losses[-1]:.3f} in {result.seconds:.0f}s; saved to {out_dir}")
+    log(
+        f"SFT: loss {result.losses[0]:.3f} -> {result.losses[-1]:.3f} in {result.seconds:.0f}s; saved to {out_dir}"
+    )
     return out_dir
 
 
@@ -201,9 +224,14 @@ DEMO_ROWS = [
 
 
 def demo_table(before: dict[str, float], after: dict[str, float]) -> str:
-    lines = [f"| {'metric':<26} | {'after SFT':>10} | {'after carl-segment':>18} |", f"|{'-' * 28}|{'-' * 12}|{'-' * 20}|"]
+    lines = [
+        f"| {'metric':<26} | {'after SFT':>10} | {'after carl-segment':>18} |",
+        f"|{'-' * 28}|{'-' * 12}|{'-' * 20}|",
+    ]
     for label, key in DEMO_ROWS:
-        lines.append(f"| {label:<26} | {before.get(key, float('nan')):>10.3f} | {after.get(key, float('nan')):>18.3f} |")
+        lines.append(
+            f"| {label:<26} | {before.get(key, float('nan')):>10.3f} | {after.get(key, float('nan')):>18.3f} |"
+        )
     return "\n".join(lines)
 
 
@@ -225,7 +253,13 @@ def run_demo(
     sft_dir = run_sft(base, out_dir / "sft-model", examples=sft_examples, epochs=sft_epochs, log=log)
     rl_config = load_config(
         "carl-segment-arith-tools",
-        [f"model.name={sft_dir}", f"train.steps={rl_steps}", f"task.eval_limit={eval_limit}", "train.save_every=0", *overrides],
+        [
+            f"model.name={sft_dir}",
+            f"train.steps={rl_steps}",
+            f"task.eval_limit={eval_limit}",
+            "train.save_every=0",
+            *overrides,
+        ],
     )
     log(f"[2/4] evaluation after SFT ({eval_limit} test questions, greedy)")
     model, tokenizer = load_policy(rl_config)
@@ -252,7 +286,9 @@ def run_demo(
         "training metrics: `carl-segment/metrics.jsonl`.\n"
     )
     (out_dir / "report.md").write_text(report)
-    (out_dir / "summary.json").write_text(json.dumps({"after_sft": before, "after_rl": after, "minutes": minutes}, indent=2))
+    (out_dir / "summary.json").write_text(
+        json.dumps({"after_sft": before, "after_rl": after, "minutes": minutes}, indent=2)
+    )
     (out_dir / "config.yaml").write_text(dump_config(rl_config))
     log(table)
     log(f"report: {out_dir / 'report.md'} ({minutes:.1f} min)")

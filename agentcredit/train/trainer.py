@@ -629,7 +629,11 @@ class Trainer:
                 )
                 if on_step is not None:
                     on_step(self, result)
-                if self.run_dir is not None and cfg.dump_episodes_every and self.step % cfg.dump_episodes_every == 0:
+                if (
+                    self.run_dir is not None
+                    and cfg.dump_episodes_every
+                    and self.step % cfg.dump_episodes_every == 0
+                ):
                     # per-token advantages of this step, for `agentcredit view`
                     from agentcredit.eval.credit import write_credit_episodes
 

@@ -36,7 +36,11 @@ from agentcredit.tasks.scoring import normalize_answer
 from agentcredit.train.batch import build_batch, segment_spans
 from agentcredit.train.signals import row_chunks
 
-GATE = {"auc": (0.70, 0.80), "sign_accuracy": (0.60, 0.70), "explained_variance": (0.45, 0.55)}  # (gate, target)
+GATE = {
+    "auc": (0.70, 0.80),
+    "sign_accuracy": (0.60, 0.70),
+    "explained_variance": (0.45, 0.55),
+}  # (gate, target)
 
 
 @dataclass
@@ -86,13 +90,22 @@ def _with_prompt(config: Config, prompt: str) -> Config:
     return Config.model_validate(data)
 
 
-def tier_labels(model: Any, tokenizer: Any, config: Config, examples: Sequence[Example], samples: int, seed: int) -> dict[str, str]:
+def tier_labels(
+    model: Any, tokenizer: Any, config: Config, examples: Sequence[Example], samples: int, seed: int
+) -> dict[str, str]:
     """Tier 2 if any of ``samples`` no-tool rollouts (temperature 1) is correct, else Tier 1 (§4.1)."""
     env = build_environment(_with_prompt(config, "no_tool"))
     try:
         trees = run_episodes(
-            model, tokenizer, env, examples, samples=samples, temperature=1.0,
-            max_new_tokens=config.rollout.max_new_tokens, max_episode_tokens=config.rollout.max_episode_tokens, seed=seed,
+            model,
+            tokenizer,
+            env,
+            examples,
+            samples=samples,
+            temperature=1.0,
+            max_new_tokens=config.rollout.max_new_tokens,
+            max_episode_tokens=config.rollout.max_episode_tokens,
+            seed=seed,
         )
     finally:
         env.close()
@@ -105,7 +118,11 @@ def tier_labels(model: Any, tokenizer: Any, config: Config, examples: Sequence[E
 
 def canonical(tree: RolloutTree, prompt_ids: list[int], prompt_text: str) -> RolloutTree:
     """The same episode with its prompt replaced by ``prompt_ids`` (spec A14)."""
-    out = RolloutTree(Segment(prompt_ids, prompt_text, role="prompt", kind="prompt"), prompt_id=tree.prompt_id, info=tree.info)
+    out = RolloutTree(
+        Segment(prompt_ids, prompt_text, role="prompt", kind="prompt"),
+        prompt_id=tree.prompt_id,
+        info=tree.info,
+    )
     for i in range(1, len(tree)):
         node = tree.nodes[i]
         new = out.add(node.segment, node.parent, info=node.info)
@@ -114,7 +131,12 @@ def canonical(tree: RolloutTree, prompt_ids: list[int], prompt_text: str) -> Rol
 
 
 def controlled_rollouts(
-    model: Any, tokenizer: Any, config: Config, examples: Sequence[Example], tiers: dict[str, str], settings: WarmupSettings
+    model: Any,
+    tokenizer: Any,
+    config: Config,
+    examples: Sequence[Example],
+    tiers: dict[str, str],
+    settings: WarmupSettings,
 ) -> tuple[list[RolloutTree], list[Example], list[str]]:
     """Forced-tool and no-tool rollouts, re-rendered with the PPO prompt; returns trees, their examples, buckets."""
     canon_env = build_environment(config)
@@ -127,8 +149,14 @@ def controlled_rollouts(
             env = build_environment(_with_prompt(config, prompt))
             try:
                 rolled = run_episodes(
-                    model, tokenizer, env, examples, samples=settings.rollouts_per_mode, temperature=1.0,
-                    max_new_tokens=config.rollout.max_new_tokens, max_episode_tokens=config.rollout.max_episode_tokens,
+                    model,
+                    tokenizer,
+                    env,
+                    examples,
+                    samples=settings.rollouts_per_mode,
+                    temperature=1.0,
+                    max_new_tokens=config.rollout.max_new_tokens,
+                    max_episode_tokens=config.rollout.max_episode_tokens,
                     seed=settings.seed + (1 if mode == "forced" else 2),
                 )
             finally:
@@ -152,7 +180,9 @@ def _freeze_for_critic(model: Any) -> list[torch.nn.Parameter]:
     return [p for p in model.parameters() if id(p) not in frozen and p.requires_grad]
 
 
-def _values_at(model: Any, value_head: Any, batch, positions: dict[int, list[int]]) -> dict[tuple[int, int], torch.Tensor]:
+def _values_at(
+    model: Any, value_head: Any, batch, positions: dict[int, list[int]]
+) -> dict[tuple[int, int], torch.Tensor]:
     """V at (row, col) positions, with gradient when called outside no_grad."""
     out = {}
     rows = sorted(positions)
@@ -164,8 +194,13 @@ def _values_at(model: Any, value_head: Any, batch, positions: dict[int, list[int
         for k, r in enumerate(chunk_rows):
             vmask[k, positions[r]] = True
         scores = score_tokens(
-            model, sub.input_ids, sub.attention_mask, torch.zeros_like(vmask), value_head=value_head,
-            value_mask=vmask, with_entropy=False,
+            model,
+            sub.input_ids,
+            sub.attention_mask,
+            torch.zeros_like(vmask),
+            value_head=value_head,
+            value_mask=vmask,
+            with_entropy=False,
         )
         for k, r in enumerate(chunk_rows):
             for c in positions[r]:
@@ -174,8 +209,14 @@ def _values_at(model: Any, value_head: Any, batch, positions: dict[int, list[int
 
 
 def warmup(
-    model: Any, value_head: Any, tokenizer: Any, config: Config, examples: Sequence[Example], settings: WarmupSettings,
-    *, log=print,
+    model: Any,
+    value_head: Any,
+    tokenizer: Any,
+    config: Config,
+    examples: Sequence[Example],
+    settings: WarmupSettings,
+    *,
+    log=print,
 ) -> WarmupReport:
     """Run the whole warm-up on ``examples``; trains ``model``'s backbone and ``value_head`` in place."""
     start = time.perf_counter()
@@ -208,7 +249,11 @@ def warmup(
     head_params = list(value_head.parameters())
     optimizer = torch.optim.AdamW(
         [
-            {"params": _freeze_for_critic(model), "lr": settings.backbone_lr, "weight_decay": settings.weight_decay},
+            {
+                "params": _freeze_for_critic(model),
+                "lr": settings.backbone_lr,
+                "weight_decay": settings.weight_decay,
+            },
             {"params": head_params, "lr": settings.head_lr, "weight_decay": 0.0},
         ]
     )
@@ -216,7 +261,9 @@ def warmup(
     model.train()
     per_bucket = max(1, settings.pairs_per_step // max(1, len(by_bucket)))
     for step in range(settings.steps):
-        pairs = [rng.choice(pool) for pool in by_bucket.values() for _ in range(per_bucket)]  # uniform over buckets
+        pairs = [
+            rng.choice(pool) for pool in by_bucket.values() for _ in range(per_bucket)
+        ]  # uniform over buckets
         positions: dict[int, list[int]] = {}
         for p in pairs:
             positions.setdefault(p.row, []).append(p.col)
@@ -234,7 +281,12 @@ def warmup(
     gate = _gate(model, value_head, batch, trees, owners, tiers, eval_info)
     passed = all(gate.get(name, float("nan")) >= g for name, (g, _) in GATE.items())
     return WarmupReport(
-        tiers, {b: len(v) for b, v in by_bucket.items()}, losses, gate, time.perf_counter() - start, passed,
+        tiers,
+        {b: len(v) for b, v in by_bucket.items()},
+        losses,
+        gate,
+        time.perf_counter() - start,
+        passed,
         extra={"heldout_questions": len(held)},
     )
 
@@ -262,7 +314,9 @@ def _gate(model, value_head, batch, trees, owners, tiers, eval_info) -> dict[str
         for k, node in enumerate(traj.policy_nodes[:-1]):
             if tree.segment(node).kind != "invoke":
                 continue
-            raw = " ".join(tree.segment(c).text for c in tree.children(node) if tree.segment(c).role == "observation")
+            raw = " ".join(
+                tree.segment(c).text for c in tree.children(node) if tree.segment(c).role == "observation"
+            )
             deltas.append(v[k + 1] - v[k])  # V(s~_{k+1}) - V(s_k), A22
             expected.append(any(g and g in normalize_answer(raw) for g in gold))
     ids = sorted(s0_scores)

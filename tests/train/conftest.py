@@ -14,4 +14,3 @@ def fitted_codefence():
 @pytest.fixture(scope="session")
 def fitted_jsoncall():
     return fit_tiny("portool-arith-tools")
-
