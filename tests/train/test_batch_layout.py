@@ -1,0 +1,52 @@
+import torch
+
+from agentcredit.rollout.tree import RolloutTree, Segment
+from agentcredit.train.batch import (
+    build_batch,
+    gather_trajectories,
+    scatter_trajectories,
+    segment_spans,
+    trajectory_tokens,
+)
+
+
+def pol(ids, kind="step"):
+    return Segment(ids, role="policy", kind=kind, logprobs=[-0.5] * len(ids), entropies=[1.0] * len(ids))
+
+
+def test_replacement_episode_becomes_two_rows_with_each_policy_token_once():
+    tree = RolloutTree(Segment([1, 2], role="prompt"))
+    leaf = tree.add_path(
+        [
+            pol([10, 11], "invoke"),
+            Segment([20, 21], role="observation", transient=True),
+            pol([30], "assimilate"),
+            pol([40], "commit"),
+        ]
+    )
+    tree.set_reward(leaf, 1.0)
+    batch = build_batch([tree], pad_id=0)
+    (traj,) = batch.trajectories
+    assert traj.rows == [0, 1] and traj.reward == 1.0 and traj.policy_nodes == [1, 3, 4]
+    assert batch.input_ids[0].tolist() == [1, 2, 10, 11, 20, 21, 30]
+    assert batch.input_ids[1, :6].tolist() == [1, 2, 10, 11, 30, 40]  # the raw output is gone
+    assert batch.policy_mask.sum() == 4  # 10, 11, 30 in the first view; 40 in the second
+    assert batch.row_traj.tolist() == [0, 0]
+    # temporal order of the trajectory's policy tokens across its rows
+    rows, cols = trajectory_tokens(batch)[0]
+    assert [int(batch.input_ids[r, c]) for r, c in zip(rows, cols, strict=True)] == [10, 11, 30, 40]
+    assert segment_spans(batch, traj) == [(0, 2, 3), (0, 6, 6), (1, 5, 5)]
+    values = torch.arange(batch.input_ids.numel(), dtype=torch.float32).view(batch.input_ids.shape)
+    gathered, mask = gather_trajectories(batch, values)
+    back = scatter_trajectories(batch, gathered)
+    assert torch.equal(back[batch.policy_mask], values[batch.policy_mask]) and mask.all()
+
+
+def test_select_trims_padding_and_keeps_rows():
+    tree = RolloutTree(Segment([1], role="prompt"))
+    for n in (1, 5):
+        tree.set_reward(tree.add(pol(list(range(2, 2 + n))), 0), 0.0)
+    batch = build_batch([tree])
+    assert batch.input_ids.shape == (2, 6)
+    sub = batch.select([0])
+    assert sub.input_ids.shape == (1, 2) and sub.input_ids[0].tolist() == [1, 2]

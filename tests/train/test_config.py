@@ -1,0 +1,80 @@
+from pathlib import Path
+
+import pytest
+
+from agentcredit.config import CONFIG_DIR, ConfigError, load_config, validate_config
+
+PRESETS = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+METHODS = ["grpo", "ppo", "carl-segment", "carl-critical", "portool", "tips", "gear"]
+TASKS = ["arith-tools", "kb-multihop", "gsm8k", "hotpotqa"]
+
+
+def test_every_method_has_a_preset_on_every_task():
+    assert {f"{m}-{t}" for m in METHODS for t in TASKS} <= set(PRESETS)
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_presets_load_and_validate(preset):
+    config = load_config(preset)
+    assert config.method in METHODS
+    # every preset file says where its values come from
+    assert (CONFIG_DIR / f"{preset}.yaml").read_text().startswith("#")
+
+
+def test_paper_hyperparameters_of_carl_segment():
+    c = load_config("carl-segment-arith-tools")
+    a = c.algorithm
+    assert (a.estimator, a.critic, a.lam, a.gamma, a.loss_agg) == (
+        "segment",
+        "boundary",
+        0.0,
+        1.0,
+        "segment-mean",
+    )
+    assert (a.kl_coef, a.kl_estimator, a.entropy_coef, a.value_coef, a.clip_eps) == (
+        0.001,
+        "k3",
+        0.001,
+        0.5,
+        0.2,
+    )
+    assert c.optim.head_weight_decay == 0.0 and c.optim.epochs == 4
+
+
+def test_unknown_key_names_the_key_and_the_allowed_keys():
+    with pytest.raises(ConfigError) as info:
+        load_config("grpo-arith-tools", ["algorithm.clip_epsilon=0.3"])
+    msg = str(info.value)
+    assert "algorithm.clip_epsilon" in msg and "clip_eps" in msg
+
+
+def test_bad_value_names_the_key_and_the_allowed_values():
+    with pytest.raises(ConfigError) as info:
+        load_config("grpo-arith-tools", ["algorithm.loss_agg=mean"])
+    msg = str(info.value)
+    assert "algorithm.loss_agg" in msg and "segment-mean" in msg and "'mean'" in msg
+    with pytest.raises(ConfigError, match="rollout.n"):
+        load_config("grpo-arith-tools", ["rollout.n=0"])
+
+
+def test_incompatible_parts_are_rejected_with_the_reason():
+    with pytest.raises(ConfigError, match="needs algorithm.critic='boundary'"):
+        validate_config({"algorithm": {"estimator": "segment"}})
+    with pytest.raises(ConfigError, match="shaping cancels"):
+        validate_config({"algorithm": {"estimator": "grpo", "shaping": "tips"}})
+    with pytest.raises(ConfigError, match="entropy_guided"):
+        validate_config({"algorithm": {"estimator": "critical"}})
+
+
+def test_overrides_are_parsed_as_yaml_and_bases_merge(tmp_path: Path):
+    c = load_config("ppo-kb-multihop", ["train.steps=7", "model.lora.enabled=true", "optim.betas=[0.8, 0.9]"])
+    assert c.train.steps == 7 and c.model.lora.enabled and c.optim.betas == (0.8, 0.9)
+    assert c.protocol.name == "tags" and c.algorithm.estimator == "gae"  # task base + method base
+    loop = tmp_path / "a.yaml"
+    loop.write_text("base: [a.yaml]\n")
+    with pytest.raises(ConfigError, match="loop"):
+        load_config(loop)
+    with pytest.raises(ConfigError, match="neither a file nor a preset"):
+        load_config("no-such-preset")
+    with pytest.raises(ConfigError, match="section.key=value"):
+        load_config("grpo-arith-tools", ["train.steps"])
