@@ -28,6 +28,7 @@ from agentcredit.tasks import Example
 from agentcredit.train.batch import build_batch
 from agentcredit.train.demos import scripted_policy
 from agentcredit.train.signals import row_chunks
+from agentcredit.train.trainer import adamw
 
 
 def demonstrations(
@@ -89,7 +90,7 @@ def sft(
         raise ValueError("sft: no demonstrations to train on")
     batch = build_batch(list(trees), pad_id=pad_id)
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    optimizer = adamw(params, lr=lr, weight_decay=weight_decay)
     rng = random.Random(seed)
     losses, start, step = [], time.perf_counter(), 0
     model.train()

@@ -90,6 +90,12 @@ def initial_value_head(cfg: Config, hidden_size: int):
     return head
 
 
+def adamw(params, **kwargs) -> torch.optim.AdamW:
+    """AdamW with the fused kernel: one pass over each parameter instead of ~10 (about 4x faster on CPU, where the
+    optimiser step of a 135M model otherwise costs as much as a forward pass)."""
+    return torch.optim.AdamW(params, fused=True, **kwargs)
+
+
 def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
     """A no-grad snapshot (the KL reference, TIPS's teacher)."""
     snapshot = copy.deepcopy(model)
@@ -226,7 +232,7 @@ class Trainer:
                     "weight_decay": o.head_weight_decay,
                 }
             )
-        return torch.optim.AdamW(groups, betas=tuple(o.betas))
+        return adamw(groups, betas=tuple(o.betas))
 
     # -------------------------------------------------------------- rollout
     def rollout_model(self) -> Any:

@@ -35,6 +35,7 @@ from agentcredit.tasks import Example
 from agentcredit.tasks.scoring import normalize_answer
 from agentcredit.train.batch import build_batch, segment_spans
 from agentcredit.train.signals import row_chunks
+from agentcredit.train.trainer import adamw
 
 GATE = {
     "auc": (0.70, 0.80),
@@ -247,7 +248,7 @@ def warmup(
     log("buckets (training pairs): " + ", ".join(f"{b}={len(v)}" for b, v in sorted(by_bucket.items())))
 
     head_params = list(value_head.parameters())
-    optimizer = torch.optim.AdamW(
+    optimizer = adamw(
         [
             {
                 "params": _freeze_for_critic(model),
