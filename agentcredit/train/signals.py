@@ -38,6 +38,19 @@ def row_chunks(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
     return chunks
 
 
+def pad_rows(
+    seqs: Sequence[Sequence[int]], rows: Sequence[int], pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``seqs[r]`` for r in ``rows``, right-padded: ``(input_ids, attention_mask)``."""
+    width = max(len(seqs[r]) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attn = torch.zeros(len(rows), width, dtype=torch.bool)
+    for k, r in enumerate(rows):
+        ids[k, : len(seqs[r])] = torch.as_tensor(list(seqs[r]), dtype=torch.long)
+        attn[k, : len(seqs[r])] = True
+    return ids, attn
+
+
 @torch.no_grad()
 def score_batch(
     model: nn.Module,
@@ -96,13 +109,9 @@ def score_continuations(
     seqs = [list(c) + list(x) for c, x in zip(contexts, continuations, strict=True)]
     out: list[list[float]] = [[] for _ in seqs]
     for rows in row_chunks([len(s) for s in seqs], max_tokens):
-        width = max(len(seqs[i]) for i in rows)
-        ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-        attn = torch.zeros(len(rows), width, dtype=torch.bool)
-        want = torch.zeros(len(rows), width, dtype=torch.bool)
+        ids, attn = pad_rows(seqs, rows, pad_id)
+        want = torch.zeros_like(attn)
         for k, i in enumerate(rows):
-            ids[k, : len(seqs[i])] = torch.as_tensor(seqs[i])
-            attn[k, : len(seqs[i])] = True
             want[k, len(contexts[i]) : len(seqs[i])] = True
         scores = score_tokens(
             model, ids, attn, want, temperature=temperature, with_entropy=False, autocast=autocast
@@ -182,13 +191,9 @@ def teacher_logprobs(
         seqs.append(list(teacher_prompts[r]) + batch.input_ids[r, p:length].tolist())
         shifts.append(len(teacher_prompts[r]) - p)
     for rows in row_chunks([len(s) for s in seqs], max_tokens):
-        width = max(len(seqs[r]) for r in rows)
-        ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-        attn = torch.zeros(len(rows), width, dtype=torch.bool)
-        want = torch.zeros(len(rows), width, dtype=torch.bool)
+        ids, attn = pad_rows(seqs, rows, pad_id)
+        want = torch.zeros_like(attn)
         for k, r in enumerate(rows):
-            ids[k, : len(seqs[r])] = torch.as_tensor(seqs[r])
-            attn[k, : len(seqs[r])] = True
             cols = batch.policy_mask[r].nonzero(as_tuple=True)[0]
             want[k, cols + shifts[r]] = True
         scores = score_tokens(
@@ -197,4 +202,43 @@ def teacher_logprobs(
         for k, r in enumerate(rows):
             cols = batch.policy_mask[r].nonzero(as_tuple=True)[0]
             out[r, cols] = scores.logprobs[k, cols + shifts[r]]
+    return out
+
+
+def values_at(
+    model: nn.Module,
+    value_head: nn.Module,
+    batch: TrainBatch,
+    positions: dict[int, list[int]],
+    *,
+    autocast: bool = False,
+    max_tokens: int = 4096,
+) -> dict[tuple[int, int], torch.Tensor]:
+    """V at chosen ``(row, col)`` positions (``positions[row] = [cols]``), with gradient outside ``no_grad``.
+
+    Only the rows that hold a position are run (the carl-segment warm-up and the critic evaluation read a few
+    boundaries out of many rows).
+    """
+    out: dict[tuple[int, int], torch.Tensor] = {}
+    rows = sorted(positions)
+    lengths = [int(batch.attention_mask[r].sum()) for r in rows]
+    for chunk in row_chunks(lengths, max_tokens):
+        chunk_rows = [rows[i] for i in chunk]
+        sub = batch.select(chunk_rows)
+        vmask = torch.zeros_like(sub.attention_mask)
+        for k, r in enumerate(chunk_rows):
+            vmask[k, sorted(set(positions[r]))] = True
+        scores = score_tokens(
+            model,
+            sub.input_ids,
+            sub.attention_mask,
+            torch.zeros_like(vmask),
+            value_head=value_head,
+            value_mask=vmask,
+            with_entropy=False,
+            autocast=autocast,
+        )
+        for k, r in enumerate(chunk_rows):
+            for c in positions[r]:
+                out[(r, c)] = scores.values[k, c]
     return out

@@ -29,12 +29,11 @@ from agentcredit.config import Config
 from agentcredit.environment import build_environment
 from agentcredit.eval.evaluate import run_episodes
 from agentcredit.eval.metrics import auc, explained_variance, sign_accuracy
-from agentcredit.models.scoring import score_tokens
 from agentcredit.rollout.tree import RolloutTree, Segment
 from agentcredit.tasks import Example
 from agentcredit.tasks.scoring import normalize_answer
 from agentcredit.train.batch import build_batch, segment_spans
-from agentcredit.train.signals import row_chunks
+from agentcredit.train.signals import values_at
 from agentcredit.train.trainer import adamw
 
 GATE = {
@@ -181,34 +180,6 @@ def _freeze_for_critic(model: Any) -> list[torch.nn.Parameter]:
     return [p for p in model.parameters() if id(p) not in frozen and p.requires_grad]
 
 
-def _values_at(
-    model: Any, value_head: Any, batch, positions: dict[int, list[int]]
-) -> dict[tuple[int, int], torch.Tensor]:
-    """V at (row, col) positions, with gradient when called outside no_grad."""
-    out = {}
-    rows = sorted(positions)
-    lengths = [int(batch.attention_mask[r].sum()) for r in rows]
-    for chunk in row_chunks(lengths, 4096):
-        chunk_rows = [rows[i] for i in chunk]
-        sub = batch.select(chunk_rows)
-        vmask = torch.zeros_like(sub.attention_mask)
-        for k, r in enumerate(chunk_rows):
-            vmask[k, positions[r]] = True
-        scores = score_tokens(
-            model,
-            sub.input_ids,
-            sub.attention_mask,
-            torch.zeros_like(vmask),
-            value_head=value_head,
-            value_mask=vmask,
-            with_entropy=False,
-        )
-        for k, r in enumerate(chunk_rows):
-            for c in positions[r]:
-                out[(r, c)] = scores.values[k, c]
-    return out
-
-
 def warmup(
     model: Any,
     value_head: Any,
@@ -270,7 +241,7 @@ def warmup(
             positions.setdefault(p.row, []).append(p.col)
         positions = {r: sorted(set(c)) for r, c in positions.items()}
         optimizer.zero_grad(set_to_none=True)
-        values = _values_at(model, value_head, batch, positions)
+        values = values_at(model, value_head, batch, positions)
         loss = torch.stack([(values[(p.row, p.col)] - p.target) ** 2 for p in pairs]).mean()
         loss.backward()
         torch.nn.utils.clip_grad_norm_([q for g in optimizer.param_groups for q in g["params"]], 1.0)
@@ -300,7 +271,7 @@ def _gate(model, value_head, batch, trees, owners, tiers, eval_info) -> dict[str
             positions.setdefault(r, []).append(first)
     if not positions:
         return {}
-    values = _values_at(model, value_head, batch, {r: sorted(set(c)) for r, c in positions.items()})
+    values = values_at(model, value_head, batch, {r: sorted(set(c)) for r, c in positions.items()})
     s0_scores, s0_labels, all_v, all_r, deltas, expected = {}, {}, [], [], [], []
     for j, spans in eval_info:
         traj = batch.trajectories[j]
