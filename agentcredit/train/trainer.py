@@ -382,7 +382,7 @@ class Trainer:
         mb_size = o.minibatch_size or n_traj
         rng = random.Random(f"{cfg.train.seed}-update-{self.step}")
         sums: dict[str, float] = {}
-        counts = 0
+        counts = skipped = 0
         for _ in range(o.epochs):
             order = list(range(n_traj))
             rng.shuffle(order)
@@ -390,12 +390,15 @@ class Trainer:
                 trajs = order[start : start + mb_size]
                 rows = [r for j in trajs for r in batch.trajectories[j].rows]
                 stats = self._minibatch_step(batch.select(rows), temp)
-                if stats is None:
+                if stats is None:  # non-finite loss: this optimiser step was skipped
+                    skipped += 1
                     continue
                 counts += 1
                 for k, v in stats.items():
                     sums[k] = sums.get(k, 0.0) + v
-        return {k: v / counts for k, v in sums.items()} if counts else {"update/skipped": 1.0}
+        out = {k: v / counts for k, v in sums.items()} if counts else {}
+        out["update/nonfinite_skipped"] = float(skipped)
+        return out
 
     def _minibatch_step(self, mb: TrainBatch, temp: float) -> dict[str, float] | None:
         cfg, a = self.cfg, self.cfg.algorithm
@@ -431,6 +434,8 @@ class Trainer:
                 with_entropy=a.entropy_coef > 0,
                 autocast=cfg.model.autocast_bf16,
             )
+            if not torch.isfinite(scores.logprobs[sub.loss_mask]).all():
+                return self._skip_nonfinite()  # a diverged forward pass (the inputs themselves are checked)
             pg = policy_loss(
                 scores.logprobs, sub.old_logp, sub.advantages, sub.loss_mask, clip_eps=a.clip_eps, weights=w
             )
@@ -455,13 +460,7 @@ class Trainer:
                 loss = loss + a.value_coef * vloss
                 totals["loss/value"] += float(vloss.detach())
             if not torch.isfinite(loss):
-                self.optimizer.zero_grad(set_to_none=True)
-                self.nonfinite_in_row += 1
-                if self.nonfinite_in_row >= cfg.train.max_nonfinite:
-                    raise NonFiniteLoss(
-                        f"step {self.step}: {self.nonfinite_in_row} non-finite losses in a row (train.max_nonfinite)"
-                    )
-                return None
+                return self._skip_nonfinite()
             loss.backward()
             totals["loss/total"] += float(loss.detach())
             logp_all[rows, :width] = scores.logprobs.detach()
@@ -477,6 +476,16 @@ class Trainer:
         out["update/approx_kl"] = stats["approx_kl"]
         out["update/lr"] = self.scheduler.get_last_lr()[0]
         return out
+
+    def _skip_nonfinite(self) -> None:
+        """Drop this optimiser step; stop the run after ``train.max_nonfinite`` such steps in a row."""
+        self.optimizer.zero_grad(set_to_none=True)
+        self.nonfinite_in_row += 1
+        if self.nonfinite_in_row >= self.cfg.train.max_nonfinite:
+            raise NonFiniteLoss(
+                f"step {self.step}: {self.nonfinite_in_row} non-finite losses in a row (train.max_nonfinite)"
+            )
+        return None
 
     def _micro_tokens(self) -> int:
         return 4096

@@ -143,3 +143,23 @@ def test_tips_teacher_refresh_copies_the_policy(fitted_codefence, fitted_jsoncal
     for n in teacher:
         assert torch.equal(teacher[n], policy[n]), n
     assert all(p.grad is None for p in trainer.teacher.parameters())
+
+
+def test_non_finite_loss_skips_the_update_and_stops_after_a_streak(fitted_codefence, fitted_jsoncall):
+    from agentcredit.train.trainer import NonFiniteLoss
+
+    model, tokenizer = fitted("grpo", fitted_codefence, fitted_jsoncall)
+    trainer = make_trainer("grpo", model, tokenizer, ["train.max_nonfinite=2"])
+    try:
+        batch = trainer.train_step().batch
+        with torch.no_grad():  # a diverged model: its forward pass gives NaN log-probs
+            trainer.model.model.norm.weight[0] = float("nan")
+        before = snapshot(trainer.model)
+        stats = trainer.update(batch)  # one minibatch, skipped: weights untouched, the skip is logged
+        assert stats["update/nonfinite_skipped"] == 1.0
+        for n, p in trainer.model.named_parameters():
+            assert torch.equal(torch.nan_to_num(p), torch.nan_to_num(before[n])), n
+        with pytest.raises(NonFiniteLoss, match="non-finite losses in a row"):
+            trainer.update(batch)
+    finally:
+        trainer.close()
