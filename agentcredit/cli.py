@@ -258,5 +258,43 @@ def bench_train_cmd(
     typer.echo(text if json_out else format_bench_table(result))
 
 
+@bench_app.command("rollout")
+def bench_rollout_cmd(
+    model: Annotated[
+        str, typer.Option(help="'embedded' or a local model dir (e.g. an SFT checkpoint).")
+    ] = "embedded",
+    dtype: Annotated[str, typer.Option(help="Weights of both loops: float32 or bfloat16.")] = "float32",
+    prompts: Annotated[int, typer.Option(min=1, help="Prompts of the task (the same for both loops).")] = 16,
+    episodes: Annotated[int, typer.Option(min=2, help="Engine episodes per prompt (tree leaves too).")] = 4,
+    task: Annotated[
+        str, typer.Option(help="kb-multihop (tags + BM25) or arith-tools (codefence + sandbox).")
+    ] = "kb-multihop",
+    tree_prompts: Annotated[int, typer.Option(min=1, help="Prompts of the tree-strategy runs.")] = 8,
+    threads: Annotated[
+        int | None, typer.Option(min=1, help="torch threads (default: torch's choice).")
+    ] = None,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="Print the result as one JSON object (last line).")
+    ] = False,
+) -> None:
+    """Tokens/s of the batched engine vs a naive generate loop, and prefix reuse in tree rollouts."""
+    import json
+
+    from agentcredit.rollout.bench import BenchSettings, bench_rollout, format_result
+
+    settings = BenchSettings(prompts=prompts, episodes=episodes, task=task, tree_prompts=tree_prompts)
+    try:
+        result = bench_rollout(
+            model,
+            dtype=dtype,
+            settings=settings,
+            threads=threads,
+            log=(lambda _msg: None) if json_out else typer.echo,
+        )
+    except (FileNotFoundError, ValueError) as exc:
+        _fail(exc)
+    typer.echo(json.dumps(result) if json_out else format_result(result))
+
+
 if __name__ == "__main__":
     app()

@@ -3,6 +3,11 @@
 Greedy decoding by default (one episode per question); ``samples=k`` with a temperature gives k sampled episodes
 per question. Every episode is kept as a JSON-able record (segments, tool calls, observations, reward) so it can be
 written as JSONL and viewed with ``agentcredit view``.
+
+With a value head (a critic run, or a warmed-up carl-segment model) every record also carries V at each policy
+segment's boundary state (``values``; ``v_s0`` = V(s_0), the state before the first policy token), and
+:func:`critic_metrics` gives the carl-segment §6 critic diagnostics: AUC of V(s_0) between Tier 1 and Tier 2,
+ECE over 10 equal-width bins, Brier score, reliability table and explained variance over all boundary states.
 """
 
 from __future__ import annotations
@@ -18,8 +23,19 @@ from agentcredit.tasks import Example
 from agentcredit.tasks.scoring import exact_match, f1_score, score, substring_match
 
 
-def episode_records(trees: Sequence[RolloutTree], examples: Sequence[Example]) -> list[dict[str, Any]]:
-    """One record per root-to-leaf episode: question, golds, answer, scores, tool calls, segments."""
+def episode_records(
+    trees: Sequence[RolloutTree],
+    examples: Sequence[Example],
+    *,
+    values: Sequence[Sequence[float]] | None = None,
+) -> list[dict[str, Any]]:
+    """One record per root-to-leaf episode: question, golds, answer, scores, tool calls, segments.
+
+    ``values`` (from :func:`boundary_values`, same trajectory order) adds ``values`` (V(b_k) per policy segment)
+    and ``v_s0`` to each record.
+    """
+    if len(trees) != len(examples):
+        raise ValueError(f"episode_records: {len(trees)} trees for {len(examples)} examples")
     records = []
     for tree, example in zip(trees, examples, strict=True):
         for leaf, reward in tree.rewards().items():
@@ -62,14 +78,21 @@ def episode_records(trees: Sequence[RolloutTree], examples: Sequence[Example]) -
                     ],
                 }
             )
+    if values is not None:
+        if len(values) != len(records):
+            raise ValueError(f"episode_records: {len(values)} value lists for {len(records)} episodes")
+        for record, v in zip(records, values, strict=True):
+            record["values"] = [float(x) for x in v]
+            record["v_s0"] = float(v[0]) if len(v) else None
     return records
 
 
 def summarize(records: Sequence[dict[str, Any]], *, tiers: dict[str, str] | None = None) -> dict[str, float]:
     """Accuracy, EM, F1, substring EM, tool calls and tokens per episode; per tier when tiers are known.
 
-    ``tiers`` maps example id -> tier label (e.g. carl-segment's "tier1"/"tier2"); by default an example's own
-    ``info['tier']`` is used (arith-tools: easy / hard).
+    Two tier groupings are reported side by side: the task's own (``info['tier']``, arith-tools: easy / hard)
+    and ``tiers``, a map example id -> label (carl-segment's "tier1"/"tier2" from :func:`tier_labels`). For each
+    tier: accuracy, EM, tool-call rate (fraction of episodes with >= 1 call, spec §6), calls per episode.
     """
     if not records:
         raise ValueError("no episodes to summarise")
@@ -78,14 +101,112 @@ def summarize(records: Sequence[dict[str, Any]], *, tiers: dict[str, str] | None
         out[key if key != "correct" else "accuracy"] = float(np.mean([r[key] for r in records]))
     out["tool_call_rate"] = float(np.mean([r["tool_calls"] > 0 for r in records]))
     out["answered"] = float(np.mean([r["answer"] is not None for r in records]))
-    labels = [(tiers or {}).get(r["id"], r["info"].get("tier")) for r in records]
-    for tier in sorted({t for t in labels if t}):
-        sel = [r for r, t in zip(records, labels, strict=True) if t == tier]
-        out[f"{tier}/accuracy"] = float(np.mean([r["correct"] for r in sel]))
-        out[f"{tier}/tool_call_rate"] = float(np.mean([r["tool_calls"] > 0 for r in sel]))
-        out[f"{tier}/tool_calls"] = float(np.mean([r["tool_calls"] for r in sel]))
-        out[f"{tier}/episodes"] = float(len(sel))
+    groupings = [[r["info"].get("tier") for r in records]]
+    if tiers is not None:
+        missing = sorted({r["id"] for r in records} - set(tiers))
+        if missing:
+            raise ValueError(f"summarize: no tier label for example(s) {missing[:5]}")
+        groupings.append([tiers[r["id"]] for r in records])
+    for labels in groupings:
+        for tier in sorted({t for t in labels if t}):
+            sel = [r for r, t in zip(records, labels, strict=True) if t == tier]
+            out[f"{tier}/accuracy"] = float(np.mean([r["correct"] for r in sel]))
+            out[f"{tier}/em"] = float(np.mean([r["em"] for r in sel]))
+            out[f"{tier}/tool_call_rate"] = float(np.mean([r["tool_calls"] > 0 for r in sel]))
+            out[f"{tier}/tool_calls"] = float(np.mean([r["tool_calls"] for r in sel]))
+            out[f"{tier}/episodes"] = float(len(sel))
     return out
+
+
+# ------------------------------------------------------------------------------------------------ critic
+def boundary_values(
+    model: Any,
+    value_head: Any,
+    trees: Sequence[RolloutTree],
+    *,
+    pad_id: int = 0,
+    autocast: bool = False,
+    max_tokens: int = 4096,
+) -> list[list[float]]:
+    """V(b_k) at every policy segment's boundary state, per trajectory (trees in order, leaves in order).
+
+    b_k is the context a policy segment was generated from; with the scoring alignment of
+    :mod:`agentcredit.models.scoring` its value sits at the segment's first token. b_0 is the prompt, so the
+    first value is V(s_0). Transient states (carl-segment's raw tool output) are included through the
+    trainer's own batch layout, so these are exactly the states the critic is trained on.
+    """
+    import torch
+
+    from agentcredit.train.batch import build_batch, segment_spans
+    from agentcredit.train.signals import values_at
+
+    batch = build_batch(trees, pad_id=pad_id)
+    spans = [segment_spans(batch, traj) for traj in batch.trajectories]
+    wanted: dict[int, list[int]] = {}
+    for traj_spans in spans:
+        for row, first, _ in traj_spans:
+            wanted.setdefault(row, []).append(first)
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        found = values_at(model, value_head, batch, wanted, autocast=autocast, max_tokens=max_tokens)
+    model.train(was_training)
+    return [[float(found[(row, first)]) for row, first, _ in traj_spans] for traj_spans in spans]
+
+
+def critic_metrics(
+    records: Sequence[dict[str, Any]], *, tiers: dict[str, str] | None = None, bins: int = 10
+) -> tuple[dict[str, float], list[dict[str, float]]]:
+    """carl-segment §6 critic diagnostics from records that carry ``values``; returns (scalars, reliability table).
+
+    * ``critic/auc_v_s0``: ROC-AUC of V(s_0) with Tier 2 as the positive class, one score per question (the mean
+      over its episodes; greedy evaluation has one). Needs ``tiers``.
+    * ``critic/ece`` (conf_b = mean V in the bin, spec [R]) and ``critic/ece_midpoint`` (conf_b = bin midpoint,
+      the paper's Tab. 11 variant), ``critic/brier``, the reliability table: V(s_0) of every episode against its
+      0/1 outcome. A token critic (PPO/TIPS) is unbounded, so its V is clipped to [0, 1] for these three (the
+      outcome reward of these tasks lies in [0, 1]); ``critic/clipped_fraction`` says how often that bit.
+    * ``critic/explained_variance``: EV = 1 - Var(R - V) / Var(R) over all boundary states, R the episode reward.
+    """
+    from agentcredit.eval.metrics import (
+        auc,
+        brier_score,
+        calibration_error,
+        explained_variance,
+        reliability_table,
+    )
+
+    with_values = [r for r in records if r.get("values")]
+    if len(with_values) != len(records):
+        raise ValueError(
+            f"critic_metrics: {len(records) - len(with_values)} of {len(records)} episodes carry no critic values"
+        )
+    v0 = np.array([r["v_s0"] for r in records], dtype=np.float64)
+    outcome = np.array([r["correct"] for r in records], dtype=np.float64)
+    clipped = np.clip(v0, 0.0, 1.0)
+    table = reliability_table(clipped, outcome, bins)
+    all_v = [v for r in records for v in r["values"]]
+    all_r = [r["reward"] for r in records for _ in r["values"]]
+    out = {
+        "critic/v_s0_mean": float(v0.mean()),
+        "critic/ece": calibration_error(table, confidence="mean"),
+        "critic/ece_midpoint": calibration_error(table, confidence="midpoint"),
+        "critic/brier": brier_score(clipped, outcome),
+        "critic/clipped_fraction": float(np.mean(clipped != v0)),
+        "critic/explained_variance": explained_variance(all_v, all_r),
+        "critic/boundary_states": float(len(all_v)),
+    }
+    if tiers is not None:
+        per_question: dict[str, list[float]] = {}
+        for r in records:
+            per_question.setdefault(r["id"], []).append(r["v_s0"])
+        ids = sorted(per_question)
+        scores = [float(np.mean(per_question[i])) for i in ids]
+        labels = [1.0 if tiers[i] == "tier2" else 0.0 for i in ids]
+        out["critic/auc_v_s0"] = auc(scores, labels)
+        for tier in ("tier1", "tier2"):
+            sel = [s for s, i in zip(scores, ids, strict=True) if tiers[i] == tier]
+            out[f"{tier}/v_s0_mean"] = float(np.mean(sel)) if sel else float("nan")
+    return out, table
 
 
 def run_episodes(
@@ -132,10 +253,27 @@ def run_episodes(
 
 
 def evaluate(
-    model: Any, tokenizer: Any, env: Environment, examples: Sequence[Example], **kwargs: Any
+    model: Any,
+    tokenizer: Any,
+    env: Environment,
+    examples: Sequence[Example],
+    *,
+    value_head: Any = None,
+    tiers: dict[str, str] | None = None,
+    **kwargs: Any,
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
-    """``(summary, episode records)`` of ``model`` on ``examples``; kwargs go to :func:`run_episodes`."""
-    tiers = kwargs.pop("tiers", None)
+    """``(summary, episode records)`` of ``model`` on ``examples``; kwargs go to :func:`run_episodes`.
+
+    With a ``value_head`` the records carry V at every boundary and the summary the :func:`critic_metrics`
+    scalars (AUC of V(s_0) only when ``tiers`` are given).
+    """
     trees = run_episodes(model, tokenizer, env, examples, **kwargs)
-    records = episode_records(trees, examples)
-    return summarize(records, tiers=tiers), records
+    values = None
+    if value_head is not None:
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        values = boundary_values(model, value_head, trees, pad_id=pad)
+    records = episode_records(trees, examples, values=values)
+    summary = summarize(records, tiers=tiers)
+    if value_head is not None:
+        summary.update(critic_metrics(records, tiers=tiers)[0])
+    return summary, records

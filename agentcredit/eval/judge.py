@@ -78,7 +78,10 @@ class LLMJudge:
         ids = self.tokenizer(text, return_tensors="pt", add_special_tokens=False)
         with self._lock, torch.no_grad():
             out = self.model.generate(
-                **ids, max_new_tokens=self.max_new_tokens, do_sample=False, pad_token_id=self.tokenizer.pad_token_id
+                **ids,
+                max_new_tokens=self.max_new_tokens,
+                do_sample=False,
+                pad_token_id=self.tokenizer.pad_token_id,
             )
         return self.tokenizer.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)
 
@@ -97,6 +100,8 @@ def build_judge(kind: str, model_path: str | None = None, *, metric: str = "auto
         return lambda example, answer: rule_judge(example, answer, metric=metric)
     if kind == "llm":
         if not model_path:
-            raise ValueError("algorithm.portool.judge='llm' needs algorithm.portool.judge_model (a local model path)")
+            raise ValueError(
+                "algorithm.portool.judge='llm' needs algorithm.portool.judge_model (a local model path)"
+            )
         return LLMJudge(model_path, metric=metric)
     raise ValueError(f"judge must be 'rule' or 'llm', got {kind!r}")

@@ -1,0 +1,87 @@
+"""compare: the report from hand-made run directories (metrics, evaluations with and without a critic)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from agentcredit.eval.report import load_run, metrics_table, phase_means, write_report
+
+
+def _run(path, method, steps, *, critic=False, eval_dir=True):
+    path.mkdir(parents=True)
+    (path / "config.yaml").write_text(f"method: {method}\ntask:\n  name: arith-tools\n")
+    lines = []
+    for step in range(1, steps + 1):
+        lines.append(
+            {
+                "step": step,
+                "reward/mean": 0.1 * step,
+                "accuracy": 0.1 * step,
+                "episode/tool_calls": 1.0 / step,
+                "episode/policy_tokens": 50.0 + step,
+                "time/rollout": 2.0,
+                "time/signals": 0.5 + step,  # means: 0.5 + (steps + 1) / 2
+                "time/update": 1.0,
+                "time/step": 3.5 + step,
+            }
+        )
+    (path / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    if not eval_dir:
+        return path
+    out = path / "eval-test"
+    out.mkdir()
+    metrics = {"accuracy": 0.5, "em": 0.5, "tool_calls": 0.25, "easy/tool_call_rate": 0.0}
+    episodes = []
+    for i, (v, c) in enumerate([(0.15, 0), (0.25, 0), (0.75, 1), (0.85, 1)]):
+        ep = {"id": f"q{i}", "correct": float(c), "reward": float(c), "segments": []}
+        if critic:
+            ep.update(v_s0=v, values=[v])
+        episodes.append(ep)
+    if critic:
+        metrics["critic/ece"] = 0.2
+    (out / "summary.json").write_text(json.dumps({"metrics": metrics, "reliability": None}))
+    (out / "episodes.jsonl").write_text("".join(json.dumps(e) + "\n" for e in episodes))
+    return path
+
+
+def test_report_has_table_curves_calibration_and_phases(tmp_path):
+    a = _run(tmp_path / "runs" / "a", "grpo", 3)
+    b = _run(tmp_path / "runs" / "b", "carl-segment", 4, critic=True)
+    c = _run(tmp_path / "other" / "a", "ppo", 2, eval_dir=False)  # same dir name: disambiguated by its parent
+    paths = write_report([a, b, c], tmp_path / "report")
+    md = paths["markdown"].read_text()
+    assert "| runs/a | grpo | arith-tools | 3 |" in md and "| other/a | ppo |" in md
+    assert "last training step (2)" in md and "eval-test/summary.json" in md
+    for png in ("learning_curves.png", "calibration.png", "phase_times.png"):
+        assert (paths["plots"] / png).stat().st_size > 10_000  # a real figure, not an empty canvas
+        assert f"plots/{png}" in md
+    page = paths["html"].read_text()
+    assert page.count("data:image/png;base64,") == 3 and "<img" in page and "plots/" not in page
+
+
+def test_report_without_critics_skips_calibration(tmp_path):
+    a = _run(tmp_path / "a", "grpo", 2)
+    paths = write_report([a], tmp_path / "report")
+    assert not (paths["plots"] / "calibration.png").exists()
+    assert "carry critic values" in paths["markdown"].read_text()
+
+
+def test_load_run_reads_metrics_and_phase_means(tmp_path):
+    run = load_run(_run(tmp_path / "r", "gear", 3))
+    assert run.method == "gear" and len(run.metrics) == 3 and run.final["accuracy"] == 0.5
+    assert phase_means(run) == {"rollout": 2.0, "signals": pytest.approx(2.5), "update": 1.0}
+    header, rows = metrics_table([run])
+    assert header[:5] == ["run", "method", "task", "steps", "s/step"] and rows[0][4] == "5.500"
+    assert "easy tool rate" in header
+
+
+def test_load_run_errors_name_the_problem(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no metrics.jsonl"):
+        load_run(tmp_path)
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n{oops\n')
+    with pytest.raises(ValueError, match="line 2"):
+        load_run(tmp_path)
+    with pytest.raises(ValueError, match="at least one"):
+        write_report([], tmp_path / "out")
