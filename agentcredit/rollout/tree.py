@@ -144,7 +144,9 @@ class RolloutTree:
         if segment.role == "prompt":
             raise ValueError("only the root holds the prompt; add policy or observation segments below it")
         if self.nodes[parent].reward is not None:
-            raise ValueError(f"node {parent} already carries a reward (it is a finished leaf); cannot extend it")
+            raise ValueError(
+                f"node {parent} already carries a reward (it is a finished leaf); cannot extend it"
+            )
         node_id = len(self.nodes)
         self.nodes.append(Node(segment, parent=parent, info=dict(info or {})))
         self._children.append([])
@@ -331,7 +333,9 @@ class RolloutTree:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RolloutTree:
         nodes = data["nodes"]
-        tree = cls(Segment.from_dict(nodes[0]["segment"]), prompt_id=data.get("prompt_id"), info=data.get("info"))
+        tree = cls(
+            Segment.from_dict(nodes[0]["segment"]), prompt_id=data.get("prompt_id"), info=data.get("info")
+        )
         for i, n in enumerate(nodes[1:], start=1):
             if n["parent"] >= i:
                 raise ValueError(f"node {i}: parent {n['parent']} must come before its child")

@@ -58,7 +58,9 @@ def test_prune_keeps_paths_of_surviving_leaves():
 def test_training_views_drop_replaced_observation():
     # prompt, invoke, raw output (transient), assimilate, commit  -> carl-segment replacement mode
     tree = RolloutTree(Segment([1], role="prompt"))
-    leaf = tree.add_path([pol([2], "invoke"), obs([3, 3], transient=True), pol([4], "assimilate"), pol([5], "commit")])
+    leaf = tree.add_path(
+        [pol([2], "invoke"), obs([3, 3], transient=True), pol([4], "assimilate"), pol([5], "commit")]
+    )
     tree.set_reward(leaf, 1.0)
     with pytest.raises(ValueError, match="transient"):
         tree.flatten(leaf)

@@ -1,0 +1,747 @@
+"""The multi-turn rollout engine: many episodes decoded as one batch, tools running while others decode.
+
+One call, :meth:`RolloutEngine.run`, turns a list of questions into one :class:`RolloutTree` per question.
+A *strategy* (``strategies.py``) decides which episodes to run: it yields *jobs* ("continue from node v of
+this tree, for at most k policy segments") and reads their results before yielding more, so independent
+groups, entropy-guided forking and PORTool's fork sampling are all just schedules over the same engine.
+
+The loop, per iteration:
+
+1. admit queued jobs while there is room (``max_batch`` sequences in flight);
+2. collect finished tool calls and append their observations as pending tokens;
+3. one backend step: every sequence with pending tokens is fed them (one token for a decoding episode, the
+   observation / prompt / spliced tokens for the others) and returns next-token logits;
+4. sample one token for every episode that has logits, record its log-prob and entropy, and check whether the
+   segment ends (the protocol's ``segment_ends`` on the segment text so far, EOS, or the token budget);
+5. an ended segment is read by the protocol; its tool calls go to the tool pool (``ToolRuntime.submit``) and
+   the episode waits there while the others keep decoding; the observation is tokenised alone and appended.
+
+Contexts only ever grow by appending token ids: the prompt is rendered once with the chat template, generated
+ids are kept as sampled, and observations are tokenised on their own (carl-segment A27, portool 2.9).
+
+Replacement mode (carl-segment Eqs. 8-9): when a policy segment ends right after a *transient* observation
+(the raw tool output), the sequence is truncated back to the start of that observation and the segment's
+tokens are fed again, so they sit right after the invoke segment: s_{k+2} = s_k + t_k + e_{k+1}. Only the
+extraction is recomputed (never the prefix). This happens whenever the episode goes on after a transient
+observation, whatever the turn's ``drop_transient`` says, because :meth:`RolloutTree.training_views` (what the
+trainer sees) defines a transient observation as visible to exactly one policy segment.
+
+Prefix reuse: jobs that start from the same node share one sequence up to the moment they sample their first
+token (the sequence is copied, logits included); a job that continues a paused episode takes over its
+sequence. With a strategy that forks from old states (``needs_prefix_store``), the cache entries of every node
+are kept per tree and a fork is assembled from its ancestors' entries, so only its last token is recomputed.
+``reuse_prefix=False`` turns all of this off (each job prefills its whole context): the benchmark compares both.
+
+Token accounting (:class:`EngineStats`): ``generated_tokens`` are sampled tokens; ``prefill_tokens`` are
+tokens fed that were not just sampled by that sequence (prompts, observations, spliced extractions, recomputed
+fork tokens); ``decode_tokens`` are sampled tokens fed back.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import random
+import time
+from collections import defaultdict, deque
+from collections.abc import Callable, Generator, Iterable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from agentcredit.protocols.base import EpisodeState, Protocol, Turn
+from agentcredit.rollout.backend import Backend
+from agentcredit.rollout.sampling import SamplingParams, draw_uniforms, sample_tokens
+from agentcredit.rollout.tree import RolloutTree, Segment
+from agentcredit.tools.base import ToolResult, ToolRuntime
+
+RewardFn = Callable[[Any, "str | None"], float]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Public data types
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Sampling and budgets of one rollout engine.
+
+    Attributes:
+        sampling: temperature / top-p / top-k (see :mod:`agentcredit.rollout.sampling`).
+        max_segment_tokens: default token budget of one policy segment (the protocol may lower it, e.g.
+            carl-segment's T_assimilate = 256); carl-segment A7 uses 2048 per generation call.
+        max_episode_tokens: generated tokens per episode, counted from the root (forks included).
+        max_turns: policy segments per episode, counted from the root; None = the protocol's ``max_segments``.
+        max_context: context length cap (prompt + generated + observations); None = the model's limit.
+        seed: base seed. Call k of :meth:`RolloutEngine.run` derives its seed from (seed, k) unless given one;
+            every job draws from its own ``torch.Generator`` seeded from (call seed, prompt id, job number).
+        max_batch: sequences in flight at once (decoding, waiting for tools, or paused); more jobs queue.
+        reuse_prefix: share computed prefixes between jobs (copies / stored node caches). False = every job
+            prefills its whole context (the no-reuse baseline of the benchmark).
+    """
+
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    max_segment_tokens: int = 512
+    max_episode_tokens: int = 2048
+    max_turns: int | None = None
+    max_context: int | None = None
+    seed: int = 0
+    max_batch: int = 64
+    reuse_prefix: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("max_segment_tokens", "max_episode_tokens", "max_batch"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"EngineConfig.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("max_turns", "max_context"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"EngineConfig.{name} must be >= 1 or None, got {value}")
+
+
+@dataclass(frozen=True)
+class Job:
+    """Continue the episode that reached ``node`` (0 = start from the prompt).
+
+    ``max_steps``: pause after this many policy segments (and their observation), None = run to the end.
+    ``max_turns``: end the episode once it has this many policy segments from the root (None = the engine's).
+    """
+
+    node: int = 0
+    max_steps: int | None = None
+    max_turns: int | None = None
+
+
+@dataclass
+class JobResult:
+    """What a job produced: the nodes it added (in order), its last node, and whether the episode ended there."""
+
+    job: Job
+    nodes: list[int]
+    end: int
+    finished: bool
+
+
+@dataclass
+class EngineStats:
+    """Counters of one :meth:`RolloutEngine.run` (see the module docstring for the token categories)."""
+
+    generated_tokens: int = 0
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    episodes: int = 0  # episodes that ended (leaves)
+    jobs: int = 0  # jobs started (a whole episode, or a continuation of one)
+    segments: int = 0
+    tool_calls: int = 0
+    tool_turns: int = 0
+    splices: int = 0
+    forks: int = 0  # sequences started from an existing prefix (a copy, or stored node caches)
+    forward_calls: int = 0
+    seconds: float = 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.generated_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    def to_dict(self) -> dict[str, float]:
+        out = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        out["tokens_per_second"] = self.tokens_per_second
+        return out
+
+
+@dataclass
+class PlanContext:
+    """What a strategy's plan sees: the tree it grows, a seeded RNG, and the engine's turn cap."""
+
+    tree: RolloutTree
+    rng: random.Random
+    max_turns: int
+
+
+Plan = Generator[list[Job], list[JobResult], "RolloutTree | None"]
+
+
+class Strategy:
+    """Base class of rollout strategies: ``plan`` yields job lists and receives their results in order.
+
+    The plan may return a different tree (e.g. PORTool's pruned tree) that replaces the one it grew.
+    ``needs_prefix_store``: the plan starts jobs from old interior nodes, so the engine keeps their caches.
+    """
+
+    name: str = "strategy"
+    needs_prefix_store: bool = False
+
+    def plan(self, ctx: PlanContext) -> Plan:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Internal bookkeeping
+
+
+@dataclass
+class _NodeState:
+    """The episode state right after a node: what a job starting there needs."""
+
+    state: EpisodeState
+    generated: int  # policy tokens on the path from the root
+
+
+@dataclass
+class _TreeRun:
+    index: int
+    prompt_id: str | int
+    example: Any
+    tree: RolloutTree
+    plan: Plan
+    states: dict[int, _NodeState] = field(default_factory=dict)
+    blocks: dict[int, Any] = field(default_factory=dict)  # node -> cache block (prefix store)
+    parked: dict[int, list[_Episode]] = field(default_factory=lambda: defaultdict(list))
+    batch: list[Job] = field(default_factory=list)
+    results: list[JobResult | None] = field(default_factory=list)
+    outstanding: int = 0
+    jobs_started: int = 0
+    final: RolloutTree | None = None
+    done: bool = False
+
+
+@dataclass
+class _Episode:
+    run: _TreeRun
+    job: Job
+    slot: int  # index of the job in its batch
+    seq: int
+    state: EpisodeState
+    rng: torch.Generator | None
+    node: int  # last node of the context
+    generated: int
+    layout: list[tuple[int, int, int]]  # (node, start, end) of the visible context, in order
+    pending: list[int] = field(default_factory=list)
+    pending_prefill: int = 0
+    logits: torch.Tensor | None = None
+    clones: list[_Episode] = field(default_factory=list)  # jobs waiting for this sequence's first logits
+    seg_ids: list[int] = field(default_factory=list)
+    seg_logprobs: list[float] = field(default_factory=list)
+    seg_entropies: list[float] = field(default_factory=list)
+    seg_budget: int = 0
+    transient_start: int | None = None  # column where a not-yet-replaced transient observation starts
+    future: Future | None = None
+    turn: Turn | None = None
+    steps: int = 0
+    pause: bool = False
+    added: list[int] = field(default_factory=list)
+
+
+def _seed(*parts: object) -> int:
+    digest = hashlib.blake2b("\x1f".join(map(str, parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") & ((1 << 63) - 1)
+
+
+def question_of(item: Any) -> str:
+    """The question text of a prompt item: a string, an object with ``.question`` or a mapping with one."""
+    if isinstance(item, str):
+        return item
+    if isinstance(item, dict) and "question" in item:
+        return str(item["question"])
+    if hasattr(item, "question"):
+        return str(item.question)
+    raise ValueError(f"prompt item {item!r:.80}: expected a string, an Example or a mapping with 'question'")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The engine
+
+
+class RolloutEngine:
+    """Runs a protocol's episodes on a backend, with tools, under a strategy; see the module docstring.
+
+    Args:
+        backend: the policy (e.g. :class:`~agentcredit.rollout.backend.HFBackend`).
+        tokenizer: the policy's tokenizer (renders the prompt once, tokenises observations, decodes segments).
+        protocol: the text format (``agentcredit.protocols.get_protocol(...)``).
+        tools: the tool runtime the protocol's calls run in (None: an empty runtime; calls get an error text).
+        config: sampling and budgets.
+        stop_token_ids: tokens that end a segment with ``finish="eos"`` (default: the tokenizer's EOS).
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        tokenizer: Any,
+        protocol: Protocol,
+        tools: ToolRuntime | None = None,
+        config: EngineConfig | None = None,
+        *,
+        stop_token_ids: Iterable[int] | None = None,
+    ):
+        self.backend = backend
+        self.tokenizer = tokenizer
+        self.protocol = protocol
+        self.tools = tools if tools is not None else ToolRuntime({})
+        self.config = config or EngineConfig()
+        if stop_token_ids is None:
+            if tokenizer.eos_token_id is None:
+                raise ValueError("the tokenizer has no eos_token_id; pass stop_token_ids")
+            stop_token_ids = [tokenizer.eos_token_id]
+        self.stop_ids = frozenset(int(t) for t in stop_token_ids)
+        self.max_turns = self.config.max_turns or protocol.max_segments
+        self.max_context = min(self.config.max_context or backend.max_positions, backend.max_positions)
+        self.stats = EngineStats()
+        self._calls = 0
+
+    # ------------------------------------------------------------------ public
+    def run(
+        self,
+        prompts: Sequence[Any],
+        strategy: Strategy,
+        reward_fn: RewardFn,
+        *,
+        prompt_ids: Sequence[str | int] | None = None,
+        extra: Sequence[dict] | None = None,
+        seed: int | None = None,
+    ) -> list[RolloutTree]:
+        """One tree per prompt. ``reward_fn(prompt_item, answer)`` scores each finished episode (answer may be None).
+
+        Args:
+            prompts: questions (strings, :class:`~agentcredit.tasks.example.Example` or ``{"question": ...}``).
+            strategy: which episodes to run (``strategies.independent(n)``, ...).
+            reward_fn: outcome reward of an episode from the prompt item and the extracted answer.
+            prompt_ids: ids stored on the trees (default: the index in ``prompts``); they also seed the jobs.
+            extra: per-prompt keyword arguments for ``protocol.new_episode``.
+            seed: seed of this call. Default: derived from ``config.seed`` and the number of earlier calls, so
+                successive calls sample differently while a fresh engine with the same config reproduces them.
+        """
+        if extra is not None and len(extra) != len(prompts):
+            raise ValueError(f"extra has {len(extra)} entries for {len(prompts)} prompts")
+        if prompt_ids is not None and len(prompt_ids) != len(prompts):
+            raise ValueError(f"prompt_ids has {len(prompt_ids)} entries for {len(prompts)} prompts")
+        self._seed = _seed(self.config.seed, "call", self._calls) if seed is None else int(seed)
+        self._calls += 1
+        ids = list(prompt_ids) if prompt_ids is not None else list(range(len(prompts)))
+        if len(set(map(str, ids))) != len(ids):
+            raise ValueError(
+                "prompt_ids must be unique (they seed the jobs; equal ids would sample equal trees)"
+            )
+        self.stats = EngineStats()
+        start = time.perf_counter()
+        forward_before = getattr(self.backend.stats, "forward_calls", 0)
+        self._reward_fn = reward_fn
+        self._store = strategy.needs_prefix_store and self.config.reuse_prefix
+        self._queue: deque[list[_Episode]] = deque()
+        self._live: list[_Episode] = []  # episodes holding a sequence (decoding, waiting, pending, parked)
+        extras = extra or [None] * len(prompts)
+        runs = [self._new_run(i, ids[i], item, strategy, extras[i]) for i, item in enumerate(prompts)]
+        for run in runs:
+            self._advance(run, None)
+        try:
+            self._loop(runs)
+        finally:
+            for ep in list(self._live):
+                self._release(ep)
+        self.stats.seconds = time.perf_counter() - start
+        self.stats.forward_calls = getattr(self.backend.stats, "forward_calls", 0) - forward_before
+        return [run.final if run.final is not None else run.tree for run in runs]
+
+    # ------------------------------------------------------------------ trees and plans
+    def _new_run(
+        self, index: int, prompt_id: str | int, item: Any, strategy: Strategy, extra: dict | None
+    ) -> _TreeRun:
+        question = question_of(item)
+        state = self.protocol.new_episode(question, **(extra or {}))
+        text = self.protocol.prompt(state, self.tokenizer)
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        if not ids:
+            raise ValueError(f"prompt {index}: the protocol rendered an empty prompt")
+        if len(ids) >= self.max_context:
+            raise ValueError(
+                f"prompt {index}: {len(ids)} tokens, at or above the context cap {self.max_context}"
+            )
+        tree = RolloutTree(Segment(ids, text, role="prompt", kind="prompt"), prompt_id=prompt_id)
+        tree.info["question"] = question
+        tree.info["strategy"] = strategy.name
+        rng = random.Random(_seed(self._seed, "plan", prompt_id))
+        plan = strategy.plan(PlanContext(tree, rng, self.max_turns))
+        run = _TreeRun(index=index, prompt_id=prompt_id, example=item, tree=tree, plan=plan)
+        run.states[0] = _NodeState(state, 0)
+        return run
+
+    def _advance(self, run: _TreeRun, results: list[JobResult] | None) -> None:
+        """Give the plan its results and queue its next jobs (or finish the tree)."""
+        try:
+            jobs = next(run.plan) if results is None else run.plan.send(results)
+        except StopIteration as stop:
+            run.done = True
+            run.final = stop.value
+            for eps in run.parked.values():
+                for ep in eps:
+                    self._release(ep)
+            run.parked.clear()
+            run.blocks.clear()
+            return
+        if not jobs:
+            raise ValueError(f"strategy yielded an empty job list for prompt {run.index}")
+        run.batch = list(jobs)
+        run.results = [None] * len(jobs)
+        run.outstanding = len(jobs)
+        self._start_jobs(run)
+
+    def _job_done(self, ep: _Episode, finished: bool) -> None:
+        run = ep.run
+        run.results[ep.slot] = JobResult(ep.job, list(ep.added), ep.node, finished)
+        run.outstanding -= 1
+        if run.outstanding == 0:
+            self._advance(run, list(run.results))  # type: ignore[arg-type]
+
+    # ------------------------------------------------------------------ starting jobs
+    def _visible(self, tree: RolloutTree, node: int) -> list[int]:
+        """Nodes of the context at ``node``: the path minus transient observations a policy segment followed."""
+        path = tree.path(node)
+        out: list[int] = []
+        pending: int | None = None
+        for i in path:
+            seg = tree.segment(i)
+            if seg.role == "policy" and pending is not None:
+                out.remove(pending)
+                pending = None
+            out.append(i)
+            if seg.transient:
+                pending = i
+        return out
+
+    def _start_jobs(self, run: _TreeRun) -> None:
+        groups: dict[int, list[int]] = defaultdict(list)
+        for slot, job in enumerate(run.batch):
+            if job.node not in run.states:
+                raise ValueError(
+                    f"prompt {run.index}: job starts at node {job.node}, which is not a state the engine can "
+                    "continue from (a leaf, or a node inside a segment)"
+                )
+            groups[job.node].append(slot)
+        for node, slots in groups.items():
+            eps = [self._new_episode(run, slot) for slot in slots]
+            if not self.config.reuse_prefix:
+                for ep in eps:
+                    self._queue.append([ep])
+                continue
+            parked = run.parked.get(node)
+            if parked:
+                self._take_over(eps[0], parked.pop())
+                for clone in eps[1:]:
+                    self._clone(eps[0], clone)
+                self._job_ready(eps)
+                continue
+            eps[0].clones = eps[1:]  # they copy the leader's sequence once its prefill is done
+            self._queue.append(eps)
+        # paused episodes no job continues are dropped (e.g. PORTool paths DupAndSamp did not select)
+        for eps in list(run.parked.values()):
+            for ep in eps:
+                self._release(ep)
+        run.parked.clear()
+
+    def _new_episode(self, run: _TreeRun, slot: int) -> _Episode:
+        job = run.batch[slot]
+        snap = run.states[job.node]
+        rng = None
+        if not self.config.sampling.greedy:
+            rng = torch.Generator().manual_seed(_seed(self._seed, "job", run.prompt_id, run.jobs_started))
+        run.jobs_started += 1
+        self.stats.jobs += 1
+        return _Episode(
+            run=run,
+            job=job,
+            slot=slot,
+            seq=-1,
+            state=copy.deepcopy(snap.state),
+            rng=rng,
+            node=job.node,
+            generated=snap.generated,
+            layout=[],
+        )
+
+    def _take_over(self, ep: _Episode, parked: _Episode) -> None:
+        """``ep`` continues a paused episode's sequence (same context, logits ready)."""
+        ep.seq, ep.layout, ep.logits = parked.seq, list(parked.layout), parked.logits
+        ep.transient_start = parked.transient_start
+        self._live.remove(parked)
+        self._live.append(ep)
+
+    def _clone(self, leader: _Episode, ep: _Episode) -> None:
+        ep.seq = self.backend.fork(leader.seq)
+        ep.layout, ep.logits = list(leader.layout), leader.logits
+        ep.transient_start = leader.transient_start
+        self.stats.forks += 1
+        self._live.append(ep)
+
+    def _job_ready(self, eps: list[_Episode]) -> None:
+        for ep in eps:
+            self._begin_segment(ep)
+
+    def _admit(self, *, force: bool = False) -> None:
+        """Give queued job groups a sequence while fewer than ``max_batch`` are in flight."""
+        while self._queue:
+            group = self._queue[0]
+            if not force and self._live and len(self._live) + len(group) > self.config.max_batch:
+                return
+            force = False
+            self._queue.popleft()
+            leader = group[0]
+            self._build_sequence(leader)
+            self._live.append(leader)
+
+    def _build_sequence(self, ep: _Episode) -> None:
+        """A sequence holding the context of ``ep.node``, from stored node caches where possible."""
+        tree = ep.run.tree
+        nodes = self._visible(tree, ep.node)
+        reuse = 0
+        if self._store:
+            while reuse < len(nodes) and nodes[reuse] in ep.run.blocks:
+                reuse += 1
+        blocks = [ep.run.blocks[n] for n in nodes[:reuse]]
+        ep.seq = self.backend.sequence_from_blocks(blocks) if blocks else self.backend.new_sequence()
+        self.stats.forks += bool(blocks)
+        col = 0
+        for n in nodes:
+            length = len(tree.segment(n).token_ids)
+            ep.layout.append((n, col, col + length))
+            col += length
+        feed: list[int] = []
+        for n in nodes[reuse:]:
+            feed.extend(tree.segment(n).token_ids)
+        if not feed:  # everything came from the store: recompute the last token for its logits
+            length = self.backend.length(ep.seq)
+            last = tree.segment(nodes[-1]).token_ids[-1]
+            self.backend.truncate(ep.seq, length - 1)
+            feed = [last]
+        last_node, last_start, _ = ep.layout[-1]
+        if tree.segment(last_node).transient:
+            ep.transient_start = last_start
+        ep.pending, ep.pending_prefill = feed, len(feed)
+
+    # ------------------------------------------------------------------ the loop
+    def _loop(self, runs: list[_TreeRun]) -> None:
+        while not all(run.done for run in runs):
+            self._admit()
+            self._collect_tools(block=False)
+            fed = self._forward()
+            sampled = self._sample()
+            if not fed and not sampled:
+                if any(ep.future is not None for ep in self._live):
+                    self._collect_tools(block=True)
+                elif self._queue:  # every sequence in flight is paused: admit past max_batch
+                    self._admit(force=True)
+                else:
+                    stuck = [run.index for run in runs if not run.done]
+                    raise RuntimeError(f"rollout engine stalled with unfinished prompts {stuck} (engine bug)")
+
+    def _forward(self) -> bool:
+        ready = [ep for ep in self._live if ep.pending and ep.future is None]  # tool waiters wait
+        if not ready:
+            return False
+        logits = self.backend.extend({ep.seq: ep.pending for ep in ready})
+        for ep in ready:
+            self.stats.prefill_tokens += ep.pending_prefill
+            self.stats.decode_tokens += len(ep.pending) - ep.pending_prefill
+            ep.pending, ep.pending_prefill = [], 0
+            ep.logits = logits[ep.seq]
+            if self._store:
+                self._save_blocks(ep)
+            self._after_feed(ep)
+        return True
+
+    def _after_feed(self, ep: _Episode) -> None:
+        """The episode's next-token logits are ready: start its jobs' segments, or park it."""
+        if ep.clones:  # a fresh sequence shared by several jobs: copy it (logits included) for each
+            clones, ep.clones = ep.clones, []
+            for clone in clones:
+                self._clone(ep, clone)
+            self._job_ready([ep, *clones])
+        elif ep.pause:
+            self._park(ep)
+        elif ep.seg_budget == 0:  # not mid-segment: a new segment starts here
+            self._begin_segment(ep)
+
+    def _save_blocks(self, ep: _Episode) -> None:
+        length = self.backend.length(ep.seq)
+        for node, start, end in ep.layout:
+            if end <= length and node not in ep.run.blocks:
+                ep.run.blocks[node] = self.backend.export_block(ep.seq, start, end)
+
+    def _sample(self) -> bool:
+        eps = [ep for ep in self._live if ep.logits is not None and ep.seg_budget > 0 and not ep.pause]
+        if not eps:
+            return False
+        logits = torch.stack([ep.logits for ep in eps])
+        params = self.config.sampling
+        uniforms = None if params.greedy else draw_uniforms([ep.rng for ep in eps])  # type: ignore[misc]
+        tokens, logprobs, entropies = sample_tokens(logits, params, uniforms)
+        for ep, tok, lp, ent in zip(eps, tokens.tolist(), logprobs.tolist(), entropies.tolist(), strict=True):
+            ep.logits = None
+            self._on_token(ep, tok, lp, ent)
+        return True
+
+    # ------------------------------------------------------------------ segments
+    def _begin_segment(self, ep: _Episode) -> None:
+        """Set the token budget of the next policy segment (the logits for its first token are ready)."""
+        ep.turn = None
+        budget = self.protocol.max_new_tokens(ep.state, self.config.max_segment_tokens)
+        if budget < 1:
+            raise ValueError(
+                f"{self.protocol.name}.max_new_tokens returned {budget}; a segment needs >= 1 token"
+            )
+        # _episode_end stops an episode whose token budget is spent, so this is >= 1
+        budget = min(budget, self.config.max_episode_tokens - ep.generated)
+        ep.seg_budget = budget
+        ep.seg_ids, ep.seg_logprobs, ep.seg_entropies = [], [], []
+
+    def _on_token(self, ep: _Episode, token: int, logprob: float, entropy: float) -> None:
+        ep.seg_ids.append(token)
+        ep.seg_logprobs.append(logprob)
+        ep.seg_entropies.append(entropy)
+        ep.generated += 1
+        self.stats.generated_tokens += 1
+        text = self.tokenizer.decode(ep.seg_ids, skip_special_tokens=False)
+        context = self.backend.length(ep.seq) + 1
+        if token in self.stop_ids:
+            finish = "eos"
+        elif self.protocol.segment_ends(ep.state, text):
+            finish = "stop"
+        elif len(ep.seg_ids) >= ep.seg_budget or context >= self.max_context:
+            finish = "length"
+        else:
+            ep.pending, ep.pending_prefill = [token], 0
+            return
+        self._end_segment(ep, text, finish)
+
+    def _end_segment(self, ep: _Episode, text: str, finish: str) -> None:
+        protocol, tree = self.protocol, ep.run.tree
+        turn = protocol.read_segment(ep.state, text, finish)  # type: ignore[arg-type]
+        protocol.record(ep.state, turn, text)
+        segment = Segment(
+            ep.seg_ids,
+            text,
+            role="policy",
+            kind=turn.kind,
+            logprobs=ep.seg_logprobs,
+            entropies=ep.seg_entropies,
+            info={"finish": finish, "calls": [c.to_dict() for c in turn.calls]},
+        )
+        node = tree.add(segment, ep.node)
+        start = self.backend.length(ep.seq) - (len(ep.seg_ids) - 1)
+        ep.layout.append((node, start, start + len(ep.seg_ids)))
+        ep.node, ep.turn, ep.seg_budget = node, turn, 0
+        ep.added.append(node)
+        ep.steps += 1
+        self.stats.segments += 1
+
+        end = self._episode_end(ep, turn)
+        if end is not None:
+            segment.info.update(turn.info)
+            self._finish_episode(ep, end)
+            return
+        feed = [ep.seg_ids[-1]]
+        if ep.transient_start is not None:  # replacement: drop the raw output, re-feed the extraction
+            self.backend.truncate(ep.seq, ep.transient_start)
+            ep.layout = [entry for entry in ep.layout if entry[1] < ep.transient_start]
+            ep.layout.append((node, ep.transient_start, ep.transient_start + len(ep.seg_ids)))
+            feed = list(ep.seg_ids)
+            ep.transient_start = None
+            segment.info["spliced"] = True
+            self.stats.splices += 1
+        ep.pending, ep.pending_prefill = feed, len(feed) - 1
+        if turn.calls:
+            self.stats.tool_calls += len(turn.calls)
+            self.stats.tool_turns += 1
+            ep.future = self.tools.submit(turn.calls)
+        else:
+            self._observe(ep, [])
+
+    def _episode_end(self, ep: _Episode, turn: Turn) -> str | None:
+        max_turns = min(self.max_turns, ep.job.max_turns or self.max_turns)
+        if turn.done:
+            return "done"
+        if ep.state.n_turns >= max_turns:
+            return "max_turns"
+        if ep.generated >= self.config.max_episode_tokens:
+            return "max_tokens"
+        if self.backend.length(ep.seq) + 1 >= self.max_context:
+            return "context"
+        return None
+
+    def _collect_tools(self, *, block: bool) -> None:
+        waiting = [ep for ep in self._live if ep.future is not None]
+        if not waiting:
+            return
+        if block:
+            wait([ep.future for ep in waiting], return_when=FIRST_COMPLETED)  # type: ignore[misc]
+        for ep in waiting:
+            if ep.future.done():  # type: ignore[union-attr]
+                results: list[ToolResult] = ep.future.result()  # type: ignore[union-attr]
+                ep.future = None
+                self._observe(ep, results)
+
+    def _observe(self, ep: _Episode, results: list[ToolResult]) -> None:
+        turn, tree = ep.turn, ep.run.tree
+        assert turn is not None
+        observation = self.protocol.observation(ep.state, turn, results)
+        info = tree.nodes[ep.node].segment.info
+        info.update(turn.info)  # final only now (protocols may complete it from the results)
+        if results:
+            info["results"] = [r.to_dict() for r in results]
+        if observation is not None and observation.text:
+            ids = self.tokenizer(observation.text, add_special_tokens=False)["input_ids"]
+            if self.backend.length(ep.seq) + len(ep.pending) + len(ids) + 1 > self.max_context:
+                info["context_overflow"] = len(ids)
+                self._finish_episode(ep, "context")
+                return
+            obs = Segment(
+                ids,
+                observation.text,
+                role="observation",
+                kind=observation.kind,
+                transient=observation.transient,
+            )
+            node = tree.add(obs, ep.node)
+            start = self.backend.length(ep.seq) + len(ep.pending)
+            ep.layout.append((node, start, start + len(ids)))
+            if observation.transient:
+                ep.transient_start = start
+            ep.pending = ep.pending + ids
+            ep.pending_prefill += len(ids)
+            ep.node = node
+            ep.added.append(node)
+        ep.run.states[ep.node] = _NodeState(copy.deepcopy(ep.state), ep.generated)
+        if ep.job.max_steps is not None and ep.steps >= ep.job.max_steps:
+            ep.pause = True  # parked once the pending tokens are in (its logits ready for whoever continues)
+
+    def _park(self, ep: _Episode) -> None:
+        ep.pause = False
+        ep.run.parked[ep.node].append(ep)
+        self._job_done(ep, finished=False)
+
+    def _finish_episode(self, ep: _Episode, reason: str) -> None:
+        tree, turn = ep.run.tree, ep.turn
+        answer = turn.answer if (turn is not None and turn.done) else None
+        reward = float(self._reward_fn(ep.run.example, answer))
+        tree.set_reward(ep.node, reward)
+        tree.nodes[ep.node].info.update(
+            {
+                "answer": answer,
+                "finish": reason,
+                "n_tool_calls": ep.state.n_tool_calls,
+                "n_turns": ep.state.n_turns,
+                "generated_tokens": ep.generated,
+            }
+        )
+        self.stats.episodes += 1
+        self._release(ep)
+        self._job_done(ep, finished=True)
+
+    def _release(self, ep: _Episode) -> None:
+        if ep in self._live:
+            self._live.remove(ep)
+            self.backend.release(ep.seq)
+        if ep.future is not None:
+            ep.future.cancel()
+            ep.future = None
