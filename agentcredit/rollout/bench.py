@@ -1,0 +1,392 @@
+"""``agentcredit bench rollout``: the batched engine against a naive ``generate`` loop, and prefix reuse in trees.
+
+One run measures, on the same prompts with the same sampling settings and token / turn budgets:
+
+1. **engine**: :class:`~agentcredit.rollout.engine.RolloutEngine` with ``independent(episodes)`` on all prompts at
+   once (batched decoding over a KV cache, tools overlapped with decoding, observations prefilled
+   incrementally); run once before and once after the naive loop, and ``engine_tokens_per_s`` is the mean of
+   the two (the load of a shared machine drifts);
+2. **naive**: one episode at a time, each turn a ``model.generate`` call that re-prefills the whole context
+   (prompt + every earlier segment and observation), the protocol stop checked by a stopping criterion, tools
+   run synchronously. One episode per prompt (its tokens/s does not depend on how many episodes it runs);
+3. **trees**: each tree strategy (PORTool with f = 2 by default, and entropy-guided forking) twice with the same
+   seed, with and without prefix reuse: the prefilled and generated token counts of both, and their ratio.
+
+Generated tokens are sampled policy tokens; tokens/s = generated tokens / wall seconds of the whole phase (tool
+time included, model loading excluded). The base SmolLM2 rarely follows a tool format zero-shot; the task
+default (kb-multihop with the Search-R1 tags and BM25) still gives multi-turn episodes because an output with
+neither a search nor an answer gets Search-R1's corrective observation and the episode goes on. The number of
+tool turns is reported for both loops; ``--model PATH`` reruns it on an SFT checkpoint.
+
+Both loops use the same weights (``dtype``, default float32: on the CPU this was written on, which has no native
+bf16 matmul, a [64 x 576] x [576 x 1536] product ran at 55 GFLOP/s in fp32 and 38 in bf16 on one thread, and
+batch-1 products at the same speed in both, so bf16 would slow the engine without helping the naive loop). fp32
+also makes the runs with and without prefix reuse sample the same trees (bf16 rounding differs between a prefill
+and a decode of the same token, enough to flip rare samples).
+
+The machine's load average is recorded before and after: on a shared machine, quote it with the numbers.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from agentcredit.protocols.base import Protocol
+from agentcredit.rollout.sampling import SamplingParams
+from agentcredit.tools.base import ToolRuntime
+
+Log = Callable[[str], None]
+TASK_PROTOCOLS = {"kb-multihop": ("tags", {"style": "search-r1"}), "arith-tools": ("codefence", {})}
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    """What both loops share. Defaults: 16 prompts, 4 engine episodes per prompt, temperature 0.7 / top-p 0.95."""
+
+    prompts: int = 16
+    episodes: int = 4
+    task: str = "kb-multihop"
+    temperature: float = 0.7
+    top_p: float = 0.95
+    max_segment_tokens: int = 128
+    max_episode_tokens: int = 384
+    max_turns: int = 4
+    trees: tuple[str, ...] = ("portool", "entropy_guided")
+    tree_prompts: int = 8
+    seed: int = 0
+
+
+def _load_average() -> list[float]:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:  # not available on this platform
+        return []
+
+
+def build_task(
+    task: str, prompts: int
+) -> tuple[list[Any], Protocol, ToolRuntime, Callable[[Any, str | None], float]]:
+    """Examples, protocol, tools and reward for the benchmark task."""
+    from agentcredit.protocols import get_protocol
+    from agentcredit.tasks import load_task, score, task_corpus
+
+    if task not in TASK_PROTOCOLS:
+        raise ValueError(f"bench rollout: task must be one of {sorted(TASK_PROTOCOLS)}, got {task!r}")
+    examples = load_task(task, split="train", limit=prompts, seed=0)
+    name, options = TASK_PROTOCOLS[task]
+    protocol = get_protocol(name, **options)
+    if task == "kb-multihop":
+        from agentcredit.tools.search import load_retriever
+
+        corpus = task_corpus(task)
+        tools = ToolRuntime({"search": load_retriever(corpus).as_tool(3)})
+    else:
+        from agentcredit.tools.python_sandbox import python_tool
+
+        tools = ToolRuntime({"python": python_tool()})
+
+    def reward(example: Any, answer: str | None) -> float:
+        return 0.0 if answer is None else score(answer, example.answers, metric=example.metric)
+
+    return examples, protocol, tools, reward
+
+
+# ------------------------------------------------------------------------------------------------ naive loop
+
+
+class _ProtocolStop:
+    """Stopping criterion for ``generate``: the protocol's ``segment_ends`` on the new text (batch of one)."""
+
+    def __init__(self, protocol: Protocol, state: Any, tokenizer: Any, start: int):
+        self.protocol, self.state, self.tokenizer, self.start = protocol, state, tokenizer, start
+
+    def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:
+        text = self.tokenizer.decode(input_ids[0, self.start :], skip_special_tokens=False)
+        done = self.protocol.segment_ends(self.state, text)
+        return torch.tensor([done], device=input_ids.device)
+
+
+def naive_episode(
+    model: Any,
+    tokenizer: Any,
+    protocol: Protocol,
+    tools: ToolRuntime,
+    question: str,
+    settings: BenchSettings,
+) -> dict[str, Any]:
+    """One episode with ``model.generate`` per turn over the whole context (no cache kept between turns)."""
+    from transformers import StoppingCriteriaList
+
+    state = protocol.new_episode(question)
+    context = tokenizer(protocol.prompt(state, tokenizer), add_special_tokens=False)["input_ids"]
+    generated = prefilled = tool_turns = 0
+    greedy = settings.temperature == 0
+    for _ in range(min(settings.max_turns, protocol.max_segments)):
+        budget = min(
+            protocol.max_new_tokens(state, settings.max_segment_tokens),
+            settings.max_episode_tokens - generated,
+        )
+        if budget < 1:
+            break
+        prefilled += len(context)
+        ids = torch.tensor([context])
+        stop = _ProtocolStop(protocol, state, tokenizer, len(context))
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=budget,
+            do_sample=not greedy,
+            temperature=settings.temperature if not greedy else None,
+            top_p=settings.top_p if not greedy else None,
+            top_k=0,  # off, as in the engine (None would fall back to generation_config's top_k = 50)
+            stopping_criteria=StoppingCriteriaList([stop]),
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id
+            if tokenizer.pad_token_id is not None
+            else tokenizer.eos_token_id,
+        )
+        new = out[0, len(context) :].tolist()
+        generated += len(new)
+        text = tokenizer.decode(new, skip_special_tokens=False)
+        if new and new[-1] == tokenizer.eos_token_id:
+            finish = "eos"
+        elif protocol.segment_ends(state, text):
+            finish = "stop"
+        else:
+            finish = "length"
+        turn = protocol.read_segment(state, text, finish)
+        protocol.record(state, turn, text)
+        context = context + new
+        if turn.done or generated >= settings.max_episode_tokens:
+            break
+        results = tools.run(turn.calls) if turn.calls else []
+        tool_turns += bool(turn.calls)
+        observation = protocol.observation(state, turn, results)
+        if observation is not None and observation.text:
+            context = context + tokenizer(observation.text, add_special_tokens=False)["input_ids"]
+    return {"generated": generated, "prefilled": prefilled, "tool_turns": tool_turns, "turns": state.n_turns}
+
+
+def run_naive(
+    model: Any,
+    tokenizer: Any,
+    protocol: Protocol,
+    tools: ToolRuntime,
+    examples: Sequence[Any],
+    settings: BenchSettings,
+) -> dict[str, Any]:
+    torch.manual_seed(settings.seed)
+    start = time.perf_counter()
+    episodes = [naive_episode(model, tokenizer, protocol, tools, ex.question, settings) for ex in examples]
+    seconds = time.perf_counter() - start
+    generated = sum(e["generated"] for e in episodes)
+    return {
+        "episodes": len(episodes),
+        "generated_tokens": generated,
+        "prefill_tokens": sum(e["prefilled"] for e in episodes),
+        "tool_turns": sum(e["tool_turns"] for e in episodes),
+        "turns": sum(e["turns"] for e in episodes),
+        "seconds": round(seconds, 3),
+        "tokens_per_s": generated / seconds if seconds > 0 else 0.0,
+    }
+
+
+# ------------------------------------------------------------------------------------------------ engine
+
+
+def _engine(
+    model: Any,
+    tokenizer: Any,
+    protocol: Protocol,
+    tools: ToolRuntime,
+    settings: BenchSettings,
+    *,
+    reuse_prefix: bool = True,
+) -> Any:
+    from agentcredit.rollout.backend import HFBackend
+    from agentcredit.rollout.engine import EngineConfig, RolloutEngine
+
+    config = EngineConfig(
+        sampling=SamplingParams(temperature=settings.temperature, top_p=settings.top_p),
+        max_segment_tokens=settings.max_segment_tokens,
+        max_episode_tokens=settings.max_episode_tokens,
+        max_turns=settings.max_turns,
+        seed=settings.seed,
+        max_batch=max(64, settings.prompts * settings.episodes),
+        reuse_prefix=reuse_prefix,
+    )
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    return RolloutEngine(HFBackend(model, pad_token_id=pad), tokenizer, protocol, tools, config)
+
+
+def _strategy(name: str, episodes: int) -> Any:
+    from agentcredit.rollout import strategies
+
+    if name == "portool":
+        return strategies.portool(episodes, 2, merge_identical=False)
+    if name == "entropy_guided":
+        return strategies.entropy_guided(1, episodes - 1)
+    if name == "independent":
+        return strategies.independent(episodes)
+    raise ValueError(f"bench rollout: unknown tree strategy {name!r} (portool, entropy_guided, independent)")
+
+
+def _engine_numbers(engine: Any, trees: Sequence[Any]) -> dict[str, Any]:
+    stats = engine.stats
+    return {
+        "episodes": sum(len(t.leaves()) for t in trees),
+        "generated_tokens": stats.generated_tokens,
+        "prefill_tokens": stats.prefill_tokens,
+        "tool_turns": stats.tool_turns,
+        "turns": stats.segments,
+        "forks": stats.forks,
+        "forward_calls": stats.forward_calls,
+        "seconds": round(stats.seconds, 3),
+        "tokens_per_s": stats.tokens_per_second,
+    }
+
+
+def run_engine(
+    model: Any,
+    tokenizer: Any,
+    protocol: Protocol,
+    tools: ToolRuntime,
+    examples: Sequence[Any],
+    reward: Callable,
+    settings: BenchSettings,
+) -> dict[str, Any]:
+    from agentcredit.rollout.strategies import independent
+
+    engine = _engine(model, tokenizer, protocol, tools, settings)
+    trees = engine.run(list(examples), independent(settings.episodes), reward)
+    return _engine_numbers(engine, trees)
+
+
+def run_tree(
+    model: Any,
+    tokenizer: Any,
+    protocol: Protocol,
+    tools: ToolRuntime,
+    examples: Sequence[Any],
+    reward: Callable,
+    settings: BenchSettings,
+    name: str,
+) -> dict[str, Any]:
+    """One tree strategy with and without prefix reuse, same seed (hence the same trees)."""
+    out: dict[str, Any] = {}
+    for label, reuse in (("reuse", True), ("no_reuse", False)):
+        engine = _engine(model, tokenizer, protocol, tools, settings, reuse_prefix=reuse)
+        trees = engine.run(list(examples), _strategy(name, settings.episodes), reward, seed=settings.seed)
+        out[label] = _engine_numbers(engine, trees)
+        out[label]["tree_nodes"] = sum(len(t) for t in trees)
+    out["same_trees"] = out["reuse"]["generated_tokens"] == out["no_reuse"]["generated_tokens"]
+    out["prefill_ratio"] = out["reuse"]["prefill_tokens"] / max(1, out["no_reuse"]["prefill_tokens"])
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ the benchmark
+
+
+def bench_rollout(
+    model_path: str = "embedded",
+    *,
+    dtype: str = "float32",
+    settings: BenchSettings | None = None,
+    threads: int | None = None,
+    skip_naive: bool = False,
+    log: Log = print,
+) -> dict[str, Any]:
+    """Run the benchmark; returns a JSON-able dict (see the module docstring)."""
+    from agentcredit.models.embedded import load_model
+
+    settings = settings or BenchSettings()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    result: dict[str, Any] = {
+        "model": model_path,
+        "dtype": dtype,
+        "settings": {k: getattr(settings, k) for k in settings.__dataclass_fields__},
+        "torch_threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "load_average_start": _load_average(),
+    }
+    result["settings"]["trees"] = list(settings.trees)
+    model, tokenizer = load_model(model_path, dtype=dtype)
+    examples, protocol, tools, reward = build_task(settings.task, settings.prompts)
+    try:
+        log(
+            f"engine: {len(examples)} prompts x {settings.episodes} episodes ({settings.task}, {protocol.name})"
+        )
+        result["engine"] = run_engine(model, tokenizer, protocol, tools, examples, reward, settings)
+        log(f"  {result['engine']['tokens_per_s']:.1f} tok/s, {result['engine']['tool_turns']} tool turns")
+        if not skip_naive:
+            log(f"naive generate loop: {len(examples)} episodes, one at a time")
+            result["naive"] = run_naive(model, tokenizer, protocol, tools, examples, settings)
+            log(f"  {result['naive']['tokens_per_s']:.1f} tok/s, {result['naive']['tool_turns']} tool turns")
+            # the engine again after the naive loop: on a shared machine the load drifts, and the mean of a run
+            # before and a run after is a fairer reference than either (both are reported)
+            log("engine again")
+            result["engine_after"] = run_engine(model, tokenizer, protocol, tools, examples, reward, settings)
+            log(f"  {result['engine_after']['tokens_per_s']:.1f} tok/s")
+        tree_examples = examples[: settings.tree_prompts]
+        result["trees"] = {}
+        for name in settings.trees:
+            log(
+                f"tree {name}: {len(tree_examples)} prompts, {settings.episodes} leaves each, with / without reuse"
+            )
+            result["trees"][name] = run_tree(
+                model, tokenizer, protocol, tools, tree_examples, reward, settings, name
+            )
+            log(f"  prefilled tokens with / without reuse: {result['trees'][name]['prefill_ratio']:.3f}")
+    finally:
+        tools.close()
+    result["load_average_end"] = _load_average()
+    runs = [result[k]["tokens_per_s"] for k in ("engine", "engine_after") if k in result]
+    result["engine_tokens_per_s"] = sum(runs) / len(runs)
+    if "naive" in result:
+        result["naive_tokens_per_s"] = result["naive"]["tokens_per_s"]
+        result["speedup"] = result["engine_tokens_per_s"] / max(1e-9, result["naive_tokens_per_s"])
+    if "portool" in result["trees"]:
+        result["tree_prefill_ratio"] = result["trees"]["portool"]["prefill_ratio"]
+    return result
+
+
+def format_result(result: dict[str, Any]) -> str:
+    """A short human-readable summary of :func:`bench_rollout`'s result."""
+    lines = [
+        f"model {result['model']} ({result['dtype']}), task {result['settings']['task']}, "
+        f"{result['settings']['prompts']} prompts, torch threads {result['torch_threads']}",
+        f"load average start {result['load_average_start']} end {result['load_average_end']}",
+        "",
+        f"{'loop':<13}{'episodes':>9}{'generated':>11}{'prefilled':>11}{'tool turns':>12}{'seconds':>10}{'tok/s':>9}",
+    ]
+    for name in ("engine", "naive", "engine_after"):
+        if name in result:
+            r = result[name]
+            lines.append(
+                f"{name:<13}{r['episodes']:>9}{r['generated_tokens']:>11}{r['prefill_tokens']:>11}"
+                f"{r['tool_turns']:>12}{r['seconds']:>10.1f}{r['tokens_per_s']:>9.1f}"
+            )
+    if "speedup" in result:
+        lines.append(
+            f"speedup engine (mean of both runs, {result['engine_tokens_per_s']:.1f} tok/s) / naive: "
+            f"{result['speedup']:.1f}x"
+        )
+    for name, tree in result.get("trees", {}).items():
+        lines.append("")
+        lines.append(f"tree {name}: prefilled with / without reuse = {tree['prefill_ratio']:.3f}")
+        for label in ("reuse", "no_reuse"):
+            r = tree[label]
+            lines.append(
+                f"  {label:<9} prefilled {r['prefill_tokens']:>7}  generated {r['generated_tokens']:>7}  "
+                f"nodes {r['tree_nodes']:>5}  forks {r['forks']:>4}  {r['seconds']:.1f}s"
+            )
+    return "\n".join(lines)
