@@ -135,7 +135,7 @@ def warmup(
 def demo(
     out: Annotated[Path | None, typer.Option("--out", help="Output directory (default runs/demo-<time>).")] = None,
     rl_steps: Annotated[int, typer.Option(min=1, help="carl-segment steps.")] = 6,
-    sft_examples: Annotated[int, typer.Option(min=8)] = 192,
+    sft_examples: Annotated[int, typer.Option(min=8)] = 128,
     eval_limit: Annotated[int, typer.Option(min=4)] = 64,
     set_: SetOpt = None,
 ) -> None:

@@ -304,7 +304,7 @@ def bench_rollout(
     log: Log = print,
 ) -> dict[str, Any]:
     """Run the benchmark; returns a JSON-able dict (see the module docstring)."""
-    from agentcredit.models.embedded import load_model
+    from agentcredit.train.trainer import load_base_model
 
     settings = settings or BenchSettings()
     if threads is not None:
@@ -319,7 +319,7 @@ def bench_rollout(
         "load_average_start": _load_average(),
     }
     result["settings"]["trees"] = list(settings.trees)
-    model, tokenizer = load_model(model_path, dtype=dtype)
+    model, tokenizer = load_base_model(model_path, dtype=dtype, seed=settings.seed)
     examples, protocol, tools, reward = build_task(settings.task, settings.prompts)
     try:
         log(

@@ -144,6 +144,19 @@ def _hotpot_official(where: str, row: dict[str, Any], source: str) -> Example:
     )
 
 
+def _supporting_paragraphs(row: dict[str, Any], key: str, where: str) -> list[dict[str, str]]:
+    """The ``{title, text}`` of the paragraphs in ``row[key]`` marked ``is_supporting`` (IRCoT-style rows)."""
+    supporting = []
+    for i, para in enumerate(require(row, key, where, list)):
+        para_where = f"{where} {key}[{i}]"
+        if not isinstance(para, dict):
+            raise ValueError(f"{para_where}: must be an object")
+        if require(para, "is_supporting", para_where, bool):
+            text = collapse_whitespace(require(para, "paragraph_text", para_where, str))
+            supporting.append({"title": require(para, "title", para_where, str), "text": text})
+    return supporting
+
+
 def _hotpot_ircot(where: str, row: dict[str, Any], source: str) -> Example:
     answer_objects = require(row, "answers_objects", where, list)
     spans: list[str] = []
@@ -151,14 +164,7 @@ def _hotpot_ircot(where: str, row: dict[str, Any], source: str) -> Example:
         if not isinstance(obj, dict):
             raise ValueError(f"{where}: field 'answers_objects' item {i} must be an object")
         spans += string_list(require(obj, "spans", f"{where} answers_objects[{i}]", list), where, "spans")
-    supporting = []
-    for i, ctx in enumerate(require(row, "contexts", where, list)):
-        ctx_where = f"{where} contexts[{i}]"
-        if not isinstance(ctx, dict):
-            raise ValueError(f"{ctx_where}: must be an object")
-        if require(ctx, "is_supporting", ctx_where, bool):
-            text = collapse_whitespace(require(ctx, "paragraph_text", ctx_where, str))
-            supporting.append({"title": require(ctx, "title", ctx_where, str), "text": text})
+    supporting = _supporting_paragraphs(row, "contexts", where)
     answers = [s.strip() for s in spans if s.strip()]
     if not answers:
         raise ValueError(f"{where}: field 'answers_objects' holds no answer span")
@@ -229,14 +235,7 @@ def load_musique(root: Path, split: str = "dev") -> list[Example]:
             raise ValueError(f"{where}: field 'id' {qid!r} does not start with '<n>hop'")
         aliases = string_list(row.get("answer_aliases", []) or [], where, "answer_aliases")
         answers = answers_from([require(row, "answer", where, str), *aliases], where, "answer")
-        supporting = []
-        for i, para in enumerate(require(row, "paragraphs", where, list)):
-            para_where = f"{where} paragraphs[{i}]"
-            if not isinstance(para, dict):
-                raise ValueError(f"{para_where}: must be an object")
-            if require(para, "is_supporting", para_where, bool):
-                text = collapse_whitespace(require(para, "paragraph_text", para_where, str))
-                supporting.append({"title": require(para, "title", para_where, str), "text": text})
+        supporting = _supporting_paragraphs(row, "paragraphs", where)
         examples.append(
             Example(
                 id=qid,

@@ -137,6 +137,8 @@ def test_eval_embedded_model_with_tiers(tmp_path):
     result = run_eval(
         "embedded",
         "carl-segment-arith-tools",
+        # short budgets: the base model rarely stops on its own, and 2 x (1 + 5 tier samples) episodes run here
+        overrides=["rollout.max_new_tokens=48", "rollout.max_episode_tokens=96"],
         options=EvalOptions(limit=2, tiers=True),
         out_dir=tmp_path,
         log=lambda _m: None,

@@ -96,4 +96,6 @@ def test_verls_own_validation_accepts_critic_free_configs(hydra_ctx, method, mon
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     cfg = compose(METHOD_CONFIGS[method])
     OmegaConf.resolve(cfg)
+    assert not need_critic(cfg), f"{method} should run without a critic"
+    # raises on any inconsistency verl itself checks (batch sizes, micro batches, rollout n, ...)
     validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))

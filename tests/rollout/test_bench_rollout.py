@@ -1,0 +1,39 @@
+"""``agentcredit bench rollout`` end to end on the tiny random Llama (the numbers are meaningless; the shape of
+the result, the equal work of both loops and the tree-reuse bookkeeping are not)."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from agentcredit.cli import app
+from agentcredit.rollout.bench import BenchSettings, bench_rollout, format_result
+
+SMALL = BenchSettings(
+    prompts=2, episodes=2, max_segment_tokens=12, max_episode_tokens=40, max_turns=2, tree_prompts=1
+)
+
+
+def test_bench_rollout_reports_both_loops_and_tree_reuse():
+    result = bench_rollout("tiny", settings=SMALL, threads=1, log=lambda _msg: None)
+    assert result["engine"]["episodes"] == 2 * 2 and result["naive"]["episodes"] == 2
+    for loop in ("engine", "naive", "engine_after"):
+        assert result[loop]["generated_tokens"] > 0 and result[loop]["tokens_per_s"] > 0
+    assert result["speedup"] == result["engine_tokens_per_s"] / result["naive_tokens_per_s"]
+    for name in SMALL.trees:
+        tree = result["trees"][name]
+        assert tree["same_trees"], f"{name}: reuse changed the sampled trees"
+        assert tree["reuse"]["tree_nodes"] == tree["no_reuse"]["tree_nodes"]
+        assert tree["reuse"]["prefill_tokens"] <= tree["no_reuse"]["prefill_tokens"]
+        assert tree["prefill_ratio"] == tree["reuse"]["prefill_tokens"] / tree["no_reuse"]["prefill_tokens"]
+    assert result["tree_prefill_ratio"] == result["trees"]["portool"]["prefill_ratio"]
+    text = format_result(result)
+    assert "speedup engine" in text and "tree portool" in text
+    json.dumps(result)  # the --json output must serialise
+
+
+def test_bench_rollout_cli_rejects_an_unknown_task():
+    out = CliRunner().invoke(app, ["bench", "rollout", "--model", "tiny", "--task", "nope", "--json"])
+    assert out.exit_code != 0
+    assert "task must be one of" in out.output
