@@ -52,9 +52,12 @@ def serve_search(
 
 
 # ------------------------------------------------------------------------------------------------ training
-ConfigOpt = Annotated[str, typer.Option("--config", "-c", help="A preset name (see configs/) or a YAML file.")]
+ConfigOpt = Annotated[
+    str, typer.Option("--config", "-c", help="A preset name (see configs/) or a YAML file.")
+]
 SetOpt = Annotated[
-    list[str] | None, typer.Option("--set", "-s", help="Override a config key: section.key=value (repeatable).")
+    list[str] | None,
+    typer.Option("--set", "-s", help="Override a config key: section.key=value (repeatable)."),
 ]
 
 
@@ -76,7 +79,9 @@ def _config(config: str, overrides: list[str] | None):
 def train(
     config: ConfigOpt = "carl-segment-arith-tools",
     set_: SetOpt = None,
-    resume: Annotated[Path | None, typer.Option("--resume", help="Continue the run in this directory.")] = None,
+    resume: Annotated[
+        Path | None, typer.Option("--resume", help="Continue the run in this directory.")
+    ] = None,
     run_dir: Annotated[Path | None, typer.Option("--run-dir", help="Where the run is written.")] = None,
 ) -> None:
     """Train a method (rollout -> credit assignment -> PPO update), then evaluate on the eval split."""
@@ -99,14 +104,19 @@ def sft(
     epochs: Annotated[int, typer.Option(min=1)] = 2,
     lr: Annotated[float, typer.Option(help="Learning rate.")] = 5e-5,
     rejection: Annotated[
-        int, typer.Option(min=0, help="Rejection sampling: k samples per question, keep the correct ones (0 = scripted).")
+        int,
+        typer.Option(
+            min=0, help="Rejection sampling: k samples per question, keep the correct ones (0 = scripted)."
+        ),
     ] = 0,
 ) -> None:
     """Supervised fine-tuning on demonstrations in the preset's protocol format."""
     from agentcredit.train.run import run_sft
 
     try:
-        run_sft(_config(config, set_), out, examples=examples, epochs=epochs, lr=lr, rejection_samples=rejection)
+        run_sft(
+            _config(config, set_), out, examples=examples, epochs=epochs, lr=lr, rejection_samples=rejection
+        )
     except (FileNotFoundError, ValueError) as exc:
         _fail(exc)
 
@@ -116,7 +126,9 @@ def warmup(
     out: Annotated[Path, typer.Option("--out", help="Directory for the warmed-up model and value head.")],
     config: ConfigOpt = "carl-segment-arith-tools",
     set_: SetOpt = None,
-    questions: Annotated[int, typer.Option(min=4, help="Warm-up questions (a held-out part is used for the gate).")] = 48,
+    questions: Annotated[
+        int, typer.Option(min=4, help="Warm-up questions (a held-out part is used for the gate).")
+    ] = 48,
     steps: Annotated[int, typer.Option(min=1, help="Critic training steps (paper: >= 1,800).")] = 60,
     pairs: Annotated[int, typer.Option(min=4, help="(state, R) pairs per step (paper: 256).")] = 64,
 ) -> None:
@@ -126,14 +138,21 @@ def warmup(
 
     cfg = _config(config, set_)
     try:
-        run_warmup(cfg, out, questions=questions, settings=WarmupSettings(steps=steps, pairs_per_step=pairs, seed=cfg.train.seed))
+        run_warmup(
+            cfg,
+            out,
+            questions=questions,
+            settings=WarmupSettings(steps=steps, pairs_per_step=pairs, seed=cfg.train.seed),
+        )
     except (FileNotFoundError, ValueError) as exc:
         _fail(exc)
 
 
 @app.command()
 def demo(
-    out: Annotated[Path | None, typer.Option("--out", help="Output directory (default runs/demo-<time>).")] = None,
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Output directory (default runs/demo-<time>).")
+    ] = None,
     rl_steps: Annotated[int, typer.Option(min=1, help="carl-segment steps.")] = 6,
     sft_examples: Annotated[int, typer.Option(min=8)] = 128,
     eval_limit: Annotated[int, typer.Option(min=4)] = 64,
@@ -142,7 +161,9 @@ def demo(
     """The main job on the embedded model: SFT, evaluate, carl-segment, evaluate, before/after table."""
     from agentcredit.train.run import run_demo
 
-    run_demo(out, rl_steps=rl_steps, sft_examples=sft_examples, eval_limit=eval_limit, overrides=tuple(set_ or ()))
+    run_demo(
+        out, rl_steps=rl_steps, sft_examples=sft_examples, eval_limit=eval_limit, overrides=tuple(set_ or ())
+    )
 
 
 # ------------------------------------------------------------------------------------------------ evaluation
@@ -163,7 +184,9 @@ def eval_(
         bool, typer.Option("--tiers", help="Tier 1/2 labels from 5 no-tool samples (carl-segment §4.1).")
     ] = False,
     seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,
-    out: Annotated[Path | None, typer.Option("--out", help="Output dir for episodes.jsonl + summary.json.")] = None,
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Output dir for episodes.jsonl + summary.json.")
+    ] = None,
 ) -> None:
     """Evaluate a model on a task: EM/F1/accuracy, tool calls, tiers, critic AUC/ECE/EV; writes every episode."""
     from agentcredit.config import ConfigError

@@ -26,7 +26,13 @@ from agentcredit.tools.search import (
     top_k,
 )
 
-HOTPOT = Path(__file__).resolve().parents[3] / "shared" / "data" / "corpora" / "hotpotqa_dev_pooled_paragraphs.jsonl"
+HOTPOT = (
+    Path(__file__).resolve().parents[3]
+    / "shared"
+    / "data"
+    / "corpora"
+    / "hotpotqa_dev_pooled_paragraphs.jsonl"
+)
 
 
 def write_jsonl(path: Path, rows: list) -> Path:
