@@ -260,11 +260,12 @@ def run_demo(
     rl_config = load_config(
         "carl-segment-arith-tools",
         [
+            *overrides,  # before the demo's own settings: a `model.name` override names the model to fine-tune
             f"model.name={sft_dir}",
             f"train.steps={rl_steps}",
             f"task.eval_limit={eval_limit}",
             "train.save_every=0",
-            *overrides,
+            f"train.dump_episodes_every={rl_steps}",  # the last step's episodes, for `agentcredit view`
         ],
     )
     log(f"[2/4] evaluation after SFT ({eval_limit} test questions, greedy)")
@@ -289,7 +290,8 @@ def run_demo(
         f"{sft_epochs} epochs, then {rl_steps} carl-segment steps ({rl_config.rollout.prompts_per_step} prompts x "
         f"{rl_config.rollout.n} episodes per step). Evaluation: {eval_limit} held-out test questions, greedy.\n\n"
         f"{table}\n\nTotal time: {minutes:.1f} min. Episodes: `eval_after_sft.jsonl`, `eval_after_rl.jsonl`; "
-        "training metrics: `carl-segment/metrics.jsonl`.\n"
+        "training metrics: `carl-segment/metrics.jsonl`; the last step's credit, token by token: "
+        f"`agentcredit view {out_dir / 'carl-segment' / 'episodes' / f'step-{rl_steps:06d}.jsonl'}`.\n"
     )
     (out_dir / "report.md").write_text(report)
     (out_dir / "summary.json").write_text(
