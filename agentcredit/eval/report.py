@@ -58,14 +58,9 @@ class RunData:
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    out = []
-    for lineno, line in enumerate(path.read_text().splitlines(), start=1):
-        if line.strip():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path} line {lineno}: not valid JSON ({exc.msg})") from None
-    return out
+    from agentcredit.tasks.example import iter_jsonl
+
+    return [row for _, row in iter_jsonl(path)]
 
 
 def _final_eval(run: Path) -> tuple[dict[str, float], list[dict[str, Any]], str]:

@@ -80,11 +80,6 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     path = Path(path)
     if path.is_dir():
         path = path / "metrics.jsonl"
-    records = []
-    for lineno, line in enumerate(path.read_text().splitlines(), start=1):
-        if line.strip():
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path} line {lineno}: not valid JSON ({exc.msg})") from None
-    return records
+    from agentcredit.tasks.example import iter_jsonl  # errors name the file and line
+
+    return [row for _, row in iter_jsonl(path)]
