@@ -38,7 +38,7 @@ $(VENV)/.installed: pyproject.toml $(VENV)/.torch
 	touch $@
 
 $(VENV)/.installed-dev: pyproject.toml $(VENV)/.torch
-	$(PIP) install -q -e '.[dev]'
+	$(PIP) install -q -e '.[dev,dense]'
 	touch $@
 
 $(VERL_VENV)/bin/python:
