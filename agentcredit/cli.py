@@ -293,6 +293,11 @@ def bench_rollout_cmd(
         str, typer.Option(help="kb-multihop (tags + BM25) or arith-tools (codefence + sandbox).")
     ] = "kb-multihop",
     tree_prompts: Annotated[int, typer.Option(min=1, help="Prompts of the tree-strategy runs.")] = 8,
+    max_segment_tokens: Annotated[int, typer.Option(min=1, help="Token cap per segment.")] = 128,
+    max_episode_tokens: Annotated[int, typer.Option(min=1, help="Token cap per episode.")] = 384,
+    skip_naive: Annotated[
+        bool, typer.Option("--skip-naive", help="Only the engine and the tree strategies.")
+    ] = False,
     threads: Annotated[
         int | None, typer.Option(min=1, help="torch threads (default: torch's choice).")
     ] = None,
@@ -305,13 +310,21 @@ def bench_rollout_cmd(
 
     from agentcredit.rollout.bench import BenchSettings, bench_rollout, format_result
 
-    settings = BenchSettings(prompts=prompts, episodes=episodes, task=task, tree_prompts=tree_prompts)
+    settings = BenchSettings(
+        prompts=prompts,
+        episodes=episodes,
+        task=task,
+        tree_prompts=tree_prompts,
+        max_segment_tokens=max_segment_tokens,
+        max_episode_tokens=max_episode_tokens,
+    )
     try:
         result = bench_rollout(
             model,
             dtype=dtype,
             settings=settings,
             threads=threads,
+            skip_naive=skip_naive,
             log=(lambda _msg: None) if json_out else typer.echo,
         )
     except (FileNotFoundError, ValueError) as exc:

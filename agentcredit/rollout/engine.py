@@ -43,6 +43,7 @@ import copy
 import hashlib
 import random
 import time
+from abc import ABC, abstractmethod
 from collections import defaultdict, deque
 from collections.abc import Callable, Generator, Iterable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
@@ -163,7 +164,7 @@ class PlanContext:
 Plan = Generator[list[Job], list[JobResult], "RolloutTree | None"]
 
 
-class Strategy:
+class Strategy(ABC):
     """Base class of rollout strategies: ``plan`` yields job lists and receives their results in order.
 
     The plan may return a different tree (e.g. PORTool's pruned tree) that replaces the one it grew.
@@ -173,8 +174,9 @@ class Strategy:
     name: str = "strategy"
     needs_prefix_store: bool = False
 
-    def plan(self, ctx: PlanContext) -> Plan:  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abstractmethod
+    def plan(self, ctx: PlanContext) -> Plan:
+        """The generator of job batches for one prompt (see the module docstring)."""
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -37,3 +37,23 @@ def test_bench_rollout_cli_rejects_an_unknown_task():
     out = CliRunner().invoke(app, ["bench", "rollout", "--model", "tiny", "--task", "nope", "--json"])
     assert out.exit_code != 0
     assert "task must be one of" in out.output
+
+
+def test_bench_rollout_cli_skip_naive_prints_json_last():
+    args = ["bench", "rollout", "--model", "tiny", "--prompts", "2", "--episodes", "2", "--tree-prompts", "1"]
+    args += [
+        "--max-segment-tokens",
+        "8",
+        "--max-episode-tokens",
+        "24",
+        "--threads",
+        "1",
+        "--skip-naive",
+        "--json",
+    ]
+    out = CliRunner().invoke(app, args)
+    assert out.exit_code == 0, out.output
+    result = json.loads(out.output.strip().splitlines()[-1])
+    assert "naive" not in result and "speedup" not in result
+    assert result["settings"]["max_episode_tokens"] == 24 and result["engine_tokens_per_s"] > 0
+    assert 0 < result["tree_prefill_ratio"] <= 1
