@@ -113,7 +113,9 @@ class _SlabCache(Cache):
             super().__init__()
         self._slab = slab
 
-    def update(self, key_states, value_states, layer_idx, cache_kwargs=None):  # noqa: D102 - HF signature
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):  # noqa: D102 - HF signature
+        # Extra arguments differ across transformers releases (``cache_kwargs`` before 5.2x, ``kwargs=`` in
+        # 5.24); the slab needs none of them, so accept whatever the attention layer passes.
         return self._slab.write_and_read(layer_idx, key_states, value_states)
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
