@@ -1,9 +1,17 @@
-"""``arith-tools``: arithmetic questions in two tiers, so a model can learn *when* a python call pays off.
+"""``arith-tools``: arithmetic questions in tiers, so a model can learn *when* a python call pays off.
 
 carl-segment's motivating case is "347 x 28 warrants a calculator while 2 + 2 does not" (paper section 1).
 Easy questions are answerable mentally (sums and differences up to 30, one-digit products); hard ones are
-not, for a small model (three-digit x two-digit products, two-step expressions, exact long division).
-Every example carries ``info["tier"]`` ("easy" / "hard") and its exact integer answer.
+not, for a small model (three-digit x two-digit products, two-step expressions, exact long division). The
+optional medium tier (``medium_fraction``) sits at a small model's competence boundary: two-digit sums and
+differences and two-digit x one-digit products, answerable without the tool only part of the time, which is
+where *when to call* is an open question for RL rather than settled by the demonstrations.
+Every example carries ``info["tier"]`` ("easy" / "medium" / "hard") and its exact integer answer.
+
+Phrasing: ``phrasing="seen"`` (the default, and the only one training may use) draws from the templates below;
+``phrasing="new"`` draws from a disjoint set of templates (other wordings, "plus"/"minus", other word problems)
+and is allowed only for the test split, so a held-out evaluation can tell reading a question from recalling a
+training template.
 
 Generation is deterministic from ``(split, seed)`` in every process (seeds come from blake2b, not ``hash()``).
 Train and test never share an expression: the expression space is partitioned by a stable hash of the
@@ -19,7 +27,8 @@ from collections.abc import Callable
 from agentcredit.tasks.example import Example, stable_int, stable_rng
 
 TASK = "arith-tools"
-TIERS = ("easy", "hard")
+TIERS = ("easy", "medium", "hard")
+PHRASINGS = ("seen", "new")
 SPLITS = ("train", "test")
 TEST_SHARE_PER_MILLE = 200  # 20% of the expression space belongs to the test split
 
@@ -37,6 +46,19 @@ def _easy(rng: random.Random) -> Problem:
         b = rng.randint(1, a - 1)
         return kind, (a, b), f"{a}-{b}", a - b
     a, b = rng.randint(2, 10), rng.randint(2, 10)
+    return kind, (a, b), f"{a}*{b}", a * b
+
+
+def _medium(rng: random.Random) -> Problem:
+    kind = rng.choice(("add", "sub", "mul"))
+    if kind == "add":  # 47 + 68
+        a, b = rng.randint(31, 99), rng.randint(31, 99)
+        return kind, (a, b), f"{a}+{b}", a + b
+    if kind == "sub":  # 83 - 37
+        a = rng.randint(50, 99)
+        b = rng.randint(11, a - 11)
+        return kind, (a, b), f"{a}-{b}", a - b
+    a, b = rng.randint(11, 25), rng.randint(3, 9)  # 17 x 6
     return kind, (a, b), f"{a}*{b}", a * b
 
 
@@ -60,7 +82,7 @@ def _hard(rng: random.Random) -> Problem:
     return "div", (quotient * divisor, divisor), f"{quotient * divisor}//{divisor}", quotient
 
 
-_DRAW: dict[str, Callable[[random.Random], Problem]] = {"easy": _easy, "hard": _hard}
+_DRAW: dict[str, Callable[[random.Random], Problem]] = {"easy": _easy, "medium": _medium, "hard": _hard}
 
 # ----------------------------------------------------------------------------------------------------
 # Phrasing
@@ -90,12 +112,32 @@ _WORD = {
 }
 WORD_PROBLEM_SHARE = 0.3
 
+# Held-out phrasings (``phrasing="new"``): no training or SFT question uses these wordings.
+_NEW_PLAIN = (
+    "Find the value of {e}.",
+    "Work out {e}.",
+    "What number do you get from {e}?",
+    "Tell me the result of {e}.",
+)
+_NEW_WORD = {
+    "add": "{name} read {0} pages on Monday and {1} pages on Tuesday. How many pages did {name} read in all?",
+    "sub": "A tank held {0} litres of water and {1} litres leaked out. How many litres are still in the tank?",
+    "mul": "A bus makes {0} trips a day and carries {1} people on each trip. How many people ride it each day?",
+    "mul_add": "A library has {0} shelves with {1} novels each, plus {2} novels on a cart. How many novels is that?",
+    "sum_mul": "A club sells {0} tickets on Friday and {1} on Saturday, each for {2} dollars. How many dollars "
+    "does it collect?",
+    "mul_sub": "A warehouse gets {0} crates of {1} bottles and ships out {2} crates of {3} bottles. How many "
+    "bottles remain?",
+    "div": "A ribbon {0} centimetres long is cut into {1} equal pieces. How long is each piece in centimetres?",
+}
 
-def _render_expression(kind: str, ops: tuple[int, ...], rng: random.Random) -> str:
+
+def _render_expression(kind: str, ops: tuple[int, ...], rng: random.Random, phrasing: str = "seen") -> str:
     mul, div = rng.choice(_MUL), rng.choice(_DIV)
+    plus, minus = ("plus", "minus") if phrasing == "new" else ("+", "-")
     forms = {
-        "add": "{0} + {1}",
-        "sub": "{0} - {1}",
+        "add": "{0} " + plus + " {1}",
+        "sub": "{0} " + minus + " {1}",
         "mul": "{0} " + mul + " {1}",
         "mul_add": "{0} " + mul + " {1} + {2}",
         "sum_mul": "({0} + {1}) " + mul + " {2}",
@@ -105,12 +147,16 @@ def _render_expression(kind: str, ops: tuple[int, ...], rng: random.Random) -> s
     return forms[kind].format(*ops)
 
 
-def render_question(kind: str, ops: tuple[int, ...], rng: random.Random) -> tuple[str, str]:
+def render_question(
+    kind: str, ops: tuple[int, ...], rng: random.Random, phrasing: str = "seen"
+) -> tuple[str, str]:
     """``(question, template_id)`` for a problem; ``rng`` chooses the phrasing only."""
+    plain, word, prefix = (_PLAIN, _WORD, "") if phrasing == "seen" else (_NEW_PLAIN, _NEW_WORD, "new-")
     if rng.random() < WORD_PROBLEM_SHARE:
-        return _WORD[kind].format(*ops, name=rng.choice(_NAMES), item=rng.choice(_ITEMS)), f"word-{kind}"
-    template = rng.randrange(len(_PLAIN))
-    return _PLAIN[template].format(e=_render_expression(kind, ops, rng)), f"plain-{template}"
+        question = word[kind].format(*ops, name=rng.choice(_NAMES), item=rng.choice(_ITEMS))
+        return question, f"{prefix}word-{kind}"
+    template = rng.randrange(len(plain))
+    return plain[template].format(e=_render_expression(kind, ops, rng, phrasing)), f"{prefix}plain-{template}"
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -143,31 +189,55 @@ def _draw_distinct(tier: str, count: int, split: str, seed: int) -> list[Problem
     return problems
 
 
-def generate(n: int, seed: int = 0, *, split: str = "train", easy_fraction: float = 0.5) -> list[Example]:
-    """``n`` arithmetic questions, ``round(n * easy_fraction)`` of them easy, shuffled; same inputs, same output.
+def generate(
+    n: int,
+    seed: int = 0,
+    *,
+    split: str = "train",
+    easy_fraction: float = 0.5,
+    medium_fraction: float = 0.0,
+    phrasing: str = "seen",
+) -> list[Example]:
+    """``n`` arithmetic questions, shuffled; same inputs, same output.
 
-    The easy pools hold 1,416 distinct expressions, 1,135 of them in ``train`` and 281 in ``test``; the hard
-    pools are effectively unbounded. Asking for more easy questions than exist raises ValueError.
+    ``round(n * easy_fraction)`` are easy, ``round(n * medium_fraction)`` medium, the rest hard. The easy pools
+    hold 1,416 distinct expressions, 1,135 of them in ``train`` and 281 in ``test``; the medium and hard pools
+    are far larger. Asking for more questions of a tier than exist raises ValueError. ``phrasing="new"`` (test
+    split only) uses the held-out templates; its ids carry ``-new`` so they never collide with the seen ones.
     """
     if split not in SPLITS:
         raise ValueError(f"{TASK}: split must be one of {SPLITS}, got {split!r}")
     if n < 0:
         raise ValueError(f"{TASK}: n must be >= 0, got {n}")
-    if not 0.0 <= easy_fraction <= 1.0:
-        raise ValueError(f"{TASK}: easy_fraction must be in [0, 1], got {easy_fraction}")
-    n_easy = round(n * easy_fraction)
-    tiers = ["easy"] * n_easy + ["hard"] * (n - n_easy)
-    problems = _draw_distinct("easy", n_easy, split, seed) + _draw_distinct("hard", n - n_easy, split, seed)
+    for name, share in (("easy_fraction", easy_fraction), ("medium_fraction", medium_fraction)):
+        if not 0.0 <= share <= 1.0:
+            raise ValueError(f"{TASK}: {name} must be in [0, 1], got {share}")
+    if easy_fraction + medium_fraction > 1.0 + 1e-9:
+        raise ValueError(
+            f"{TASK}: easy_fraction + medium_fraction must be <= 1, got {easy_fraction} + {medium_fraction}"
+        )
+    if phrasing not in PHRASINGS:
+        raise ValueError(f"{TASK}: phrasing must be one of {PHRASINGS}, got {phrasing!r}")
+    if phrasing == "new" and split != "test":
+        raise ValueError(f"{TASK}: phrasing='new' is held out for evaluation: use split='test', got {split!r}")
+    n_easy, n_medium = round(n * easy_fraction), round(n * medium_fraction)
+    n_hard = max(0, n - n_easy - n_medium)
+    n_medium = n - n_easy - n_hard
+    tiers = ["easy"] * n_easy + ["medium"] * n_medium + ["hard"] * n_hard
+    problems = _draw_distinct("easy", n_easy, split, seed) + _draw_distinct("hard", n_hard, split, seed)
+    if n_medium:  # drawn from their own stream, so the easy and hard questions of a seed do not change
+        problems[n_easy:n_easy] = _draw_distinct("medium", n_medium, split, seed)
     order = list(range(n))
     stable_rng(TASK, split, seed, "order").shuffle(order)
-    phrasing = stable_rng(TASK, split, seed, "phrasing")
+    suffix = "" if phrasing == "seen" else "-new"
+    phrasing_rng = stable_rng(TASK, split, seed, "phrasing" + suffix)
     examples = []
     for position, index in enumerate(order):
         kind, ops, expression, value = problems[index]
-        question, template = render_question(kind, ops, phrasing)
+        question, template = render_question(kind, ops, phrasing_rng, phrasing)
         examples.append(
             Example(
-                id=f"{TASK}-{split}-s{seed}-{position:05d}",
+                id=f"{TASK}-{split}{suffix}-s{seed}-{position:05d}",
                 question=question,
                 answers=[str(value)],
                 task=TASK,
@@ -178,6 +248,7 @@ def generate(n: int, seed: int = 0, *, split: str = "train", easy_fraction: floa
                     "expression": expression,
                     "operands": list(ops),
                     "template": template,
+                    "phrasing": phrasing,
                     "split": split,
                     "seed": seed,
                 },

@@ -5,8 +5,10 @@ starts from these. Each scripted policy is a function ``(example, turn_index, la
 episode is played through the real protocol and the real tools (:func:`agentcredit.rollout.replay.replay`), so
 observations in the demonstrations are exactly what the environment returns.
 
-The scripts encode *when* to call a tool: arith-tools answers easy questions directly and computes hard ones in
-Python (the carl-segment paper's "2+2 vs 347x28"); multi-hop tasks search once per hop.
+The scripts encode *when* to call a tool: arith-tools answers easy questions directly and computes the others in
+Python (the carl-segment paper's "2+2 vs 347x28"); multi-hop tasks search once per hop. With ``tool_share`` the
+arith-tools script instead calls the tool on that fixed share of questions whatever their tier (chosen by a stable
+hash of the question id), so SFT teaches the format but leaves *when to call* for RL to learn.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import re
 from collections.abc import Callable
 
 from agentcredit.tasks import Example
+from agentcredit.tasks.example import stable_int
 
 ScriptedPolicy = Callable[[Example, int, str | None], str]
 
@@ -43,12 +46,27 @@ def _first_sentence(observation: str | None, name: str) -> str:
     return ""
 
 
+def calls_tool(example: Example, tool_share: float | None) -> bool:
+    """Whether the scripted agent computes an arithmetic question with the tool.
+
+    ``tool_share=None``: by tier (easy questions are answered directly). Otherwise on that share of questions,
+    independent of the tier: a stable hash of the question id, the same in every process.
+    """
+    if tool_share is None:
+        return example.info.get("tier") != "easy"
+    if not 0.0 <= tool_share <= 1.0:
+        raise ValueError(f"tool_share must be in [0, 1], got {tool_share}")
+    return stable_int("demo-tool-share", example.id) % 10_000 < round(tool_share * 10_000)
+
+
 # ------------------------------------------------------------------------------------------------ codefence
-def codefence_policy(example: Example, turn: int, observation: str | None) -> str:
+def codefence_policy(
+    example: Example, turn: int, observation: str | None, *, tool_share: float | None = None
+) -> str:
     """carl-segment format: invoke (```python), assimilate (<context>), commit (\\boxed{})."""
     answer = example.answers[0]
     if example.task == "arith-tools" or "expression" in example.info:
-        if example.info.get("tier") == "easy":
+        if not calls_tool(example, tool_share):
             return f"{example.info['expression']} = {answer}. The answer is \\boxed{{{answer}}}."
         expression = example.info["expression"]
         if turn == 0:
@@ -127,10 +145,19 @@ def jsoncall_policy(example: Example, turn: int, observation: str | None) -> str
     return final
 
 
-def scripted_policy(protocol_name: str, protocol: object | None = None) -> ScriptedPolicy:
-    """The scripted policy for a protocol (its style, for ``tags``, read from the protocol object)."""
+def scripted_policy(
+    protocol_name: str, protocol: object | None = None, *, tool_share: float | None = None
+) -> ScriptedPolicy:
+    """The scripted policy for a protocol (its style, for ``tags``, read from the protocol object).
+
+    ``tool_share`` (arith-tools, codefence only): call the tool on that share of questions regardless of tier.
+    """
+    if tool_share is not None and protocol_name != "codefence":
+        raise ValueError(f"tool_share is implemented for the codefence protocol only, not {protocol_name!r}")
     if protocol_name == "codefence":
-        return codefence_policy
+        return lambda example, turn, observation: codefence_policy(
+            example, turn, observation, tool_share=tool_share
+        )
     if protocol_name == "jsoncall":
         return jsoncall_policy
     if protocol_name == "tags":
