@@ -113,3 +113,22 @@ def test_refuses_sliding_window_models():
     )
     with pytest.raises(ValueError, match="sliding-window"):
         HFBackend(MistralForCausalLM(config))
+
+
+def test_slab_cache_accepts_every_transformers_update_signature():
+    """transformers 5.24 calls ``cache.update(k, v, layer, kwargs=...)``; older releases pass ``cache_kwargs``."""
+    from agentcredit.rollout.backend import _SlabCache
+
+    calls = []
+
+    class Slab:
+        def write_and_read(self, layer, key, value):
+            calls.append(layer)
+            return key, value
+
+    cache = _SlabCache(Slab())
+    k = v = torch.zeros(1, 1, 1, 2)
+    assert cache.update(k, v, 0) == (k, v)
+    assert cache.update(k, v, 1, {"cache_position": None}) == (k, v)
+    assert cache.update(k, v, 2, kwargs={"position_ids": None}) == (k, v)
+    assert calls == [0, 1, 2]
