@@ -219,7 +219,9 @@ def generate(
     if phrasing not in PHRASINGS:
         raise ValueError(f"{TASK}: phrasing must be one of {PHRASINGS}, got {phrasing!r}")
     if phrasing == "new" and split != "test":
-        raise ValueError(f"{TASK}: phrasing='new' is held out for evaluation: use split='test', got {split!r}")
+        raise ValueError(
+            f"{TASK}: phrasing='new' is held out for evaluation: use split='test', got {split!r}"
+        )
     n_easy, n_medium = round(n * easy_fraction), round(n * medium_fraction)
     n_hard = max(0, n - n_easy - n_medium)
     n_medium = n - n_easy - n_hard

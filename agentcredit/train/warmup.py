@@ -310,7 +310,9 @@ def train_head_on_features(
     for p in pairs:
         counts[p.bucket] = counts.get(p.bucket, 0) + 1
     w = torch.tensor([1.0 / (counts[p.bucket] * len(counts)) for p in pairs])
-    optimizer = adamw(value_head.parameters(), lr=settings.feature_lr, weight_decay=0.0)  # no decay: calibration
+    optimizer = adamw(
+        value_head.parameters(), lr=settings.feature_lr, weight_decay=0.0
+    )  # no decay: calibration
     losses = []
     for epoch in range(settings.head_epochs):
         optimizer.zero_grad(set_to_none=True)

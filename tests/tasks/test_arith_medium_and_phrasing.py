@@ -76,7 +76,9 @@ def test_tool_share_is_fixed_and_independent_of_the_tier():
 
 
 def test_direct_answer_and_tool_call_demonstrations():
-    easy, hard = (next(e for e in arith.generate(40, seed=2) if e.info["tier"] == t) for t in ("easy", "hard"))
+    easy, hard = (
+        next(e for e in arith.generate(40, seed=2) if e.info["tier"] == t) for t in ("easy", "hard")
+    )
     assert "```python" in codefence_policy(easy, 0, None, tool_share=1.0)
     assert "\\boxed{" in codefence_policy(hard, 0, None, tool_share=0.0)
     assert "```python" not in codefence_policy(hard, 0, None, tool_share=0.0)

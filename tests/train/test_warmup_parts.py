@@ -9,9 +9,9 @@ import torch
 from train_helpers import EXAMPLES, SMALL
 
 from agentcredit.config import load_config
+from agentcredit.environment import build_environment
 from agentcredit.models.heads import BoundaryValueHead
 from agentcredit.rollout.tree import RolloutTree, Segment
-from agentcredit.environment import build_environment
 from agentcredit.train.batch import build_batch, segment_spans
 from agentcredit.train.sft import demonstrations
 from agentcredit.train.signals import values_at
@@ -42,9 +42,7 @@ def test_warmup_runs_end_to_end_and_reports_the_gate(fitted_codefence):
     head = BoundaryValueHead(model.config.hidden_size)
     before = copy.deepcopy(head.state_dict())
     examples = list(EXAMPLES) * 2  # four questions: three train, one held out
-    settings = WarmupSettings(
-        tier_samples=2, head_epochs=5, steps=3, pairs_per_step=8, holdout_fraction=0.25
-    )
+    settings = WarmupSettings(tier_samples=2, head_epochs=5, steps=3, pairs_per_step=8, holdout_fraction=0.25)
     lines = []
     report = warmup(model, head, tokenizer, config, examples, settings, log=lines.append)
     assert set(report.tiers.values()) <= {"tier1", "tier2"}
