@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from agentcredit.tools.base import ToolUnavailableError  # standard library only: keeps `--help` fast
+
 app = typer.Typer(
     name="agentcredit",
     help="RL for tool-using LLM agents with fine-grained credit assignment.",
@@ -62,6 +64,7 @@ SetOpt = Annotated[
 
 
 def _fail(exc: Exception) -> None:
+    """One red ``error: ...`` line on stderr, no traceback, exit status 2 (a tool that cannot run included)."""
     typer.secho(f"error: {exc}", err=True, fg=typer.colors.RED)
     raise typer.Exit(code=2) from exc
 
@@ -91,7 +94,7 @@ def train(
     try:
         cfg = config_for_resume(resume, set_ or []) if resume is not None else _config(config, set_)
         run_train(cfg, run_dir=run_dir, resume=resume)
-    except (ConfigError, FileNotFoundError, ValueError) as exc:
+    except (ConfigError, FileNotFoundError, ValueError, ToolUnavailableError) as exc:
         _fail(exc)
 
 
@@ -117,7 +120,7 @@ def sft(
         run_sft(
             _config(config, set_), out, examples=examples, epochs=epochs, lr=lr, rejection_samples=rejection
         )
-    except (FileNotFoundError, ValueError) as exc:
+    except (FileNotFoundError, ValueError, ToolUnavailableError) as exc:
         _fail(exc)
 
 
@@ -144,7 +147,7 @@ def warmup(
             questions=questions,
             settings=WarmupSettings(steps=steps, pairs_per_step=pairs, seed=cfg.train.seed),
         )
-    except (FileNotFoundError, ValueError) as exc:
+    except (FileNotFoundError, ValueError, ToolUnavailableError) as exc:
         _fail(exc)
 
 
@@ -161,9 +164,16 @@ def demo(
     """The main job on the embedded model: SFT, evaluate, carl-segment, evaluate, before/after table."""
     from agentcredit.train.run import run_demo
 
-    run_demo(
-        out, rl_steps=rl_steps, sft_examples=sft_examples, eval_limit=eval_limit, overrides=tuple(set_ or ())
-    )
+    try:
+        run_demo(
+            out,
+            rl_steps=rl_steps,
+            sft_examples=sft_examples,
+            eval_limit=eval_limit,
+            overrides=tuple(set_ or ()),
+        )
+    except ToolUnavailableError as exc:  # the sandbox cannot run: stop with what to fix, not 8 minutes later
+        _fail(exc)
 
 
 # ------------------------------------------------------------------------------------------------ evaluation
@@ -197,7 +207,7 @@ def eval_(
             split=split, limit=limit, samples=samples, temperature=temperature, tiers=tiers, seed=seed
         )
         run_eval(model, config, overrides=set_ or [], options=options, out_dir=out)
-    except (ConfigError, FileNotFoundError, ValueError) as exc:
+    except (ConfigError, FileNotFoundError, ValueError, ToolUnavailableError) as exc:
         _fail(exc)
 
 
@@ -272,7 +282,7 @@ def bench_train_cmd(
             overrides=set_ or [],
             log=(lambda _msg: None) if json_out else typer.echo,
         )
-    except (ConfigError, FileNotFoundError, ValueError) as exc:
+    except (ConfigError, FileNotFoundError, ValueError, ToolUnavailableError) as exc:
         _fail(exc)
     text = json.dumps(result, indent=2)
     if out is not None:
@@ -327,7 +337,7 @@ def bench_rollout_cmd(
             skip_naive=skip_naive,
             log=(lambda _msg: None) if json_out else typer.echo,
         )
-    except (FileNotFoundError, ValueError) as exc:
+    except (FileNotFoundError, ValueError, ToolUnavailableError) as exc:
         _fail(exc)
     typer.echo(json.dumps(result) if json_out else format_result(result))
 

@@ -2,6 +2,12 @@
 
 Trainer, evaluator, SFT and benchmarks all build it here, so a method sees exactly the same tools and scoring
 in training and in evaluation.
+
+Building it is also the preflight of the tools: the search corpus is loaded and the python sandbox runs
+``print(1)`` before any work starts, so a tool that cannot run stops a command with one
+:class:`~agentcredit.tools.base.ToolUnavailableError` instead of turning every tool call into an error message.
+Tool results that are infrastructure failures anyway (the sandbox dies mid-run) carry ``infra=True``;
+:func:`infra_failures` finds them in a rollout tree.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from agentcredit.protocols import get_protocol
 from agentcredit.protocols.base import Protocol
 from agentcredit.tasks import Example, load_task, task_corpus
 from agentcredit.tasks.scoring import score
-from agentcredit.tools.base import ToolRuntime
+from agentcredit.tools.base import ToolRuntime, ToolUnavailableError
 
 # Outcome reward of one episode: (example, extracted final answer or None when the episode gave none) -> reward
 RewardFn = Callable[[Example, str | None], float]
@@ -51,14 +57,16 @@ def outcome_reward(
 
 
 def build_tools(config: Config, protocol_name: str, corpus: Path | None) -> ToolRuntime:
-    """The tools a protocol calls: the python sandbox (codefence), search/access (tags), the suite (jsoncall)."""
-    from agentcredit.tools.search import load_retriever
+    """The tools a protocol calls: the python sandbox (codefence), search/access (tags), the suite (jsoncall).
 
+    Raises :class:`ToolUnavailableError` when the corpus cannot be loaded or the sandbox cannot run ``print(1)``.
+    """
     t = config.tools
-    retriever = load_retriever(corpus, dense=t.dense) if corpus is not None else None
+    retriever = _load_corpus(corpus, dense=t.dense) if corpus is not None else None
     if protocol_name == "codefence":
-        from agentcredit.tools.python_sandbox import python_tool
+        from agentcredit.tools.python_sandbox import check_available, python_tool
 
+        check_available()  # preflight: print(1) in the sandbox, once per process
         return ToolRuntime(
             {"python": python_tool(retriever, timeout=t.sandbox_timeout)}, max_workers=t.max_workers
         )
@@ -81,6 +89,45 @@ def build_tools(config: Config, protocol_name: str, corpus: Path | None) -> Tool
             }
         return runtime
     raise ValueError(f"no tools for protocol {protocol_name!r}")
+
+
+def _load_corpus(corpus: Path, *, dense: bool) -> Any:
+    """The retriever over ``corpus``; a corpus (or dense model) that cannot be loaded is a ToolUnavailableError."""
+    from agentcredit.tools.search import load_retriever
+
+    try:
+        return load_retriever(corpus, dense=dense)
+    except (OSError, ImportError) as exc:
+        raise ToolUnavailableError(
+            f"the search corpus cannot be loaded, so the search tool cannot run: {type(exc).__name__}: {exc}. "
+            "To fix it: point tools.corpus at an existing JSONL corpus ({id, title, text} per line), or for a "
+            "task's own corpus check its data root or package sample"
+            + (" (dense retrieval also needs the 'dense' extra and its model)" if dense else "")
+        ) from exc
+
+
+def infra_failures(tree: Any, leaf: int | None = None) -> list[str]:
+    """``"tool: output"`` of every tool result in ``tree`` (on the path to ``leaf``) that is an infrastructure
+    failure (``infra=True``: the tool could not run), not the tool's answer. Empty for a clean episode."""
+    nodes = tree.path(leaf) if leaf is not None else range(len(tree.nodes))
+    found = []
+    for node in nodes:
+        for result in tree.segment(node).info.get("results", ()):
+            if isinstance(result, dict) and result.get("infra"):
+                found.append(f"{result.get('name')}: {str(result.get('output', ''))[:500]}")
+    return found
+
+
+def raise_on_infra_failures(trees: Any, what: str) -> None:
+    """Stop ``what`` (training, demonstrations) when an episode of ``trees`` holds an infrastructure failure."""
+    for tree in trees:
+        found = infra_failures(tree)
+        if found:
+            raise ToolUnavailableError(
+                f"{what} stopped: a tool could not run during an episode ({len(found)} call(s) in one tree), so "
+                f"its output is an infrastructure error, not the tool's answer, and must not be trained on. "
+                f"First: {found[0]}"
+            )
 
 
 def _access_page(retriever: Any, arguments: dict[str, Any]) -> str:

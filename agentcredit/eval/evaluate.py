@@ -8,19 +8,28 @@ With a value head (a critic run, or a warmed-up carl-segment model) every record
 segment's boundary state (``values``; ``v_s0`` = V(s_0), the state before the first policy token), and
 :func:`critic_metrics` gives the carl-segment §6 critic diagnostics: AUC of V(s_0) between Tier 1 and Tier 2,
 ECE over 10 equal-width bins, Brier score, reliability table and explained variance over all boundary states.
+
+An episode in which a tool could not run (``infra=True`` tool results: the sandbox or the corpus was unavailable)
+says nothing about the model: its record lists them under ``infra_failures``, and the summary counts such episodes
+as ``infra_failures`` and leaves them out of every other number (accuracy included). When every episode is one,
+there is nothing to score and :func:`summarize` raises :class:`~agentcredit.tools.base.ToolUnavailableError`.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from agentcredit.environment import Environment, example_metric
+from agentcredit.environment import Environment, example_metric, infra_failures
 from agentcredit.rollout.tree import RolloutTree
 from agentcredit.tasks import Example
 from agentcredit.tasks.scoring import exact_match, f1_score, score, substring_match
+from agentcredit.tools.base import ToolUnavailableError
+
+logger = logging.getLogger(__name__)
 
 
 def episode_records(
@@ -64,6 +73,7 @@ def episode_records(
                     "tool_calls": sum(len(s.info.get("calls", [])) for s in policy),
                     "policy_tokens": sum(len(s) for s in policy),
                     "finish": leaf_info.get("finish"),
+                    "infra_failures": infra_failures(tree, leaf),  # tools that could not run: not scored
                     "segments": [
                         {
                             "node": i,
@@ -93,10 +103,26 @@ def summarize(records: Sequence[dict[str, Any]], *, tiers: dict[str, str] | None
     Two tier groupings are reported side by side: the task's own (``info['tier']``, arith-tools: easy / hard)
     and ``tiers``, a map example id -> label (carl-segment's "tier1"/"tier2" from :func:`tier_labels`). For each
     tier: accuracy, EM, tool-call rate (fraction of episodes with >= 1 call, spec §6), calls per episode.
+
+    Episodes with infrastructure failures (a tool that could not run) are counted as ``infra_failures`` and left
+    out of everything else; ``episodes`` counts the scored ones.
     """
     if not records:
         raise ValueError("no episodes to summarise")
-    out: dict[str, float] = {"episodes": float(len(records))}
+    broken = [r for r in records if r.get("infra_failures")]
+    records = [r for r in records if not r.get("infra_failures")]
+    if not records:
+        raise ToolUnavailableError(
+            f"all {len(broken)} evaluation episodes hit a tool that could not run, so there is nothing to score; "
+            f"first: {broken[0]['infra_failures'][0]}"
+        )
+    if broken:
+        logger.warning(
+            "evaluation: %d of %d episodes hit a tool that could not run; they are excluded from every metric "
+            "(summary key infra_failures). First: %s",
+            len(broken), len(broken) + len(records), broken[0]["infra_failures"][0],
+        )  # fmt: skip
+    out: dict[str, float] = {"episodes": float(len(records)), "infra_failures": float(len(broken))}
     for key in ("correct", "em", "f1", "substring_em", "tool_calls", "policy_tokens", "reward"):
         out[key if key != "correct" else "accuracy"] = float(np.mean([r[key] for r in records]))
     out["tool_call_rate"] = float(np.mean([r["tool_calls"] > 0 for r in records]))
@@ -166,6 +192,8 @@ def critic_metrics(
       0/1 outcome. A token critic (PPO/TIPS) is unbounded, so its V is clipped to [0, 1] for these three (the
       outcome reward of these tasks lies in [0, 1]); ``critic/clipped_fraction`` says how often that bit.
     * ``critic/explained_variance``: EV = 1 - Var(R - V) / Var(R) over all boundary states, R the episode reward.
+
+    Episodes with infrastructure failures (``infra_failures``) are left out, as in :func:`summarize`.
     """
     from agentcredit.eval.metrics import (
         auc,
@@ -175,6 +203,7 @@ def critic_metrics(
         reliability_table,
     )
 
+    records = [r for r in records if not r.get("infra_failures")]
     with_values = [r for r in records if r.get("values")]
     if len(with_values) != len(records):
         raise ValueError(

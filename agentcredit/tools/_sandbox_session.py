@@ -107,6 +107,7 @@ def _child_env(home: str, marker: str) -> dict[str, str]:
 
 
 _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
+_MOUNTED_DIRS = ("/proc", "/dev", "/tmp", "/dev/shm")  # fresh mounts inside the sandbox (see _bwrap_argv)
 
 
 def _python_dirs(python: str) -> list[str]:
@@ -137,18 +138,21 @@ def _bwrap_argv(settings: SandboxSettings, limits: SandboxLimits, rootless: bool
             argv += ["--symlink", os.readlink(path), path]
         elif os.path.isdir(path):
             argv += ["--ro-bind", path, path]
-    made: set[str] = set()
+    argv += ["--proc", "/proc", "--dev", "/dev"]
+    argv += ["--perms", "1777", "--size", str(limits.tmp_bytes), "--tmpfs", "/tmp"]
+    argv += ["--perms", "1777", "--size", str(limits.tmp_bytes), "--tmpfs", "/dev/shm"]
+    # The interpreter's directories come after the fresh mounts above: bubblewrap applies its operations in
+    # order, so a tmpfs mounted later would hide a virtualenv or checkout that lives under /tmp (or /dev/shm).
+    made = set(_MOUNTED_DIRS)
     for path in _python_dirs(settings.python):
         # bubblewrap would create the missing parents (/work, /root, ...) with mode 0700, which the sandbox uid
-        # cannot cross; create them 0755 first. They are empty: only the bound directory shows inside.
+        # cannot cross (a pyenv build under a 0700 /root); create them 0755 first. They are empty: only the
+        # bound directory shows inside. Parents that are mounts of their own (/tmp) are left as mounted.
         for parent in reversed(Path(path).parents):
             if str(parent) != "/" and str(parent) not in made:
                 made.add(str(parent))
                 argv += ["--perms", "0755", "--dir", str(parent)]
         argv += ["--ro-bind", path, path]
-    argv += ["--proc", "/proc", "--dev", "/dev"]
-    argv += ["--perms", "1777", "--size", str(limits.tmp_bytes), "--tmpfs", "/tmp"]
-    argv += ["--perms", "1777", "--size", str(limits.tmp_bytes), "--tmpfs", "/dev/shm"]
     argv += ["--chdir", "/tmp", "--"]
     return argv
 

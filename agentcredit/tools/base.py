@@ -3,6 +3,12 @@
 A tool is any callable ``(arguments: dict) -> str``. It returns text for the model to read, and reports its
 own failures as text too (``"ERROR: ..."``): a bad call from the model is an observation, never an exception
 that ends a batch. :class:`ToolRuntime` enforces that for tools that raise anyway.
+
+One kind of failure is not an observation: a tool that could not run at all (the python sandbox cannot start,
+the search corpus is missing). That is the machine's fault, not the model's, and its text must never be trained
+on or scored as the tool's answer. A tool reports it by returning :func:`unavailable` text (or raising
+:class:`ToolUnavailableError`); :class:`ToolRuntime` then marks the result ``infra=True``. The mark rides on the
+type of the returned string, not on its words, so code that prints the same words is still an ordinary answer.
 """
 
 from __future__ import annotations
@@ -14,6 +20,23 @@ from dataclasses import dataclass, field
 from typing import Any
 
 ToolFn = Callable[[dict[str, Any]], str]
+
+
+class ToolUnavailableError(RuntimeError):
+    """A tool the task needs cannot run here (sandbox, search corpus): an infrastructure problem, not the model's.
+
+    The message says what is wrong and how to fix it; the ``agentcredit`` command prints it alone (no traceback)
+    and exits non-zero.
+    """
+
+
+class UnavailableText(str):
+    """The text of a tool that could not run at all; :class:`ToolRuntime` marks its result ``infra=True``."""
+
+
+def unavailable(message: str) -> UnavailableText:
+    """``ERROR: <message>`` marked as an infrastructure failure (what the model reads is unchanged)."""
+    return UnavailableText(message if message.startswith("ERROR:") else f"ERROR: {message}")
 
 
 @dataclass
@@ -30,15 +53,19 @@ class ToolCall:
 
 @dataclass
 class ToolResult:
-    """What a call returned. ``ok`` is False when the tool reported or raised an error."""
+    """What a call returned. ``ok`` is False when the tool reported or raised an error; ``infra`` is True when it
+    could not run at all (an infrastructure failure: the output is not the tool's answer)."""
 
     name: str
     output: str
     ok: bool = True
     seconds: float = 0.0
+    infra: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "output": self.output, "ok": self.ok, "seconds": self.seconds}
+        return {
+            "name": self.name, "output": self.output, "ok": self.ok, "seconds": self.seconds, "infra": self.infra,
+        }  # fmt: skip
 
 
 class ToolRuntime:
@@ -60,12 +87,16 @@ class ToolRuntime:
         if fn is None:
             known = ", ".join(sorted(self.tools)) or "none"
             return ToolResult(call.name, f"ERROR: unknown tool {call.name!r}; available: {known}", ok=False)
+        infra = False
         try:
             output = fn(call.arguments)
-            ok = not output.startswith("ERROR:")
+            infra = isinstance(output, UnavailableText)
+            ok = not infra and not output.startswith("ERROR:")
+        except ToolUnavailableError as exc:
+            output, ok, infra = f"ERROR: tool {call.name!r} is unavailable: {exc}", False, True
         except Exception as exc:  # a tool bug must not end the batch; the model sees the error
             output, ok = f"ERROR: tool {call.name!r} failed: {type(exc).__name__}: {exc}", False
-        return ToolResult(call.name, output, ok=ok, seconds=time.perf_counter() - start)
+        return ToolResult(call.name, str(output), ok=ok, seconds=time.perf_counter() - start, infra=infra)
 
     def run(self, calls: Sequence[ToolCall]) -> list[ToolResult]:
         if len(calls) <= 1:

@@ -8,6 +8,8 @@ Each call is a fresh interpreter (stateless, as carl-segment §2.4 / A26 prescri
 ``search(query, k=3)`` pre-imported; a final bare expression is displayed Jupyter-style; an exception prints the
 last lines of its traceback after whatever was printed. ``run_python`` never raises because of what the code
 does: every failure (timeout, memory, crash, output flood, ...) comes back as ``ok=False`` with an ``error``.
+When no sandbox can run on the machine at all it raises :class:`~agentcredit.tools.base.ToolUnavailableError`;
+:func:`check_available` is that check done up front, once, before a task that needs the tool starts.
 
 Two isolation modes, chosen once per process (``docs/sandbox.md`` says exactly what each guarantees):
 
@@ -48,7 +50,7 @@ from agentcredit.tools._sandbox_config import (
     SearchFn,
 )
 from agentcredit.tools._sandbox_session import run_sandboxed
-from agentcredit.tools.base import ToolFn
+from agentcredit.tools.base import ToolFn, ToolUnavailableError, unavailable
 
 __all__ = [
     "ErrorKind",
@@ -61,6 +63,7 @@ __all__ = [
     "SandboxResult",
     "SandboxSettings",
     "SearchFn",
+    "check_available",
     "configure",
     "python_tool",
     "run_python",
@@ -107,7 +110,8 @@ def sandbox_mode(isolation: Isolation = "auto") -> SandboxMode:
     """Resolve (once, then cached) which isolation mode ``isolation`` means on this machine.
 
     ``auto`` probes bubblewrap by really running a program in it and falls back to ``rlimits`` when that fails.
-    ``bwrap`` raises RuntimeError when bubblewrap does not work here. The first resolution logs the mode, and
+    ``bwrap`` raises :class:`ToolUnavailableError` (a RuntimeError) when bubblewrap does not work here, ``auto``
+    when neither mode does. The first resolution logs the mode, and
     warns (``warnings.warn``, once per process) when the weaker fallback is in force.
     """
     if isolation not in ("auto", "bwrap", "rlimits"):
@@ -148,7 +152,7 @@ def _resolve_mode(isolation: Isolation) -> SandboxMode:
                 return candidate
             why = f"bubblewrap at {bwrap} does not work here: {failure}"
         if isolation == "bwrap":
-            raise RuntimeError(f"isolation='bwrap' was requested but {why}")
+            raise ToolUnavailableError(f"isolation='bwrap' was requested but {why}")
         reason = f"fallback: {why}"
     else:
         reason = "requested explicitly"
@@ -156,7 +160,9 @@ def _resolve_mode(isolation: Isolation) -> SandboxMode:
     failure = _probe(candidate)
     if failure is not None:
         hint = _unreadable_hint(_settings.python) if dedicated else ""
-        raise RuntimeError(f"the sandbox cannot run Python on this machine ({reason}): {failure}{hint}")
+        raise ToolUnavailableError(
+            f"the sandbox cannot run Python on this machine ({reason}): {failure}{hint}"
+        )
     return replace(candidate, network=_probe_network.get("rlimits", "unknown"))
 
 
@@ -211,7 +217,7 @@ def run_python(
     passing a different ``timeout`` as well is a ValueError (one limit, one place). ``search_fn(query, k) -> str``
     answers the sandbox's ``search()`` (an object with a ``.search(query, k)`` method works too); without it
     ``search()`` raises inside the sandbox. Never raises for anything the code does; raises ValueError for bad
-    arguments and RuntimeError when no sandbox can run on this machine at all.
+    arguments and :class:`ToolUnavailableError` (a RuntimeError) when no sandbox can run on this machine at all.
     """
     if not isinstance(code, str):
         raise ValueError(f"run_python: code must be a str, got {type(code).__name__}")
@@ -226,17 +232,50 @@ def run_python(
     return result
 
 
+_checked: set[tuple[str, SandboxSettings]] = set()
+_FIX = (
+    "To fix it: install bubblewrap (Debian package 'bubblewrap') where it can create namespaces, or point the "
+    "sandbox at an interpreter every user can read (python_sandbox.configure(python=...)); docs/sandbox.md "
+    "says what each isolation mode needs"
+)
+
+
+def check_available(isolation: Isolation = "auto") -> None:
+    """Run ``print(1)`` in the sandbox (once per process and settings); raise when that does not work.
+
+    The preflight of every task that needs the python tool: without it a broken sandbox turns every tool call
+    into an ``ERROR:`` observation and a whole run goes on with it. Raises :class:`ToolUnavailableError` with one
+    message: what failed, and how to fix it.
+    """
+    key = (isolation, _settings)
+    if key in _checked:
+        return
+    try:
+        result = run_python("print(1)", timeout=20.0, isolation=isolation)
+    except (RuntimeError, OSError) as exc:
+        raise ToolUnavailableError(f"the python sandbox cannot run code here: {exc}. {_FIX}") from exc
+    if not (result.ok and result.output == "1\n"):
+        why = result.error or f"it printed {result.output[-300:]!r} instead of '1'"
+        raise ToolUnavailableError(
+            f"the python sandbox cannot run code here ({result.mode} mode): print(1) failed: {why}. {_FIX}"
+        )
+    _checked.add(key)
+
+
 def tool_text(result: SandboxResult) -> str:
     """The text a model sees for ``result``.
 
     A program that ran (even one that raised: its traceback is in the output, as carl-segment §2.4 wants) gives
     its output. A program the sandbox had to stop gives ``ERROR: <why>`` and then whatever it printed, so
-    :class:`~agentcredit.tools.base.ToolRuntime` counts it as a failed call.
+    :class:`~agentcredit.tools.base.ToolRuntime` counts it as a failed call. A sandbox that could not be set up
+    (before any of the code ran) is the machine's failure, not the code's: that text is marked
+    :func:`~agentcredit.tools.base.unavailable`.
     """
     if result.ok or result.error_kind == "exception":
         return result.output
     text = f"ERROR: {result.error}"
-    return f"{text}\n{result.output}" if result.output.strip() else text
+    text = f"{text}\n{result.output}" if result.output.strip() else text
+    return unavailable(text) if result.error_kind == "setup" else text
 
 
 def python_tool(
@@ -245,7 +284,9 @@ def python_tool(
     """The sandbox as a :class:`~agentcredit.tools.base.ToolRuntime` tool: ``{"code": str} -> text``.
 
     ``limits`` are :class:`SandboxLimits` fields (e.g. ``timeout=10``). The returned function never raises: a
-    missing or non-string ``code`` gives an ``ERROR:`` text, a run gives :func:`tool_text`.
+    missing or non-string ``code`` gives an ``ERROR:`` text, a run gives :func:`tool_text`, and a sandbox that
+    cannot run at all gives an ``ERROR:`` text marked :func:`~agentcredit.tools.base.unavailable` (an
+    infrastructure failure, never to be trained on or scored as the tool's answer).
     """
     names = {f.name for f in fields(SandboxLimits)}
     unknown = sorted(set(limits) - names)
@@ -261,8 +302,8 @@ def python_tool(
             return f"ERROR: the python tool needs a string argument 'code' (the program to run); got {got}"
         try:
             result = run_python(code, limits=sandbox_limits, search_fn=search, isolation=isolation)
-        except RuntimeError as exc:  # no sandbox can run on this machine: say so instead of ending a batch
-            return f"ERROR: the python sandbox is unavailable: {exc}"
+        except (RuntimeError, OSError) as exc:  # no sandbox can run here: say so instead of ending a batch
+            return unavailable(f"ERROR: the python sandbox is unavailable: {exc}")
         return tool_text(result)
 
     return python

@@ -33,7 +33,7 @@ import numpy as np
 import Stemmer
 from bm25s.stopwords import STOPWORDS_EN
 
-from agentcredit.tools.base import ToolFn
+from agentcredit.tools.base import ToolFn, unavailable
 
 log = logging.getLogger(__name__)
 
@@ -324,9 +324,19 @@ class _RetrieverBase:
         return [self.passages[i] for i in self._titles.get(title.strip().casefold(), [])]
 
     def as_tool(self, k: int = DEFAULT_TOPK, *, style: FormatStyle = "default") -> ToolFn:
-        """A ToolFn taking ``{"query": str}`` or verl's ``{"query_list": [str, ...]}``."""
+        """A ToolFn taking ``{"query": str}`` or verl's ``{"query_list": [str, ...]}``.
+
+        An index that cannot be read (an ``OSError``: its files vanished) gives an ``ERROR:`` text marked as an
+        infrastructure failure (:func:`~agentcredit.tools.base.unavailable`), not a search answer.
+        """
 
         def tool(arguments: dict[str, Any]) -> str:
+            try:
+                return answer(arguments)
+            except OSError as exc:
+                return unavailable(f"ERROR: the search index is unavailable: {type(exc).__name__}: {exc}")
+
+        def answer(arguments: dict[str, Any]) -> str:
             if not isinstance(arguments, dict):
                 return "ERROR: search arguments must be a JSON object with a 'query' string"
             if "query_list" in arguments:

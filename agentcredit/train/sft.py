@@ -20,11 +20,12 @@ from typing import Any
 import torch
 
 from agentcredit.credit import aggregation_weights
-from agentcredit.environment import Environment
+from agentcredit.environment import Environment, raise_on_infra_failures
 from agentcredit.models.scoring import score_tokens
 from agentcredit.rollout.replay import replay
 from agentcredit.rollout.tree import RolloutTree
 from agentcredit.tasks import Example
+from agentcredit.tools.base import ToolUnavailableError
 from agentcredit.train.batch import build_batch
 from agentcredit.train.demos import scripted_policy
 from agentcredit.train.signals import row_chunks
@@ -41,7 +42,7 @@ def demonstrations(
         tree = replay(
             env.protocol,
             tokenizer,
-            env.tools,
+            _FailOnInfra(env.tools),  # an unavailable tool stops SFT: its error is no demonstration
             example.question,
             lambda turn, obs, ex=example: policy(ex, turn, obs),
             reward_fn=lambda answer, ex=example: env.reward(ex, answer),
@@ -51,12 +52,35 @@ def demonstrations(
     return trees
 
 
+class _FailOnInfra:
+    """The environment's tools for demonstrations: a result that is an infrastructure failure (a tool that could
+    not run, ``ToolResult.infra``) raises ToolUnavailableError instead of becoming an SFT target."""
+
+    def __init__(self, tools: Any):
+        self.tools = tools
+
+    def run(self, calls: Sequence[Any]) -> list[Any]:
+        results = self.tools.run(calls)
+        broken = [r for r in results if r.infra]
+        if broken:
+            raise ToolUnavailableError(
+                f"demonstrations stopped: the {broken[0].name!r} tool could not run, so the demonstration would "
+                f"teach its infrastructure error as the tool's answer: {broken[0].output[:500]}"
+            )
+        return results
+
+
 def rejection_sample(
     engine: Any, strategy: Any, env: Environment, examples: Sequence[Example], *, threshold: float = 1.0
 ) -> list[RolloutTree]:
-    """The model's own episodes (one tree per question), pruned to the leaves whose reward reaches ``threshold``."""
+    """The model's own episodes (one tree per question), pruned to the leaves whose reward reaches ``threshold``.
+
+    Raises ToolUnavailableError when an episode holds an infrastructure failure (a tool that could not run).
+    """
     kept = []
-    for tree in engine.run(list(examples), strategy, env.reward):
+    trees = engine.run(list(examples), strategy, env.reward)
+    raise_on_infra_failures(trees, "rejection sampling")
+    for tree in trees:
         good = [leaf for leaf, r in tree.rewards().items() if r >= threshold]
         if good:
             kept.append(tree.prune(good)[0])

@@ -275,11 +275,17 @@ class Trainer:
 
     @torch.no_grad()
     def rollout(self, examples: list[Example]) -> tuple[list[RolloutTree], dict[str, float]]:
+        """The step's trees. An episode in which a tool could not run (``ToolResult.infra``: sandbox or corpus
+        unavailable) stops training with ToolUnavailableError: its error text is not the tool's answer, and
+        dropping its group would silently change the batch (the environment's preflight makes this rare)."""
+        from agentcredit.environment import raise_on_infra_failures
+
         was_training = self.model.training
         self.model.eval()
         engine = self.make_engine()
         trees = engine.run(examples, self.strategy(), self.env.reward)
         self.model.train(was_training)
+        raise_on_infra_failures(trees, f"training (step {self.step + 1})")
         stats = {f"rollout/{k}": float(v) for k, v in engine.stats.to_dict().items()}
         return trees, stats
 

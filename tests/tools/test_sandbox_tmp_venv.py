@@ -1,0 +1,101 @@
+"""The sandbox works wherever the interpreter lives, /tmp included (issue 11, item 2).
+
+bubblewrap applies its mount operations in order, and the sandbox mounts a fresh tmpfs on /tmp. When that tmpfs
+came after the read-only binds of the interpreter's directories, a virtualenv under /tmp (a checkout cloned to
+/tmp) vanished inside the sandbox: ``run_python('print(1)')`` raised there, and every tool call of a run became
+``ERROR: the python sandbox is unavailable``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from agentcredit.tools import python_sandbox as ps
+from agentcredit.tools._sandbox_config import SandboxLimits, SandboxSettings
+from agentcredit.tools._sandbox_session import _bwrap_argv
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _operation_index(argv: list[str], option: str, path: str) -> int:
+    for i in range(len(argv) - 1):
+        if argv[i] == option and argv[i + 1] == path:
+            return i
+    raise AssertionError(f"{option} {path} is not in the bubblewrap command: {argv}")
+
+
+def test_bwrap_mounts_the_private_tmp_before_binding_a_venv_under_tmp():
+    venv = "/tmp/agentcredit-some-clone/.venv"
+    settings = SandboxSettings(python=f"{venv}/bin/python")
+    argv = _bwrap_argv(settings, SandboxLimits(), rootless=False)
+    tmpfs = _operation_index(argv, "--tmpfs", "/tmp")
+    bind = _operation_index(argv, "--ro-bind", venv)
+    assert tmpfs < bind, (
+        "a tmpfs mounted after the bind hides the venv (bubblewrap applies operations in order)"
+    )
+    # The empty parents are made 0755 inside the fresh tmpfs (after it), and /tmp itself keeps its 1777 mount.
+    parent = _operation_index(argv, "--dir", "/tmp/agentcredit-some-clone")
+    assert tmpfs < parent < bind
+    assert ("--dir", "/tmp") not in list(zip(argv, argv[1:], strict=False))
+
+
+@pytest.fixture(scope="module")
+def tmp_venv():
+    """A bare venv (no pip, no packages: the sandbox child needs only the standard library) under /tmp."""
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap is not installed")
+    try:
+        ps.sandbox_mode("bwrap")
+    except RuntimeError as exc:
+        pytest.skip(f"bubblewrap does not work here: {exc}")
+    root = tempfile.mkdtemp(prefix="agentcredit-tmp-venv-", dir="/tmp")
+    try:
+        venv = Path(root) / "clone" / ".venv"
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+        yield venv
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _run_in(venv: Path, code: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VIRTUAL_ENV")}
+    env["PYTHONPATH"] = str(REPO)  # the package from this checkout; the interpreter from the venv under /tmp
+    return subprocess.run(
+        [str(venv / "bin" / "python"), "-c", code],
+        capture_output=True, text=True, env=env, cwd="/tmp", timeout=120, check=False,
+    )  # fmt: skip
+
+
+def test_print_1_runs_in_bwrap_from_a_venv_under_tmp(tmp_venv):
+    code = (
+        "import sys\n"
+        "from agentcredit.tools.python_sandbox import run_python, sandbox_mode\n"
+        f"assert sys.prefix == {str(tmp_venv)!r}, sys.prefix\n"
+        "result = run_python('print(1)', isolation='bwrap')\n"
+        "print('RESULT', result.ok, repr(result.output), result.error)\n"
+        "print('MODE', sandbox_mode('auto').name)\n"
+        # the venv's own directory and the base interpreter's standard library are both visible inside
+        "result = run_python('import sys, decimal; print(sys.prefix, decimal.Decimal(6) * 7)', isolation='bwrap')\n"
+        "print('PREFIX', result.ok, repr(result.output))\n"
+    )
+    done = _run_in(tmp_venv, code)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert "RESULT True '1\\n' None" in lines, done.stdout + done.stderr
+    assert "MODE bwrap" in lines, done.stdout + done.stderr  # auto did not need the weaker fallback
+    assert f"PREFIX True '{tmp_venv} 42\\n'" in lines, done.stdout + done.stderr
+
+
+def test_preflight_passes_from_a_venv_under_tmp(tmp_venv):
+    done = _run_in(
+        tmp_venv,
+        "from agentcredit.tools.python_sandbox import check_available\ncheck_available()\nprint('PREFLIGHT OK')",
+    )
+    assert done.returncode == 0 and "PREFLIGHT OK" in done.stdout, done.stdout + done.stderr
