@@ -132,8 +132,16 @@ def warmup(
     questions: Annotated[
         int, typer.Option(min=4, help="Warm-up questions (a held-out part is used for the gate).")
     ] = 48,
-    steps: Annotated[int, typer.Option(min=1, help="Critic training steps (paper: >= 1,800).")] = 60,
-    pairs: Annotated[int, typer.Option(min=4, help="(state, R) pairs per step (paper: 256).")] = 64,
+    head_epochs: Annotated[
+        int, typer.Option(min=0, help="Head-only epochs on cached boundary features (seconds on a CPU).")
+    ] = 300,
+    steps: Annotated[
+        int,
+        typer.Option(
+            min=0, help="Joint head + backbone steps after them (paper: >= 1,800; ~20 s each here)."
+        ),
+    ] = 0,
+    pairs: Annotated[int, typer.Option(min=4, help="(state, R) pairs per joint step (paper: 256).")] = 64,
 ) -> None:
     """carl-segment critic warm-up: tier labels, forced/no-tool buckets, critic training and the gate."""
     from agentcredit.train.run import run_warmup
@@ -145,9 +153,50 @@ def warmup(
             cfg,
             out,
             questions=questions,
-            settings=WarmupSettings(steps=steps, pairs_per_step=pairs, seed=cfg.train.seed),
+            settings=WarmupSettings(
+                head_epochs=head_epochs, steps=steps, pairs_per_step=pairs, seed=cfg.train.seed
+            ),
         )
     except (FileNotFoundError, ValueError, ToolUnavailableError) as exc:
+        _fail(exc)
+
+
+@app.command()
+def study(
+    config: Annotated[Path, typer.Option("--config", "-c", help="Study file (see studies/).")],
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Study directory (default runs/study-<name>).")
+    ] = None,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue the study in --out: finished runs are kept.")
+    ] = False,
+    only: Annotated[
+        list[str] | None,
+        typer.Option("--arm", help="Run only this arm (repeatable); others are left for later."),
+    ] = None,
+    max_runs: Annotated[
+        int | None, typer.Option("--max-runs", min=0, help="Stop after this many runs (0: only the report).")
+    ] = None,
+    report_only: Annotated[
+        bool, typer.Option("--report-only", help="Rewrite the report from the runs there.")
+    ] = False,
+) -> None:
+    """Compare methods from one shared start over seeds on fixed held-out sets; ends in a report with verdicts."""
+    from agentcredit.eval.study import Study, StudyError, load_study
+    from agentcredit.eval.study_report import write_study_report
+
+    try:
+        spec = load_study(config)
+        study_dir = out or Path("runs") / f"study-{spec.name}"
+        runner = Study(spec, study_dir, source=str(config))
+        if report_only:
+            paths = write_study_report(runner, study_dir / "report")
+            typer.echo(f"report: {paths['markdown']}")
+            return
+        runner.prepare(resume=resume)
+        result = runner.run(only=only, max_runs=max_runs)
+        typer.echo(f"report: {result['markdown']} and {result['html']}")
+    except (StudyError, FileNotFoundError, ValueError, ToolUnavailableError) as exc:
         _fail(exc)
 
 
@@ -156,12 +205,13 @@ def demo(
     out: Annotated[
         Path | None, typer.Option("--out", help="Output directory (default runs/demo-<time>).")
     ] = None,
-    rl_steps: Annotated[int, typer.Option(min=1, help="carl-segment steps.")] = 6,
+    rl_steps: Annotated[int, typer.Option(min=1, help="carl-segment steps.")] = 8,
+    warmup_questions: Annotated[int, typer.Option(min=4, help="Critic warm-up questions.")] = 48,
     sft_examples: Annotated[int, typer.Option(min=8)] = 128,
     eval_limit: Annotated[int, typer.Option(min=4)] = 64,
     set_: SetOpt = None,
 ) -> None:
-    """The main job on the embedded model: SFT, evaluate, carl-segment, evaluate, before/after table."""
+    """The main job on the embedded model: SFT, critic warm-up, evaluate, carl-segment, evaluate, the table."""
     from agentcredit.train.run import run_demo
 
     try:
@@ -169,6 +219,7 @@ def demo(
             out,
             rl_steps=rl_steps,
             sft_examples=sft_examples,
+            warmup_questions=warmup_questions,
             eval_limit=eval_limit,
             overrides=tuple(set_ or ()),
         )

@@ -184,5 +184,9 @@ def build_environment(config: Config) -> Environment:
 def load_examples(config: Config, *, split: str | None = None, limit: int | None = None) -> list[Example]:
     t = config.task
     return load_task(
-        t.name, split=split or t.split, limit=limit if limit is not None else t.limit, seed=t.seed
+        t.name,
+        split=split or t.split,
+        limit=limit if limit is not None else t.limit,
+        seed=t.seed,
+        **t.options,
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Callable
@@ -13,7 +14,13 @@ import torch
 from agentcredit.config import Config, ConfigError, dump_config, load_config
 from agentcredit.environment import build_environment, load_examples
 from agentcredit.eval.evaluate import evaluate
-from agentcredit.train.trainer import Trainer, load_base_model, load_policy, seed_everything
+from agentcredit.train.trainer import (
+    Trainer,
+    initial_value_head,
+    load_base_model,
+    load_policy,
+    seed_everything,
+)
 
 Log = Callable[[str], None]
 
@@ -60,6 +67,74 @@ def evaluate_model(
         env.close()
 
 
+class HeldoutEvaluation:
+    """Greedy evaluation on fixed held-out question sets every ``every`` steps (and after the last step).
+
+    Used as the trainer's ``on_step`` callback. The summaries go into the run's ``metrics.jsonl`` at the step
+    they were measured, named like ``agentcredit eval``'s keys under a prefix: ``eval/accuracy``,
+    ``eval/easy/tool_call_rate``, ... for the first set and ``eval_<name>/...`` for the others, so a run has
+    learning curves on questions it never trains on. ``tiers`` (example id -> "tier1"/"tier2") adds the
+    carl-segment tier split. The latest summaries and episodes are kept in ``latest``.
+    """
+
+    def __init__(
+        self,
+        sets: dict[str, list[Any]],
+        *,
+        every: int,
+        last_step: int,
+        tiers: dict[str, str] | None = None,
+        log: Log = print,
+    ):
+        if not sets:
+            raise ValueError("HeldoutEvaluation: no question sets")
+        self.sets, self.every, self.last_step, self.tiers, self.log = sets, every, last_step, tiers, log
+        self.latest: dict[str, tuple[dict[str, float], list[dict[str, Any]]]] = {}
+
+    def prefix(self, name: str) -> str:
+        return "eval/" if name == next(iter(self.sets)) else f"eval_{name}/"
+
+    def due(self, step: int) -> bool:
+        return step == self.last_step or (self.every > 0 and step % self.every == 0)
+
+    def run(self, trainer: Trainer) -> dict[str, float]:
+        r = trainer.cfg.rollout
+        metrics: dict[str, float] = {}
+        start = time.perf_counter()
+        for name, examples in self.sets.items():
+            tiers = {e.id: self.tiers[e.id] for e in examples} if self.tiers else None
+            summary, records = evaluate(
+                trainer.model,
+                trainer.tokenizer,
+                trainer.env,
+                examples,
+                value_head=trainer.value_head,
+                tiers=tiers,
+                max_new_tokens=r.max_new_tokens,
+                max_episode_tokens=r.max_episode_tokens,
+                max_turns=r.max_turns,
+                max_batch=r.max_batch,
+            )
+            self.latest[name] = (summary, records)
+            metrics.update({self.prefix(name) + k: v for k, v in summary.items()})
+        metrics["time/eval"] = time.perf_counter() - start
+        return metrics
+
+    def __call__(self, trainer: Trainer, result: Any) -> None:
+        if not self.due(trainer.step):
+            return
+        metrics = self.run(trainer)
+        if trainer.logger is not None:
+            trainer.logger.log(trainer.step, metrics)
+        shown = [
+            self.prefix(name) + key
+            for name in self.sets
+            for key in ("accuracy", "tool_call_rate", "tier2/tool_call_rate")
+            if self.prefix(name) + key in metrics
+        ]
+        self.log(f"step {trainer.step}: held-out " + ", ".join(f"{k}={metrics[k]:.3f}" for k in shown))
+
+
 def write_episodes(path: Path, records: list[dict[str, Any]]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as fh:
@@ -86,7 +161,13 @@ def run_train(
         log(f"resumed {run_dir} at step {trainer.step}")
     log(f"run directory: {run_dir}")
     try:
-        trainer.train(progress=progress)
+        on_step = None
+        if config.train.eval_every:
+            heldout = load_examples(config, split=config.task.eval_split, limit=config.task.eval_limit)
+            on_step = HeldoutEvaluation(
+                {config.task.eval_split: heldout}, every=config.train.eval_every, last_step=-1, log=log
+            )
+        trainer.train(progress=progress, on_step=on_step)
         summary, records = evaluate_model(
             trainer.model, trainer.tokenizer, config, value_head=trainer.value_head
         )
@@ -115,9 +196,13 @@ def run_sft(
     lr: float = 5e-5,
     batch_trajectories: int = 16,
     rejection_samples: int = 0,
+    tool_share: float | None = None,
     log: Log = print,
 ) -> Path:
-    """SFT on scripted demonstrations (or the model's own correct episodes when ``rejection_samples`` > 0)."""
+    """SFT on scripted demonstrations (or the model's own correct episodes when ``rejection_samples`` > 0).
+
+    ``tool_share``: the demonstrations call the tool on this share of questions regardless of tier (arith-tools).
+    """
     from agentcredit.train.sft import demonstrations, rejection_sample, sft
 
     seed_everything(config.train.seed)
@@ -138,8 +223,10 @@ def run_sft(
             trees = rejection_sample(engine, independent(rejection_samples), env, data)
             source = f"rejection sampling ({rejection_samples} samples per question)"
         else:
-            trees = demonstrations(env, tokenizer, data, config.protocol.name)
-            source = "scripted demonstrations"
+            trees = demonstrations(env, tokenizer, data, config.protocol.name, tool_share=tool_share)
+            source = "scripted demonstrations" + (
+                f" (tool on {tool_share:.0%})" if tool_share is not None else ""
+            )
         log(f"SFT on {len(trees)} episodes from {source} ({len(data)} questions)")
         result = sft(
             model,
@@ -165,6 +252,11 @@ def run_sft(
                 "source": source,
                 "policy_tokens": result.tokens,
                 "epochs": epochs,
+                "tool_share": tool_share,
+                "tool_calls_per_episode": sum(
+                    len(t.segment(i).info.get("calls", [])) for t in trees for i in range(len(t))
+                )
+                / max(1, len(trees)),
                 "first_loss": result.losses[0],
                 "last_loss": result.losses[-1],
                 "seconds": time.perf_counter() - start,
@@ -203,6 +295,7 @@ def run_warmup(config: Config, out_dir: Path, *, questions: int = 48, settings=N
         "first_loss": report.losses[0] if report.losses else None,
         "last_loss": report.losses[-1] if report.losses else None,
         "seconds": report.seconds,
+        "settings": dataclasses.asdict(settings),
         **report.extra,
     }
     (out_dir / "warmup_summary.json").write_text(json.dumps(summary, indent=2))
@@ -216,29 +309,30 @@ DEMO_ROWS = [
     ("accuracy", "accuracy"),
     ("accuracy, easy questions", "easy/accuracy"),
     ("accuracy, hard questions", "hard/accuracy"),
-    ("tool-call rate, easy", "easy/tool_call_rate"),
+    ("unnecessary calls (tool rate, easy)", "easy/tool_call_rate"),
     ("tool-call rate, hard", "hard/tool_call_rate"),
     ("tool calls / episode", "tool_calls"),
     ("policy tokens / episode", "policy_tokens"),
+    ("critic ECE of V(s0)", "critic/ece"),
 ]
 
 
 def demo_table(before: dict[str, float], after: dict[str, float]) -> str:
+    width = max(len(label) for label, _ in DEMO_ROWS)
     lines = [
-        f"| {'metric':<26} | {'after SFT':>10} | {'after carl-segment':>18} |",
-        f"|{'-' * 28}|{'-' * 12}|{'-' * 20}|",
+        f"| {'metric':<{width}} | {'after SFT':>10} | {'after carl-segment':>18} |",
+        f"|{'-' * (width + 2)}|{'-' * 12}|{'-' * 20}|",
     ]
     for label, key in DEMO_ROWS:
         lines.append(
-            f"| {label:<26} | {before.get(key, float('nan')):>10.3f} | {after.get(key, float('nan')):>18.3f} |"
+            f"| {label:<{width}} | {before.get(key, float('nan')):>10.3f} | {after.get(key, float('nan')):>18.3f} |"
         )
     return "\n".join(lines)
 
 
 # The preset scaled to fit the 20-minute budget of `make demo` on 2 CPU cores: half the prompts per step, one
-# update epoch instead of four, and a 3x lower actor LR. The demo skips the critic warm-up (10 warm-up steps on
-# 24 questions took 4.4 min here and the critic still failed the gate), so V starts at 0.5 everywhere and the first updates are REINFORCE with a 0.5 baseline: at the preset's
-# 1e-5 six steps took test accuracy from 0.89 to 0.73, at 3e-6 it stayed at 0.86-0.89 (64 questions, measured).
+# update epoch instead of four, and a 3x lower actor LR (measured before the warm-up existed: at the preset's 1e-5
+# six steps with an untrained critic took test accuracy from 0.89 to 0.73; at 3e-6 to 0.86).
 # fp32 throughout: bf16 autocast made an SFT step 1.6x slower on that CPU.
 DEMO_OVERRIDES = ("rollout.prompts_per_step=4", "optim.epochs=1", "optim.lr=3e-6")
 
@@ -248,57 +342,86 @@ def run_demo(
     *,
     sft_examples: int = 128,
     sft_epochs: int = 2,
-    rl_steps: int = 6,
+    warmup_questions: int = 48,
+    rl_steps: int = 8,
     eval_limit: int = 64,
     overrides: tuple[str, ...] = (),
     log: Log = print,
 ) -> dict[str, Any]:
-    """SFT -> evaluate -> carl-segment -> evaluate on arith-tools with the embedded model; prints the table."""
+    """SFT -> critic warm-up -> evaluate -> carl-segment -> evaluate on arith-tools (embedded model); the table.
+
+    The warm-up is carl-segment's own (tier labels, forced-tool / no-tool buckets, the gate), with the CPU phase of
+    head-only epochs on cached features: without it V = 0.5 everywhere and the first updates are REINFORCE with a
+    constant baseline, which lowered accuracy (the agentcredit study `studies/arith-when-to-call.yaml` measures the
+    warmed-up critic on held-out questions).
+    """
+    from agentcredit.train.warmup import WarmupSettings
+
     start = time.perf_counter()
     out_dir = Path(out_dir or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S"))
     overrides = (*DEMO_OVERRIDES, *overrides)  # the caller's settings win
     base = load_config("carl-segment-arith-tools", list(overrides))
-    log(f"[1/4] SFT of {base.model.name} on {sft_examples} scripted arith-tools demonstrations")
+    log(f"[1/5] SFT of {base.model.name} on {sft_examples} scripted arith-tools demonstrations")
     sft_dir = run_sft(base, out_dir / "sft-model", examples=sft_examples, epochs=sft_epochs, log=log)
+    log(f"[2/5] critic warm-up on {warmup_questions} training questions (tier labels, buckets, gate)")
+    warm_config = load_config("carl-segment-arith-tools", [*overrides, f"model.name={sft_dir}"])
+    warm = run_warmup(
+        warm_config,
+        out_dir / "start-model",
+        questions=warmup_questions,
+        settings=WarmupSettings(seed=warm_config.train.seed),
+        log=log,
+    )
     rl_config = load_config(
         "carl-segment-arith-tools",
         [
             *overrides,  # before the demo's own settings: a `model.name` override names the model to fine-tune
-            f"model.name={sft_dir}",
+            f"model.name={out_dir / 'start-model'}",
             f"train.steps={rl_steps}",
             f"task.eval_limit={eval_limit}",
             "train.save_every=0",
             f"train.dump_episodes_every={rl_steps}",  # the last step's episodes, for `agentcredit view`
         ],
     )
-    log(f"[2/4] evaluation after SFT ({eval_limit} test questions, greedy)")
+    log(f"[3/5] evaluation after SFT and warm-up ({eval_limit} test questions, greedy)")
     model, tokenizer = load_policy(rl_config)
-    before, before_records = evaluate_model(model, tokenizer, rl_config)
+    head = initial_value_head(rl_config, model.config.hidden_size)
+    before, before_records = evaluate_model(model, tokenizer, rl_config, value_head=head)
     write_episodes(out_dir / "eval_after_sft.jsonl", before_records)
-    del model
-    log(f"[3/4] carl-segment: {rl_steps} steps")
+    del model, head
+    log(f"[4/5] carl-segment: {rl_steps} steps")
     trainer = Trainer(rl_config, run_dir=out_dir / "carl-segment")
     try:
         trainer.train()
-        log("[4/4] evaluation after carl-segment")
-        after, after_records = evaluate_model(trainer.model, trainer.tokenizer, rl_config)
+        log("[5/5] evaluation after carl-segment")
+        after, after_records = evaluate_model(
+            trainer.model, trainer.tokenizer, rl_config, value_head=trainer.value_head
+        )
         write_episodes(out_dir / "eval_after_rl.jsonl", after_records)
     finally:
         trainer.close()
     table = demo_table(before, after)
     minutes = (time.perf_counter() - start) / 60
+    gate = warm.gate
     report = (
         "# agentcredit demo: carl-segment on arith-tools\n\n"
         f"Model: SmolLM2-135M-Instruct (embedded), CPU. SFT on {sft_examples} scripted demonstrations x "
-        f"{sft_epochs} epochs, then {rl_steps} carl-segment steps ({rl_config.rollout.prompts_per_step} prompts x "
-        f"{rl_config.rollout.n} episodes per step). Evaluation: {eval_limit} held-out test questions, greedy.\n\n"
-        f"{table}\n\nTotal time: {minutes:.1f} min. Episodes: `eval_after_sft.jsonl`, `eval_after_rl.jsonl`; "
-        "training metrics: `carl-segment/metrics.jsonl`; the last step's credit, token by token: "
+        f"{sft_epochs} epochs; critic warm-up on {warmup_questions} training questions (gate "
+        f"{'passed' if warm.passed else 'NOT passed'}: AUC {gate.get('auc', float('nan')):.2f}, sign accuracy "
+        f"{gate.get('sign_accuracy', float('nan')):.2f}, explained variance "
+        f"{gate.get('explained_variance', float('nan')):.2f}); then {rl_steps} carl-segment steps "
+        f"({rl_config.rollout.prompts_per_step} prompts x {rl_config.rollout.n} episodes per step). Evaluation: "
+        f"{eval_limit} held-out test questions, greedy. Unnecessary calls: tool calls on easy questions, which "
+        f"the model answers without the tool.\n\n{table}\n\nTotal time: {minutes:.1f} min. Episodes: "
+        "`eval_after_sft.jsonl`, `eval_after_rl.jsonl`; training metrics: `carl-segment/metrics.jsonl`; the last "
+        "step's credit, token by token: "
         f"`agentcredit view {out_dir / 'carl-segment' / 'episodes' / f'step-{rl_steps:06d}.jsonl'}`.\n"
     )
     (out_dir / "report.md").write_text(report)
     (out_dir / "summary.json").write_text(
-        json.dumps({"after_sft": before, "after_rl": after, "minutes": minutes}, indent=2)
+        json.dumps(
+            {"after_sft": before, "after_rl": after, "warmup_gate": gate, "minutes": minutes}, indent=2
+        )
     )
     (out_dir / "config.yaml").write_text(dump_config(rl_config))
     log(table)

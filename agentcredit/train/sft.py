@@ -33,10 +33,18 @@ from agentcredit.train.trainer import adamw
 
 
 def demonstrations(
-    env: Environment, tokenizer: Any, examples: Sequence[Example], protocol_name: str
+    env: Environment,
+    tokenizer: Any,
+    examples: Sequence[Example],
+    protocol_name: str,
+    *,
+    tool_share: float | None = None,
 ) -> list[RolloutTree]:
-    """Scripted episodes for ``examples``, played through the environment; only correct ones are kept."""
-    policy = scripted_policy(protocol_name, env.protocol)
+    """Scripted episodes for ``examples``, played through the environment; only correct ones are kept.
+
+    ``tool_share``: see :func:`agentcredit.train.demos.calls_tool`.
+    """
+    policy = scripted_policy(protocol_name, env.protocol, tool_share=tool_share)
     trees = []
     for example in examples:
         tree = replay(

@@ -1,0 +1,533 @@
+"""``agentcredit study``: methods compared on one task from one shared start, over seeds, on fixed held-out sets.
+
+A study file (YAML, see ``studies/``) names
+
+* ``start``: the shared starting point: SFT on scripted demonstrations (optionally calling the tool on a fixed
+  share of questions, so *when to call* is left open) and an optional carl-segment critic warm-up;
+* ``heldout``: the evaluation question sets, written to ``heldout/<name>.jsonl`` before any run and checked
+  unchanged on every resume (a study never evaluates on a set it could have tuned on);
+* ``arms`` (a preset plus overrides each), ``seeds``, ``steps`` and ``eval_every``: the same rollout budget
+  for every arm;
+* ``claims``: what the report tests, each a metric, a direction and the two arms compared.
+
+Layout of a study directory::
+
+    study.yaml                 the study file as run (a resume refuses a study whose runs would differ)
+    heldout/<set>.jsonl        the fixed held-out questions
+    start/sft-model/           the SFT model; start/model/ adds the warmed-up value head (or is the SFT model)
+    start/summary.json         the start's held-out metrics (step 0 of every curve), tier labels, warm-up gate
+    runs/<arm>-s<seed>/        ordinary run directories (config.yaml, metrics.jsonl, checkpoints)
+        done.json              written last: the run is finished and never repeated
+    report/                    report.md, report.html, plots/
+
+A study resumes where it stopped: finished runs are skipped, an unfinished run continues from its last
+checkpoint. Several invocations can share the work: each run is claimed with a lock file, so a second
+``agentcredit study --resume`` started beside the first takes the next free run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from agentcredit.config import ConfigError, load_config
+from agentcredit.tasks import Example, load_task
+
+Log = Callable[[str], None]
+
+
+class StudyError(ValueError):
+    """A study file or study directory that cannot be used; the message says which and why."""
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SftSpec(_Spec):
+    examples: int = Field(128, ge=1, description="Training questions demonstrated.")
+    epochs: int = Field(2, ge=1, description="SFT epochs.")
+    lr: float = Field(5e-5, gt=0, description="SFT learning rate.")
+    tool_share: float | None = Field(
+        None,
+        ge=0.0,
+        le=1.0,
+        description="Demonstrations call the tool on this share of questions regardless of tier (None: by tier).",
+    )
+
+
+class WarmupSpec(_Spec):
+    questions: int = Field(
+        48, ge=4, description="Warm-up questions (training split; a part is held out for the gate)."
+    )
+    tier_samples: int = Field(
+        5, ge=1, description="No-tool samples per question for the tier labels (paper: 5)."
+    )
+    rollouts_per_mode: int = Field(1, ge=1, description="Forced-tool and no-tool rollouts per question.")
+    head_epochs: int = Field(200, ge=0, description="Head-only epochs on cached boundary features.")
+    steps: int = Field(0, ge=0, description="Joint head + backbone steps after the head epochs.")
+    pairs_per_step: int = Field(64, ge=4, description="(state, R) pairs per joint step.")
+
+
+class StartSpec(_Spec):
+    preset: str = Field(
+        ..., description="Preset (or YAML) whose task, protocol and rollout caps the start uses."
+    )
+    set: list[str] = Field(default_factory=list, description="Overrides for the start's config.")
+    sft: SftSpec = Field(default_factory=SftSpec)
+    warmup: WarmupSpec | None = Field(None, description="carl-segment critic warm-up of the SFT model.")
+
+
+class HeldoutSpec(_Spec):
+    name: str = Field(..., pattern=r"^[A-Za-z0-9_-]+$", description="Set name, used in metric names.")
+    split: str = Field("test", description="Split of the study's task.")
+    limit: int = Field(64, ge=1, description="Questions.")
+    seed: int = Field(0, description="Generation / subset seed.")
+    options: dict[str, Any] = Field(default_factory=dict, description="Task options (e.g. phrasing: new).")
+
+
+class ArmSpec(_Spec):
+    name: str = Field(..., pattern=r"^[A-Za-z0-9_.+-]+$", description="Arm name (a run is <arm>-s<seed>).")
+    preset: str = Field(..., description="Preset or YAML of the method.")
+    set: list[str] = Field(default_factory=list, description="Overrides for this arm only.")
+
+
+class ClaimSpec(_Spec):
+    name: str = Field(..., description="The claim in words.")
+    metric: str = Field(..., description="A key of the final evaluation summary, e.g. tier2/tool_call_rate.")
+    heldout: str | None = Field(None, description="Held-out set (default: the first).")
+    arm: str
+    baseline: str
+    direction: Literal["higher", "lower", "not_lower", "not_higher"] = Field(
+        ..., description="higher/lower: arm vs baseline; not_lower/not_higher: non-inferiority within margin."
+    )
+    margin: float = Field(0.0, ge=0.0, description="Non-inferiority margin (not_lower / not_higher).")
+
+
+class StudySpec(_Spec):
+    name: str = Field(..., pattern=r"^[A-Za-z0-9_.-]+$")
+    description: str = ""
+    set: list[str] = Field(default_factory=list, description="Overrides applied to the start and every arm.")
+    start: StartSpec
+    heldout: list[HeldoutSpec] = Field(..., min_length=1)
+    tier_samples: int = Field(
+        5,
+        ge=0,
+        description="No-tool samples per held-out question for Tier 1/2 labels from the start (0 = none).",
+    )
+    arms: list[ArmSpec] = Field(..., min_length=1)
+    seeds: list[int] = Field(..., min_length=1)
+    steps: int = Field(..., ge=1)
+    eval_every: int = Field(5, ge=0)
+    claims: list[ClaimSpec] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _names(self) -> StudySpec:
+        for kind, names in (
+            ("arm", [a.name for a in self.arms]),
+            ("heldout", [h.name for h in self.heldout]),
+        ):
+            if len(set(names)) != len(names):
+                raise ValueError(f"{kind} names must be unique, got {names}")
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"seeds must be unique, got {self.seeds}")
+        arms, sets = {a.name for a in self.arms}, {h.name for h in self.heldout}
+        for claim in self.claims:
+            for who in (claim.arm, claim.baseline):
+                if who not in arms:
+                    raise ValueError(f"claim {claim.name!r}: no arm named {who!r} (arms: {sorted(arms)})")
+            if claim.heldout is not None and claim.heldout not in sets:
+                raise ValueError(
+                    f"claim {claim.name!r}: no held-out set {claim.heldout!r} (sets: {sorted(sets)})"
+                )
+        return self
+
+    def start_fingerprint(self) -> str:
+        """What the shared start and the held-out sets depend on."""
+        return _digest(self.model_dump(mode="json", include={"set", "start", "heldout", "tier_samples"}))
+
+    def runs_fingerprint(self) -> str:
+        """What the runs depend on (everything but the description and the claims, which only the report reads)."""
+        return _digest(self.model_dump(mode="json", exclude={"description", "claims"}))
+
+
+def _digest(data: Any) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def load_study(path: str | Path) -> StudySpec:
+    path = Path(path)
+    if not path.is_file():
+        raise StudyError(f"study file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise StudyError(f"{path}: not valid YAML: {exc}") from None
+    try:
+        spec = StudySpec.model_validate(data or {})
+    except ValidationError as exc:
+        problems = "\n  ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or '<top level>'}: {e['msg']}" for e in exc.errors()
+        )
+        raise StudyError(f"{path}: invalid study:\n  {problems}") from None
+    for where, preset, overrides in [("start", spec.start.preset, [*spec.set, *spec.start.set])] + [
+        (f"arm {a.name!r}", a.preset, [*spec.set, *a.set]) for a in spec.arms
+    ]:
+        try:
+            load_config(preset, overrides)
+        except ConfigError as exc:
+            raise StudyError(f"{path}: {where}: {exc}") from None
+    return spec
+
+
+# ------------------------------------------------------------------------------------------------ locks
+@contextmanager
+def claim(path: Path):
+    """An exclusive claim on a piece of work (a lock file with pid@host); yields False if a live process has it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    me = f"{os.getpid()}@{socket.gethostname()}"
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            owner = path.read_text().strip() if path.exists() else ""
+            pid, _, host = owner.partition("@")
+            alive = host == socket.gethostname() and pid.isdigit() and _pid_alive(int(pid))
+            if alive or host not in ("", socket.gethostname()):
+                yield False
+                return
+            path.unlink(missing_ok=True)  # stale: its process is gone
+            continue
+        with os.fdopen(fd, "w") as fh:
+            fh.write(me)
+        try:
+            yield True
+        finally:
+            path.unlink(missing_ok=True)
+        return
+    yield False
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _write_json(path: Path, data: Any) -> None:
+    """Atomic JSON write: a half-written file never looks like a finished one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    tmp.replace(path)
+
+
+# ------------------------------------------------------------------------------------------------ the study
+class Study:
+    def __init__(self, spec: StudySpec, directory: str | Path, *, source: str = "", log: Log = print):
+        self.spec, self.dir, self.log = spec, Path(directory), log
+        self.source = source
+
+    # paths
+    @property
+    def start_dir(self) -> Path:
+        return self.dir / "start"
+
+    def run_dir(self, arm: str, seed: int) -> Path:
+        return self.dir / "runs" / f"{arm}-s{seed}"
+
+    def runs(self) -> list[tuple[ArmSpec, int]]:
+        """Seed-major order, so that a study stopped early has every arm at the same number of seeds."""
+        return [(arm, seed) for seed in self.spec.seeds for arm in self.spec.arms]
+
+    # ---------------------------------------------------------------- set-up
+    def prepare(self, *, resume: bool) -> None:
+        """Create the directory, or check that the one there belongs to this study."""
+        marker = self.dir / "study.yaml"
+        if marker.is_file():
+            if not resume:
+                raise StudyError(f"{self.dir}: a study is already there; add --resume to continue it")
+            old = yaml.safe_load(marker.read_text()) or {}
+            started = (self.start_dir / "sft-model").exists()
+            ran = (self.dir / "runs").is_dir() and any((self.dir / "runs").iterdir())
+            if started and old.get("start_fingerprint") != self.spec.start_fingerprint():
+                raise StudyError(
+                    f"{self.dir}: its shared start was made with a different study file (start, held-out sets or "
+                    "common settings changed); use a new --out directory"
+                )
+            if ran and old.get("fingerprint") != self.spec.runs_fingerprint():
+                raise StudyError(
+                    f"{self.dir}: its runs were made with a different study file (arms, seeds or budget "
+                    "changed); use a new --out directory"
+                )
+        self.dir.mkdir(parents=True, exist_ok=True)
+        marker.write_text(
+            yaml.safe_dump(
+                {
+                    "fingerprint": self.spec.runs_fingerprint(),
+                    "start_fingerprint": self.spec.start_fingerprint(),
+                    "source": self.source,
+                    "spec": self.spec.model_dump(mode="json"),
+                },
+                sort_keys=False,
+            )
+        )
+        self._fix_heldout()
+
+    def _task(self) -> tuple[str, int, dict[str, Any]]:
+        cfg = load_config(self.spec.start.preset, [*self.spec.set, *self.spec.start.set])
+        return cfg.task.name, cfg.task.seed, dict(cfg.task.options)
+
+    def _fix_heldout(self) -> None:
+        """Write each held-out set once; afterwards it must regenerate to the very same questions."""
+        folder = self.dir / "heldout"
+        folder.mkdir(exist_ok=True)
+        task, _, task_options = self._task()
+        for h in self.spec.heldout:
+            examples = load_task(
+                task, split=h.split, limit=h.limit, seed=h.seed, **{**task_options, **h.options}
+            )
+            text = "".join(json.dumps(e.to_dict(), sort_keys=True) + "\n" for e in examples)
+            path = folder / f"{h.name}.jsonl"
+            if path.is_file() and path.read_text() != text:
+                raise StudyError(f"{path}: the held-out set no longer regenerates to the same questions")
+            if not path.is_file():
+                path.write_text(text)
+
+    def heldout_sets(self) -> dict[str, list[Example]]:
+        from agentcredit.tasks.example import iter_jsonl
+
+        return {
+            h.name: [
+                Example.from_dict(row, where)
+                for where, row in iter_jsonl(self.dir / "heldout" / f"{h.name}.jsonl")
+            ]
+            for h in self.spec.heldout
+        }
+
+    # ---------------------------------------------------------------- start
+    def start_model(self) -> Path:
+        return self.start_dir / ("model" if self.spec.start.warmup is not None else "sft-model")
+
+    def build_start(self) -> dict[str, Any]:
+        """SFT (+ warm-up), tier labels of the held-out questions and the start's held-out metrics; once."""
+        summary_path = self.start_dir / "summary.json"
+        if summary_path.is_file():
+            return json.loads(summary_path.read_text())
+        while True:
+            with claim(self.start_dir / ".lock") as mine:
+                if mine:
+                    if summary_path.is_file():
+                        return json.loads(summary_path.read_text())
+                    return self._build_start(summary_path)
+            self.log("the shared start is being built by another invocation; waiting")
+            time.sleep(30)
+            if summary_path.is_file():
+                return json.loads(summary_path.read_text())
+
+    def _build_start(self, summary_path: Path) -> dict[str, Any]:
+        from agentcredit.train.run import run_sft, run_warmup
+        from agentcredit.train.trainer import load_base_model
+
+        s = self.spec.start
+        cfg = load_config(s.preset, [*self.spec.set, *s.set])
+        started = time.perf_counter()
+        summary: dict[str, Any] = {}
+        sft_dir = self.start_dir / "sft-model"
+        if not (sft_dir / "sft_summary.json").is_file():
+            self.log(f"[start] SFT on {s.sft.examples} demonstrations (tool share {s.sft.tool_share})")
+            run_sft(
+                cfg,
+                sft_dir,
+                examples=s.sft.examples,
+                epochs=s.sft.epochs,
+                lr=s.sft.lr,
+                tool_share=s.sft.tool_share,
+                log=self.log,
+            )
+        summary["sft"] = json.loads((sft_dir / "sft_summary.json").read_text())
+        start_cfg = load_config(s.preset, [*self.spec.set, *s.set, f"model.name={sft_dir}"])
+        if s.warmup is not None:
+            from agentcredit.train.warmup import WarmupSettings
+
+            w = s.warmup
+            warm_dir = self.start_dir / "model"
+            if not (warm_dir / "warmup_summary.json").is_file():
+                self.log(f"[start] critic warm-up on {w.questions} questions")
+                settings = WarmupSettings(
+                    tier_samples=w.tier_samples,
+                    rollouts_per_mode=w.rollouts_per_mode,
+                    head_epochs=w.head_epochs,
+                    steps=w.steps,
+                    pairs_per_step=w.pairs_per_step,
+                    seed=cfg.train.seed,
+                )
+                run_warmup(start_cfg, warm_dir, questions=w.questions, settings=settings, log=self.log)
+            summary["warmup"] = json.loads((warm_dir / "warmup_summary.json").read_text())
+        model_dir = self.start_model()
+        model, tokenizer = load_base_model(str(model_dir), start_cfg.model.dtype)
+        sets = self.heldout_sets()
+        tiers = self._tier_labels(model, tokenizer, start_cfg, sets)
+        summary["tiers"] = tiers
+        evaluation = self._evaluate(model, tokenizer, start_cfg, sets, tiers)
+        summary["heldout"] = evaluation
+        summary["seconds"] = time.perf_counter() - started
+        summary["model"] = str(model_dir)
+        _write_json(summary_path, summary)
+        self.log(
+            "[start] held-out: "
+            + "; ".join(
+                f"{name}: accuracy {m['accuracy']:.3f}, tool-call rate {m['tool_call_rate']:.3f}"
+                for name, m in evaluation.items()
+            )
+        )
+        return summary
+
+    def _tier_labels(self, model, tokenizer, cfg, sets) -> dict[str, str]:
+        if self.spec.tier_samples == 0:
+            return {}
+        from agentcredit.train.warmup import tier_labels
+
+        examples = [e for exs in sets.values() for e in exs]
+        self.log(
+            f"[start] tier labels: {self.spec.tier_samples} no-tool samples for {len(examples)} held-out questions"
+        )
+        return tier_labels(model, tokenizer, cfg, examples, self.spec.tier_samples, seed=12345)
+
+    def _evaluate(self, model, tokenizer, cfg, sets, tiers) -> dict[str, dict[str, float]]:
+        from agentcredit.environment import build_environment
+        from agentcredit.eval.evaluate import evaluate
+
+        env = build_environment(cfg)
+        out = {}
+        try:
+            r = cfg.rollout
+            for name, examples in sets.items():
+                summary, records = evaluate(
+                    model,
+                    tokenizer,
+                    env,
+                    examples,
+                    tiers={e.id: tiers[e.id] for e in examples} if tiers else None,
+                    max_new_tokens=r.max_new_tokens,
+                    max_episode_tokens=r.max_episode_tokens,
+                    max_turns=r.max_turns,
+                    max_batch=r.max_batch,
+                )
+                out[name] = summary
+                with open(self.start_dir / f"eval_{name}_episodes.jsonl", "w") as fh:
+                    for record in records:
+                        fh.write(json.dumps(record) + "\n")
+        finally:
+            env.close()
+        return out
+
+    # ---------------------------------------------------------------- runs
+    def run_config(self, arm: ArmSpec, seed: int):
+        first = self.spec.heldout[0]
+        return load_config(
+            arm.preset,
+            [
+                *self.spec.set,
+                *arm.set,
+                f"model.name={self.start_model()}",
+                f"train.seed={seed}",
+                f"train.steps={self.spec.steps}",
+                f"train.eval_every={self.spec.eval_every}",
+                f"task.eval_limit={first.limit}",
+                f"method={arm.name}",
+            ],
+        )
+
+    def run_one(self, arm: ArmSpec, seed: int, start: dict[str, Any]) -> bool:
+        """Train (or continue) one run; False if another invocation holds it."""
+        from agentcredit.train.checkpoint import latest_checkpoint
+        from agentcredit.train.run import HeldoutEvaluation, write_episodes
+        from agentcredit.train.trainer import Trainer
+
+        run_dir = self.run_dir(arm.name, seed)
+        with claim(run_dir / ".lock") as mine:
+            if not mine:
+                return False
+            if (run_dir / "done.json").is_file():
+                return True
+            cfg = self.run_config(arm, seed)
+            progress_path = run_dir / "progress.json"
+            spent = json.loads(progress_path.read_text())["seconds"] if progress_path.is_file() else 0.0
+            began = time.perf_counter()
+            trainer = Trainer(cfg, run_dir=run_dir)
+            try:
+                if latest_checkpoint(run_dir) is not None:
+                    trainer.resume(run_dir)
+                    self.log(f"[{arm.name} seed {seed}] resumed at step {trainer.step}")
+                evaluation = HeldoutEvaluation(
+                    self.heldout_sets(),
+                    every=self.spec.eval_every,
+                    last_step=self.spec.steps,
+                    tiers=start.get("tiers") or None,
+                    log=lambda line: self.log(f"[{arm.name} seed {seed}] {line}"),
+                )
+
+                def on_step(tr, result):
+                    evaluation(tr, result)
+                    _write_json(
+                        progress_path, {"step": tr.step, "seconds": spent + time.perf_counter() - began}
+                    )
+
+                if trainer.step == 0:
+                    self.log(f"[{arm.name} seed {seed}] training {self.spec.steps} steps in {run_dir}")
+                trainer.train(progress=False, on_step=on_step)
+                if not evaluation.latest:  # resumed after the last step but before done.json
+                    evaluation.run(trainer)
+                finals = {}
+                for name, (summary, records) in evaluation.latest.items():
+                    finals[name] = summary
+                    write_episodes(run_dir / f"eval_{name}_episodes.jsonl", records)
+                first = self.spec.heldout[0].name
+                (run_dir / "eval_summary.json").write_text(json.dumps(finals[first], indent=2))
+                write_episodes(run_dir / "eval_episodes.jsonl", evaluation.latest[first][1])
+            finally:
+                trainer.close()
+            _write_json(
+                run_dir / "done.json",
+                {"final": finals, "seconds": spent + time.perf_counter() - began, "finished": time.time()},
+            )
+            self.log(
+                f"[{arm.name} seed {seed}] done: "
+                + ", ".join(f"{n}/accuracy={m['accuracy']:.3f}" for n, m in finals.items())
+            )
+        return True
+
+    def run(self, *, only: list[str] | None = None, max_runs: int | None = None) -> dict[str, Any]:
+        """Build the start if needed, then every unfinished run this invocation can claim; then the report."""
+        from agentcredit.eval.study_report import write_study_report
+
+        start = self.build_start()
+        done = 0
+        for arm, seed in self.runs():
+            if only and arm.name not in only:
+                continue
+            if (self.run_dir(arm.name, seed) / "done.json").is_file():
+                continue
+            if max_runs is not None and done >= max_runs:
+                break
+            if self.run_one(arm, seed, start):
+                done += 1
+                write_study_report(self, self.dir / "report")  # results as they arrive
+            else:
+                self.log(f"[{arm.name} seed {seed}] held by another invocation; skipped")
+        paths = write_study_report(self, self.dir / "report")
+        return {"runs_done_now": done, **{k: str(v) for k, v in paths.items()}}

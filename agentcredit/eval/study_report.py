@@ -1,0 +1,436 @@
+"""The report of an ``agentcredit study``: intervals over seeds, learning curves with bands, and claim verdicts.
+
+Statistics (written by hand, since they are two formulas and a table; scipy would be a dependency for one
+quantile):
+
+* per arm and metric: the mean over seeds and a 95% Student-t interval, mean +- t_{0.975, n-1} * s / sqrt(n);
+* per claim: the difference arm - baseline with a 95% Welch interval (unequal variances, Welch-Satterthwaite
+  degrees of freedom). ``higher`` / ``lower`` claims are *reproduced* when that interval lies entirely on the
+  claimed side of 0, *not reproduced* when it lies entirely on the other side, and *inconclusive* otherwise.
+  ``not_lower`` / ``not_higher`` (non-inferiority with a margin m) are *reproduced* when the interval lies
+  entirely above -m (below +m), *not reproduced* when it lies entirely below 0 (above 0), else inconclusive.
+  With one seed per arm there is no interval and every verdict is inconclusive.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import yaml
+
+from agentcredit.eval.report import (
+    CSS,
+    RunData,
+    _figure,
+    _html_table,
+    _img,
+    _markdown_table,
+    load_run,
+    plot_calibration,
+)
+
+if TYPE_CHECKING:
+    from agentcredit.eval.study import Study
+
+# t_{0.975, df} for df = 1..30; beyond 30 the normal quantile is within 2%.
+_T975 = (
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+)  # fmt: skip
+
+
+def t975(df: float) -> float:
+    """The 0.975 quantile of Student's t with ``df`` >= 1 degrees of freedom.
+
+    Exact (3 decimals) at integer df <= 30, linear in between (fractional Welch df), and beyond 30
+    1.960 + 0.082 * 30 / df, which meets the table at 30 and the normal quantile at infinity (within 0.003).
+    """
+    if not df >= 1:
+        raise ValueError(f"t975: degrees of freedom must be >= 1, got {df}")
+    if df >= len(_T975):
+        return 1.960 + (_T975[-1] - 1.960) * len(_T975) / df
+    d = int(math.floor(df))
+    return _T975[d - 1] + (df - d) * (_T975[d] - _T975[d - 1])
+
+
+def mean_interval(values: list[float]) -> tuple[float, float, float]:
+    """``(mean, low, high)``: the 95% t interval of the mean; low = high = mean for a single value."""
+    if not values:
+        raise ValueError("mean_interval: no values")
+    x = np.asarray(values, dtype=np.float64)
+    mean = float(x.mean())
+    if len(x) < 2:
+        return mean, mean, mean
+    half = t975(len(x) - 1) * float(x.std(ddof=1)) / math.sqrt(len(x))
+    return mean, mean - half, mean + half
+
+
+def welch_interval(a: list[float], b: list[float]) -> tuple[float, float, float] | None:
+    """``(diff, low, high)`` for mean(a) - mean(b), 95% Welch interval; None with fewer than 2 values a side."""
+    if len(a) < 2 or len(b) < 2:
+        return None
+    xa, xb = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    va, vb = xa.var(ddof=1) / len(xa), xb.var(ddof=1) / len(xb)
+    diff = float(xa.mean() - xb.mean())
+    se2 = va + vb
+    if se2 == 0:
+        return diff, diff, diff
+    denominator = va**2 / (len(xa) - 1) + vb**2 / (len(xb) - 1)
+    # Welch-Satterthwaite df lies between min(n) - 1 and n_a + n_b - 2; clamp it there against under/overflow
+    low_df, high_df = min(len(xa), len(xb)) - 1, len(xa) + len(xb) - 2
+    df = se2**2 / denominator if denominator > 0 else high_df
+    df = min(max(df, low_df), high_df) if math.isfinite(df) else high_df
+    half = t975(df) * math.sqrt(se2)
+    return diff, diff - half, diff + half
+
+
+def verdict(direction: str, interval: tuple[float, float, float] | None, margin: float = 0.0) -> str:
+    """'reproduced' / 'not reproduced' / 'inconclusive' for a claim on arm - baseline (module docstring)."""
+    if interval is None:
+        return "inconclusive"
+    _, low, high = interval
+    if direction == "higher":
+        return "reproduced" if low > 0 else "not reproduced" if high < 0 else "inconclusive"
+    if direction == "lower":
+        return "reproduced" if high < 0 else "not reproduced" if low > 0 else "inconclusive"
+    if direction == "not_lower":
+        return "reproduced" if low > -margin else "not reproduced" if high < 0 else "inconclusive"
+    if direction == "not_higher":
+        return "reproduced" if high < margin else "not reproduced" if low > 0 else "inconclusive"
+    raise ValueError(f"verdict: unknown direction {direction!r}")
+
+
+# ------------------------------------------------------------------------------------------------ reading
+def _fmt(x: float | None, digits: int = 3) -> str:
+    return "–" if x is None or not math.isfinite(x) else f"{x:.{digits}f}"
+
+
+def _fmt_interval(iv: tuple[float, float, float] | None) -> str:
+    if iv is None:
+        return "–"
+    mean, low, high = iv
+    return _fmt(mean) if low == high else f"{_fmt(mean)} [{_fmt(low)}, {_fmt(high)}]"
+
+
+def _finished(study: Study) -> dict[str, dict[int, dict[str, Any]]]:
+    """arm -> seed -> done.json of the finished runs."""
+    out: dict[str, dict[int, dict[str, Any]]] = {}
+    for arm, seed in study.runs():
+        path = study.run_dir(arm.name, seed) / "done.json"
+        if path.is_file():
+            out.setdefault(arm.name, {})[seed] = json.loads(path.read_text())
+    return out
+
+
+def metric_keys(study: Study) -> list[tuple[str, str]]:
+    """(key, label) rows of the tables: the eval summary names of ``agentcredit eval`` / ``compare``."""
+    keys = [
+        ("accuracy", "accuracy"),
+        ("tool_calls", "tool calls / episode"),
+        ("tool_call_rate", "tool-call rate"),
+        ("policy_tokens", "policy tokens / episode"),
+    ]
+    examples = [e for exs in study.heldout_sets().values() for e in exs]
+    tiers = sorted({e.info.get("tier") for e in examples if e.info.get("tier")}, key=_tier_order)
+    for tier in [*tiers, "tier1", "tier2"]:
+        keys += [
+            (f"{tier}/accuracy", f"accuracy, {tier}"),
+            (f"{tier}/tool_call_rate", f"tool-call rate, {tier}"),
+        ]
+    keys += [
+        ("critic/auc_v_s0", "critic AUC V(s0)"),
+        ("critic/ece", "critic ECE"),
+        ("critic/explained_variance", "critic EV"),
+    ]
+    return keys
+
+
+def _tier_order(tier: str) -> int:
+    order = ("easy", "medium", "hard")
+    return order.index(tier) if tier in order else len(order)
+
+
+def _values(finished: dict[int, dict[str, Any]], heldout: str, key: str) -> list[float]:
+    out = []
+    for record in finished.values():
+        value = record["final"].get(heldout, {}).get(key)
+        if isinstance(value, int | float) and math.isfinite(value):
+            out.append(float(value))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ plots
+def _eval_series(run: RunData, key: str) -> dict[int, float]:
+    out = {}
+    for record in run.metrics:
+        value = record.get(key)
+        if isinstance(value, int | float) and math.isfinite(value):
+            out[int(record["step"])] = float(value)
+    return out
+
+
+def plot_curves_with_bands(
+    study: Study, runs: dict[str, list[RunData]], start: dict[str, Any], heldout: str, prefix: str, path: Path
+) -> Path:
+    """Held-out metrics over training steps: per arm the mean over seeds and its 95% t band; step 0 = start."""
+    plt = _figure()
+    panels = [("accuracy", "held-out accuracy"), ("tool_calls", "tool calls / episode")]
+    tiers = [k for k in ("easy/tool_call_rate", "medium/tool_call_rate", "tier2/tool_call_rate")]
+    panels += [(k, f"tool-call rate, {k.split('/')[0]}") for k in tiers]
+    panels.append(("policy_tokens", "policy tokens / episode"))
+    fig, axes = plt.subplots(2, 3, figsize=(14, 7.5), constrained_layout=True)
+    base = start.get("heldout", {}).get(heldout, {})
+    for ax, (key, label) in zip(axes.flat, panels, strict=True):
+        for arm, arm_runs in runs.items():
+            series = [_eval_series(r, prefix + key) for r in arm_runs]
+            steps = sorted({s for ser in series for s in ser})
+            if key in base:
+                steps = [0, *steps]
+                for ser in series:
+                    ser[0] = base[key]
+            xs, means, lows, highs = [], [], [], []
+            for s in steps:
+                vals = [ser[s] for ser in series if s in ser]
+                if not vals:
+                    continue
+                m, lo, hi = mean_interval(vals)
+                xs.append(s)
+                means.append(m)
+                lows.append(lo)
+                highs.append(hi)
+            if xs:
+                line = ax.plot(xs, means, marker="o", markersize=3, label=f"{arm} (n={len(arm_runs)})")[0]
+                ax.fill_between(xs, lows, highs, alpha=0.2, color=line.get_color())
+        ax.set_title(label)
+        ax.set_xlabel("training step (0 = shared start)")
+        ax.grid(alpha=0.3)
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="outside lower center", ncols=min(4, len(labels)))
+    fig.suptitle(f"Held-out set '{heldout}': mean over seeds with 95% t band (greedy evaluation)")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_training_reward(runs: dict[str, list[RunData]], path: Path) -> Path:
+    plt = _figure()
+    fig, ax = plt.subplots(figsize=(7, 4.5), constrained_layout=True)
+    for arm, arm_runs in runs.items():
+        series = [_eval_series(r, "reward/mean") for r in arm_runs]
+        steps = sorted({s for ser in series for s in ser})
+        stats = [mean_interval([ser[s] for ser in series if s in ser]) for s in steps]
+        if steps:
+            line = ax.plot(steps, [m for m, _, _ in stats], label=arm)[0]
+            ax.fill_between(
+                steps,
+                [lo for _, lo, _ in stats],
+                [hi for _, _, hi in stats],
+                alpha=0.2,
+                color=line.get_color(),
+            )
+    ax.set_xlabel("training step")
+    ax.set_ylabel("mean reward of the step's rollouts")
+    ax.set_title("Training reward (sampled rollouts), mean over seeds with 95% band")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# ------------------------------------------------------------------------------------------------ report
+def write_study_report(study: Study, out_dir: str | Path) -> dict[str, Path]:
+    """``report.md`` (+ ``plots/``) and a self-contained ``report.html`` from the finished runs so far."""
+    out_dir = Path(out_dir)
+    plots = out_dir / "plots"
+    plots.mkdir(parents=True, exist_ok=True)
+    spec = study.spec
+    start_path = study.start_dir / "summary.json"
+    start = json.loads(start_path.read_text()) if start_path.is_file() else {}
+    finished = _finished(study)
+    runs = {
+        arm: [load_run(study.run_dir(arm, seed)) for seed in sorted(seeds)] for arm, seeds in finished.items()
+    }
+    keys = metric_keys(study)
+    sections: list[tuple[str, str, Any]] = []  # (title, kind, payload): kind in text / table / image
+
+    total_runs = len(study.runs())
+    n_done = sum(len(v) for v in finished.values())
+    marker = yaml.safe_load((study.dir / "study.yaml").read_text()) or {}
+    seconds = [r["seconds"] for arm in finished.values() for r in arm.values()]
+    intro = (
+        f"{spec.description.strip()}\n\n"
+        f"Study file: `{marker.get('source', '')}`; regenerate with `agentcredit study --config {marker.get('source', '')} "
+        f"--out {study.dir} --resume`. Commit: {_commit()}. Runs finished: {n_done} of {total_runs} "
+        f"({len(spec.arms)} arms x {len(spec.seeds)} seeds, {spec.steps} steps each, held-out evaluation every "
+        f"{spec.eval_every} steps, greedy). Wall time of the finished runs: {sum(seconds) / 3600:.2f} h "
+        f"(start: {start.get('seconds', 0.0) / 3600:.2f} h). Report written {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}."
+    )
+    sections.append(("", "text", intro))
+
+    # the start
+    if start:
+        sft = start.get("sft", {})
+        text = (
+            f"SFT: {sft.get('episodes')} demonstrations ({sft.get('source')}), {sft.get('epochs')} epochs, loss "
+            f"{_fmt(sft.get('first_loss'))} -> {_fmt(sft.get('last_loss'))}, "
+            f"{_fmt(sft.get('tool_calls_per_episode'), 2)} tool calls per demonstration."
+        )
+        if "warmup" in start:
+            w = start["warmup"]
+            gate = w.get("gate", {})
+            text += (
+                f" Critic warm-up: gate {'passed' if w.get('passed') else 'NOT passed'} on its held-out warm-up "
+                f"questions: AUC {_fmt(gate.get('auc'))} (gate 0.70), sign accuracy {_fmt(gate.get('sign_accuracy'))} "
+                f"(0.60), explained variance {_fmt(gate.get('explained_variance'))} (0.45); {w.get('seconds', 0):.0f} s."
+            )
+        tiers = start.get("tiers") or {}
+        if tiers:
+            n2 = sum(1 for t in tiers.values() if t == "tier2")
+            text += (
+                f" Tier labels of the held-out questions from {spec.tier_samples} no-tool samples of the start model: "
+                f"{n2} Tier 2 (answerable alone), {len(tiers) - n2} Tier 1."
+            )
+        sections.append(("The shared start", "text", text))
+        header = ["metric", *[h.name for h in spec.heldout]]
+        rows = [
+            [label, *[_fmt(start.get("heldout", {}).get(h.name, {}).get(key)) for h in spec.heldout]]
+            for key, label in keys
+            if any(key in start.get("heldout", {}).get(h.name, {}) for h in spec.heldout)
+        ]
+        sections.append(("Start, measured on the held-out sets", "table", (header, rows)))
+
+    # per held-out set: mean [95% CI] per arm
+    for h in spec.heldout:
+        header = ["metric", "start", *[f"{a.name} (n={len(finished.get(a.name, {}))})" for a in spec.arms]]
+        rows = []
+        for key, label in keys:
+            cells = [
+                _fmt_interval(mean_interval(v))
+                if (v := _values(finished.get(a.name, {}), h.name, key))
+                else "–"
+                for a in spec.arms
+            ]
+            base = start.get("heldout", {}).get(h.name, {}).get(key)
+            if all(c == "–" for c in cells) and base is None:
+                continue
+            rows.append([label, _fmt(base), *cells])
+        sections.append(
+            (
+                f"Held-out set '{h.name}' after {spec.steps} steps: mean [95% t interval] over seeds",
+                "table",
+                (header, rows),
+            )
+        )
+
+    # claims
+    if spec.claims:
+        header = ["claim", "metric", "set", "arm", "baseline", "arm - baseline [95% Welch]", "verdict"]
+        rows = []
+        for c in spec.claims:
+            h = c.heldout or spec.heldout[0].name
+            a = _values(finished.get(c.arm, {}), h, c.metric)
+            b = _values(finished.get(c.baseline, {}), h, c.metric)
+            iv = welch_interval(a, b)
+            rows.append(
+                [
+                    c.name,
+                    f"{c.metric} ({c.direction.replace('_', ' ')}{f', margin {c.margin}' if c.margin else ''})",
+                    h,
+                    f"{c.arm}: {_fmt_interval(mean_interval(a)) if a else '–'} (n={len(a)})",
+                    f"{c.baseline}: {_fmt_interval(mean_interval(b)) if b else '–'} (n={len(b)})",
+                    _fmt_interval(iv),
+                    verdict(c.direction, iv, c.margin).upper(),
+                ]
+            )
+        sections.append(("Claims", "table", (header, rows)))
+
+    # wall time
+    header = ["run", "steps", "wall time (min)", "mean s/step (rollout / signals / update)", "eval s (total)"]
+    rows = []
+    for arm, arm_runs in runs.items():
+        for run, (seed, record) in zip(arm_runs, sorted(finished[arm].items()), strict=True):
+            phases = [
+                np.mean(v) if (v := [m[k] for m in run.metrics if k in m]) else float("nan")
+                for k in ("time/rollout", "time/signals", "time/update")
+            ]
+            evals = sum(m.get("time/eval", 0.0) for m in run.metrics)
+            rows.append(
+                [
+                    f"{arm} seed {seed}",
+                    str(spec.steps),
+                    f"{record['seconds'] / 60:.1f}",
+                    " / ".join(_fmt(p, 1) for p in phases),
+                    f"{evals:.0f}",
+                ]
+            )
+    if rows:
+        sections.append(("Wall time per run", "table", (header, rows)))
+
+    # plots
+    if runs:
+        for i, h in enumerate(spec.heldout):
+            prefix = "eval/" if i == 0 else f"eval_{h.name}/"
+            path = plot_curves_with_bands(study, runs, start, h.name, prefix, plots / f"curves_{h.name}.png")
+            sections.append((f"Learning curves, held-out set '{h.name}'", "image", path))
+        sections.append(
+            ("Training reward", "image", plot_training_reward(runs, plots / "training_reward.png"))
+        )
+        critic_runs = [r for arm_runs in runs.values() for r in arm_runs]
+        calibration = plot_calibration(critic_runs, plots / "calibration.png")
+        if calibration is not None:
+            sections.append(("Critic calibration (final held-out evaluation)", "image", calibration))
+
+    return _write(out_dir, f"agentcredit study: {spec.name}", sections)
+
+
+def _commit() -> str:
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10, check=True
+        )
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        return out.stdout.strip() + (" (with uncommitted changes)" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown (not a git checkout)"
+
+
+def _write(out_dir: Path, title: str, sections: list[tuple[str, str, Any]]) -> dict[str, Path]:
+    md, parts = [f"# {title}"], [f"<h1>{html.escape(title)}</h1>"]
+    for heading, kind, payload in sections:
+        if heading:
+            md.append(f"## {heading}")
+            parts.append(f"<h2>{html.escape(heading)}</h2>")
+        if kind == "text":
+            md.append(payload)
+            parts += [f"<p>{html.escape(p)}</p>" for p in payload.split("\n\n") if p.strip()]
+        elif kind == "table":
+            md.append(_markdown_table(*payload))
+            parts.append(_html_table(*payload))
+        else:
+            md.append(f"![{heading}](plots/{payload.name})")
+            parts.append(_img(payload, heading))
+    markdown = out_dir / "report.md"
+    markdown.write_text("\n\n".join(md) + "\n")
+    page = out_dir / "report.html"
+    page.write_text(
+        f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<style>{CSS}</style></head><body>{''.join(parts)}</body></html>",
+        encoding="utf-8",
+    )
+    return {"markdown": markdown, "html": page, "plots": out_dir / "plots"}

@@ -1,0 +1,165 @@
+"""``agentcredit study`` end to end on the tiny model: shared start, fixed held-out sets, resume, report."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from agentcredit.cli import app
+from agentcredit.eval.study import Study, StudyError, claim, load_study
+
+TINY = [
+    "model.name=tiny",
+    "task.options={easy_fraction: 0.5, medium_fraction: 0.25}",
+    "rollout.prompts_per_step=2",
+    "rollout.n=2",
+    "rollout.max_new_tokens=16",
+    "rollout.max_episode_tokens=40",
+    "rollout.max_turns=3",
+    "train.tensorboard=false",
+    "train.save_every=1",
+]
+
+
+def tiny_study(**changes) -> dict:
+    spec = {
+        "name": "tiny",
+        "description": "two arms on the tiny model",
+        "set": TINY,
+        "start": {
+            "preset": "carl-segment-arith-tools",
+            "sft": {"examples": 4, "epochs": 1, "lr": 1e-3, "tool_share": 0.5},
+            "warmup": {"questions": 4, "tier_samples": 1, "head_epochs": 3, "steps": 0},
+        },
+        "heldout": [
+            {"name": "test", "split": "test", "limit": 4},
+            {"name": "new", "split": "test", "limit": 2, "options": {"phrasing": "new"}},
+        ],
+        "tier_samples": 1,
+        "seeds": [0, 1],
+        "steps": 1,
+        "eval_every": 1,
+        "arms": [
+            {"name": "grpo", "preset": "grpo-arith-tools"},
+            {"name": "carl-segment", "preset": "carl-segment-arith-tools"},
+        ],
+        "claims": [
+            {
+                "name": "fewer calls",
+                "metric": "tool_call_rate",
+                "arm": "carl-segment",
+                "baseline": "grpo",
+                "direction": "lower",
+            },
+            {
+                "name": "accuracy holds on new phrasings",
+                "metric": "accuracy",
+                "heldout": "new",
+                "arm": "carl-segment",
+                "baseline": "grpo",
+                "direction": "not_lower",
+                "margin": 0.05,
+            },
+        ],
+    }
+    spec.update(changes)
+    return spec
+
+
+def write(path, spec) -> str:
+    path.write_text(yaml.safe_dump(spec))
+    return str(path)
+
+
+def test_study_file_errors_name_the_problem(tmp_path):
+    with pytest.raises(StudyError, match="seeds"):
+        load_study(write(tmp_path / "a.yaml", tiny_study(seeds=[])))
+    bad_claim = tiny_study()
+    bad_claim["claims"][0]["baseline"] = "ppo"
+    with pytest.raises(StudyError, match="no arm named 'ppo'"):
+        load_study(write(tmp_path / "b.yaml", bad_claim))
+    bad_arm = tiny_study(
+        arms=[{"name": "x", "preset": "grpo-arith-tools", "set": ["optim.nope=1"]}], claims=[]
+    )
+    with pytest.raises(StudyError, match="(?s)arm .x.*optim.nope"):
+        load_study(write(tmp_path / "c.yaml", bad_arm))
+    with pytest.raises(StudyError, match="not found"):
+        load_study(tmp_path / "missing.yaml")
+
+
+def test_the_budget_may_change_until_the_first_run(tmp_path):
+    out = tmp_path / "study"
+    Study(load_study(write(tmp_path / "a.yaml", tiny_study())), out).prepare(resume=False)
+    Study(load_study(write(tmp_path / "b.yaml", tiny_study(steps=3))), out).prepare(resume=True)  # no run yet
+    (out / "runs" / "grpo-s0").mkdir(parents=True)
+    with pytest.raises(StudyError, match="runs were made with a different study file"):
+        Study(load_study(write(tmp_path / "c.yaml", tiny_study(steps=4))), out).prepare(resume=True)
+
+
+def test_a_claim_is_exclusive_and_a_dead_owner_is_stale(tmp_path):
+    lock = tmp_path / "run" / ".lock"
+    with claim(lock) as first:
+        assert first
+        with claim(lock) as second:
+            assert not second  # this very process holds it
+    assert not lock.exists()
+    lock.write_text("999999999@" + __import__("socket").gethostname())  # no such process
+    with claim(lock) as mine:
+        assert mine
+
+
+def test_study_runs_resumes_and_reports(tmp_path):
+    config = write(tmp_path / "study.yaml", tiny_study())
+    out = tmp_path / "study"
+    runner = CliRunner()
+    first = runner.invoke(app, ["study", "--config", config, "--out", str(out), "--max-runs", "1"])
+    assert first.exit_code == 0, first.output
+    done = sorted(p.parent.name for p in out.glob("runs/*/done.json"))
+    assert done == ["grpo-s0"]  # seed-major order: every arm gets seed 0 before any gets seed 1
+    stamp = (out / "runs" / "grpo-s0" / "done.json").stat().st_mtime_ns
+
+    # the start: SFT, warm-up head, tier labels and the start's held-out metrics; held-out sets on disk
+    start = json.loads((out / "start" / "summary.json").read_text())
+    assert set(start["heldout"]) == {"test", "new"} and start["warmup"]["settings"]["head_epochs"] == 3
+    assert set(start["tiers"].values()) <= {"tier1", "tier2"} and len(start["tiers"]) == 6
+    assert (out / "start" / "model" / "value_head.pt").is_file()
+    assert len((out / "heldout" / "new.jsonl").read_text().splitlines()) == 2
+
+    again = runner.invoke(app, ["study", "--config", config, "--out", str(out)])
+    assert again.exit_code == 2 and "--resume" in again.output  # never silently mixes two studies
+
+    rest = runner.invoke(app, ["study", "--config", config, "--out", str(out), "--resume"])
+    assert rest.exit_code == 0, rest.output
+    assert len(list(out.glob("runs/*/done.json"))) == 4
+    assert (out / "runs" / "grpo-s0" / "done.json").stat().st_mtime_ns == stamp  # not repeated
+
+    run = out / "runs" / "carl-segment-s1"
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert any(
+        "eval/accuracy" in m and "eval_new/accuracy" in m and "eval/tier1/tool_call_rate" in m
+        for m in metrics
+    )
+    assert "critic/ece" in json.loads((run / "done.json").read_text())["final"]["test"]
+
+    report = (out / "report" / "report.md").read_text()
+    assert "Runs finished: 4 of 4" in report and "## Claims" in report
+    assert "| fewer calls |" in report and ("INCONCLUSIVE" in report or "REPRODUCED" in report)
+    assert "grpo (n=2)" in report and "[" in report  # intervals over two seeds
+    assert (out / "report" / "plots" / "curves_test.png").stat().st_size > 0
+    html = (out / "report" / "report.html").read_text()
+    assert "data:image/png;base64," in html
+
+    # a changed budget cannot reuse these runs; a tampered held-out set is refused
+    changed = write(tmp_path / "changed.yaml", tiny_study(steps=2))
+    with pytest.raises(StudyError, match="different study file"):
+        Study(load_study(changed), out).prepare(resume=True)
+    new_start = tiny_study()
+    new_start["start"]["sft"]["epochs"] = 2
+    with pytest.raises(StudyError, match="shared start was made with a different study file"):
+        Study(load_study(write(tmp_path / "s.yaml", new_start)), out).prepare(resume=True)
+    (out / "heldout" / "new.jsonl").write_text("{}\n")
+    with pytest.raises(StudyError, match="no longer regenerates"):
+        Study(load_study(config), out).prepare(resume=True)

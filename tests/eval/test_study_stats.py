@@ -1,0 +1,78 @@
+"""The statistics of ``agentcredit study`` reports: t intervals, Welch intervals and claim verdicts, by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agentcredit.eval.study_report import mean_interval, t975, verdict, welch_interval
+
+
+def test_t_quantiles_match_the_table_and_fall_back_to_the_normal():
+    assert t975(1) == 12.706 and t975(2) == 4.303 and t975(30) == 2.042
+    assert t975(2.5) == pytest.approx((4.303 + 3.182) / 2)  # fractional Welch df: linear in between
+    assert t975(60) == pytest.approx(2.001) and t975(1e9) == pytest.approx(1.960)
+    with pytest.raises(ValueError, match="degrees of freedom"):
+        t975(0.5)
+
+
+def test_mean_interval_by_hand():
+    # mean 2, s = 1, n = 3: half width = 4.303 * 1 / sqrt(3) = 2.48434
+    mean, low, high = mean_interval([1.0, 2.0, 3.0])
+    assert mean == 2.0
+    assert low == pytest.approx(2.0 - 2.48434, abs=1e-5) and high == pytest.approx(2.0 + 2.48434, abs=1e-5)
+    assert mean_interval([0.7]) == (0.7, 0.7, 0.7)  # one seed: no interval
+    with pytest.raises(ValueError):
+        mean_interval([])
+
+
+def test_welch_interval_by_hand():
+    # a = 1,2,3 (mean 2, var 1), b = 2,4,6 (mean 4, var 4); se^2 = 1/3 + 4/3 = 5/3
+    # df = (5/3)^2 / ((1/3)^2 / 2 + (4/3)^2 / 2) = 2.94118 -> t = 4.303 - 0.94118 * 1.121 = 3.24794
+    # half = 3.24794 * sqrt(5/3) = 4.19310
+    diff, low, high = welch_interval([1.0, 2.0, 3.0], [2.0, 4.0, 6.0])
+    assert diff == pytest.approx(-2.0)
+    assert low == pytest.approx(-2.0 - 4.19310, abs=1e-4) and high == pytest.approx(-2.0 + 4.19310, abs=1e-4)
+    assert welch_interval([1.0], [2.0, 3.0]) is None
+    assert welch_interval([1.0, 1.0], [0.0, 0.0]) == (1.0, 1.0, 1.0)  # no spread on either side
+
+
+@pytest.mark.parametrize(
+    ("direction", "interval", "margin", "expected"),
+    [
+        ("lower", (-0.3, -0.5, -0.1), 0.0, "reproduced"),
+        ("lower", (0.3, 0.1, 0.5), 0.0, "not reproduced"),
+        ("lower", (-0.1, -0.4, 0.2), 0.0, "inconclusive"),
+        ("higher", (0.3, 0.1, 0.5), 0.0, "reproduced"),
+        ("higher", (-0.3, -0.5, -0.1), 0.0, "not reproduced"),
+        ("not_lower", (-0.01, -0.04, 0.02), 0.05, "reproduced"),
+        ("not_lower", (-0.05, -0.09, 0.02), 0.05, "inconclusive"),
+        ("not_lower", (-0.2, -0.3, -0.1), 0.05, "not reproduced"),
+        ("not_higher", (0.01, -0.02, 0.04), 0.05, "reproduced"),
+        ("not_higher", (0.2, 0.1, 0.3), 0.05, "not reproduced"),
+        ("lower", None, 0.0, "inconclusive"),
+    ],
+)
+def test_verdicts(direction, interval, margin, expected):
+    assert verdict(direction, interval, margin) == expected
+
+
+finite = st.floats(min_value=-10, max_value=10, allow_nan=False)
+
+
+@given(st.lists(finite, min_size=2, max_size=12))
+def test_mean_interval_contains_the_mean_and_is_symmetric(values):
+    mean, low, high = mean_interval(values)
+    assert low <= mean + 1e-12 and mean <= high + 1e-12
+    assert math.isclose(mean - low, high - mean, rel_tol=1e-9, abs_tol=1e-9)
+
+
+@given(st.lists(finite, min_size=2, max_size=8), st.lists(finite, min_size=2, max_size=8), finite)
+def test_welch_interval_shifts_with_the_data(a, b, shift):
+    d1, lo1, hi1 = welch_interval(a, b)
+    d2, lo2, hi2 = welch_interval([x + shift for x in a], b)
+    assert d2 == pytest.approx(d1 + shift, abs=1e-9)
+    assert hi2 - lo2 == pytest.approx(hi1 - lo1, rel=1e-6, abs=1e-9)  # the width depends on the spread only

@@ -1,0 +1,28 @@
+"""``train.eval_every``: held-out evaluation during training lands in metrics.jsonl (it used to be ignored)."""
+
+from __future__ import annotations
+
+import json
+
+from train_helpers import SMALL
+
+from agentcredit.config import load_config
+from agentcredit.train.run import run_train
+
+
+def test_eval_every_logs_held_out_metrics_at_those_steps(tmp_path):
+    config = load_config(
+        "grpo-arith-tools",
+        [*SMALL, "train.steps=2", "train.eval_every=1", "task.eval_limit=3", "rollout.max_new_tokens=16"],
+    )
+    lines: list[str] = []
+    run_train(config, run_dir=tmp_path / "run", progress=False, log=lines.append)
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in records if "eval/accuracy" in r]
+    assert [r["step"] for r in evals] == [1, 2]
+    for r in evals:
+        assert (
+            r["eval/episodes"] == 3.0 and "eval/easy/tool_call_rate" in r or "eval/hard/tool_call_rate" in r
+        )
+        assert r["time/eval"] > 0
+    assert sum("held-out" in line for line in lines) == 2
