@@ -211,6 +211,12 @@ class AlgorithmConfig(Section):
         description="Loss aggregation (carl-segment Eq. 3: segment-mean; portool Eq. 1: seq-mean-token-mean).",
     )
     clip_eps: float = Field(0.2, gt=0.0, description="PPO clip epsilon (all papers: 0.2).")
+    clip_ratio_c: float | None = Field(
+        None,
+        gt=1.0,
+        description="Dual-clip PPO constant c: for A < 0 the token loss is capped at -c*A; None = off "
+        "(TIPS's PPO/GRPO runs, verl's clip_ratio_c: 3.0).",
+    )
     kl_coef: float = Field(
         0.0, ge=0.0, description="KL-to-reference loss weight (carl-segment/TIPS: 0.001; portool: 0)."
     )

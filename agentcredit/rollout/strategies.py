@@ -1,9 +1,10 @@
 """Rollout strategies: which episodes the engine runs for one prompt, as a plan over a growing tree.
 
 * :func:`independent` ``(n)``: n episodes from the prompt (GRPO, PPO, carl-segment, tips, gear).
-* :func:`entropy_guided` ``(n0, n)``: carl-critical's uncertainty-guided progressive forking
+* :func:`entropy_guided` ``(n0, n, t_max)``: carl-critical's uncertainty-guided progressive forking
   (carl-critical-actions.md 3.5-3.6, Algorithm 1): n0 episodes, then n forks, one at a time per prompt, each
-  from the state of lowest action density n(s) / H(s), i.e. the largest H(s) / n(s).
+  from the state of lowest action density n(s) / H(s), i.e. the largest H(s) / n(s); at most t_max actions
+  per episode (spec 2.1, T_max).
 * :func:`portool` ``(n, f, t_max)``: PORTool's tree rollout (portool.md 2.7-2.8, Algorithm 1): n first steps,
   then per depth DupAndSamp keeps exactly n - n_c unfinished paths; dropped paths are pruned.
 
@@ -143,29 +144,41 @@ class EntropyGuided(Strategy):
     name = "entropy_guided"
     needs_prefix_store = True
 
-    def __init__(self, n0: int, n: int, *, random_fork: bool = False, forks_per_round: int = 1):
+    def __init__(
+        self,
+        n0: int,
+        n: int,
+        *,
+        t_max: int | None = None,
+        random_fork: bool = False,
+        forks_per_round: int = 1,
+    ):
         if n0 < 1 or n < 0:
             raise ValueError(f"entropy_guided: need n0 >= 1 and n >= 0, got n0={n0}, n={n}")
+        if t_max is not None and t_max < 1:
+            raise ValueError(f"entropy_guided: t_max must be >= 1, got {t_max}")
         if forks_per_round < 1:
             raise ValueError(f"entropy_guided: forks_per_round must be >= 1, got {forks_per_round}")
-        self.n0, self.n = n0, n
+        self.n0, self.n, self.t_max = n0, n, t_max
         self.random_fork = random_fork
         self.forks_per_round = forks_per_round
 
     def plan(self, ctx: PlanContext) -> Plan:
         tree = ctx.tree
+        # T_max, the action cap of every episode (forks included: depth counts actions from the root)
+        t_max = min(self.t_max or ctx.max_turns, ctx.max_turns)
         records: dict[int, ForkRecord] = {}
-        results = yield [Job(0) for _ in range(self.n0)]  # phase 1: n0 full episodes
+        results = yield [Job(0, max_turns=t_max) for _ in range(self.n0)]  # phase 1: n0 full episodes
         for result in results:
             update_records(records, tree, result.nodes)
         fork_counts: dict[int, int] = {}
         done = 0
         while done < self.n:  # phase 2: n forks
             k = min(self.forks_per_round, self.n - done)
-            picks = select_forks(records, k, max_depth=ctx.max_turns, rng=ctx.rng, uniform=self.random_fork)
+            picks = select_forks(records, k, max_depth=t_max, rng=ctx.rng, uniform=self.random_fork)
             if not picks:
                 break  # every state is terminal (cannot happen with n0 >= 1 unless all episodes ended at once)
-            results = yield [Job(state) for state in picks]
+            results = yield [Job(state, max_turns=t_max) for state in picks]
             for result in results:
                 update_records(records, tree, result.nodes)
             for state in picks:
@@ -173,17 +186,27 @@ class EntropyGuided(Strategy):
             done += len(picks)
         # for the credit step: which states were selected in phase 2 (carl-critical A1's "forked_parent" rule)
         tree.info["fork_counts"] = {str(s): c for s, c in sorted(fork_counts.items())}
-        tree.info["n0"], tree.info["n_forks"] = self.n0, done
+        tree.info["n0"], tree.info["n_forks"], tree.info["t_max"] = self.n0, done, t_max
         return None
 
 
-def entropy_guided(n0: int, n: int, *, random_fork: bool = False, forks_per_round: int = 1) -> EntropyGuided:
+def entropy_guided(
+    n0: int,
+    n: int,
+    t_max: int | None = None,
+    *,
+    random_fork: bool = False,
+    forks_per_round: int = 1,
+) -> EntropyGuided:
     """carl-critical Algorithm 1: n0 episodes, then n forks from the largest H(s)/n(s) (tree: n0 + n leaves).
 
+    ``t_max``: at most this many actions per episode, counted from the root, so a fork continues a path only
+    up to the same cap (spec 2.1: an episode ends at an answer or at T_max; paper: 10 for the 4B runs, else
+    32); None or a larger value = the engine's turn cap. States at depth t_max are never forked.
     ``random_fork``: the random-forking ablation. ``forks_per_round > 1``: a documented speed deviation
     (spec 3.6 note (iv)), off by default: k forks per round with virtual counts, instead of one at a time.
     """
-    return EntropyGuided(n0, n, random_fork=random_fork, forks_per_round=forks_per_round)
+    return EntropyGuided(n0, n, t_max=t_max, random_fork=random_fork, forks_per_round=forks_per_round)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -38,6 +38,30 @@ def row_chunks(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
     return chunks
 
 
+def trained_row_chunks(
+    lengths: Sequence[int],
+    loss_mask: torch.Tensor,
+    value_weights: torch.Tensor | None = None,
+    *,
+    max_tokens: int,
+) -> list[list[int]]:
+    """:func:`row_chunks` over the rows that carry a loss term: a policy-loss token (``loss_mask``) or, for a
+    critic, a value-loss position (``value_weights != 0``). Rows are given by their index in ``lengths``.
+
+    Rows with neither add nothing to any term (KL and entropy use the policy-loss mask too), and a microbatch of
+    only such rows would give a loss with no graph to back-propagate through. They arise whenever the update set
+    is smaller than the policy tokens: carl-critical trains each selected action once, in the first row that
+    holds it, so a row whose actions are all unselected or already counted has an all-false loss mask (every
+    unforked phase-1 episode under ``forked_parent`` with n0 > 1; a view of a multi-row trajectory in
+    replacement mode that holds only such actions).
+    """
+    live = loss_mask.bool().any(-1)
+    if value_weights is not None:
+        live = live | (value_weights != 0).any(-1)
+    rows = live.nonzero(as_tuple=True)[0].tolist()
+    return [[rows[i] for i in chunk] for chunk in row_chunks([lengths[r] for r in rows], max_tokens)]
+
+
 def pad_rows(
     seqs: Sequence[Sequence[int]], rows: Sequence[int], pad_id: int
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -40,7 +40,7 @@ from agentcredit.train.batch import TrainBatch, build_batch
 from agentcredit.train.checkpoint import load_checkpoint, save_checkpoint
 from agentcredit.train.logging import MetricsLogger
 from agentcredit.train.losses import kl_penalty, token_value_loss, value_weights
-from agentcredit.train.signals import row_chunks, score_batch, teacher_logprobs, tips_potentials
+from agentcredit.train.signals import score_batch, teacher_logprobs, tips_potentials, trained_row_chunks
 
 
 # ------------------------------------------------------------------------------------------------ model setup
@@ -270,7 +270,7 @@ class Trainer:
         if r.strategy == "independent":
             return strategies.independent(r.n)
         if r.strategy == "entropy_guided":
-            return strategies.entropy_guided(r.n0, r.n, random_fork=r.random_forks)
+            return strategies.entropy_guided(r.n0, r.n, r.t_max, random_fork=r.random_forks)
         return strategies.portool(r.n, r.branch, r.t_max)
 
     @torch.no_grad()
@@ -424,7 +424,7 @@ class Trainer:
         }
         logp_all = torch.zeros_like(mb.old_logp)
         lengths = mb.attention_mask.sum(-1).tolist()
-        for rows in row_chunks(lengths, max_tokens=self._micro_tokens()):
+        for rows in trained_row_chunks(lengths, mb.loss_mask, v_weights, max_tokens=self._micro_tokens()):
             sub = mb.select(rows)
             width = sub.input_ids.shape[1]
             w = weights[rows][:, :width]
@@ -443,7 +443,13 @@ class Trainer:
             if not torch.isfinite(scores.logprobs[sub.loss_mask]).all():
                 return self._skip_nonfinite()  # a diverged forward pass (the inputs themselves are checked)
             pg = policy_loss(
-                scores.logprobs, sub.old_logp, sub.advantages, sub.loss_mask, clip_eps=a.clip_eps, weights=w
+                scores.logprobs,
+                sub.old_logp,
+                sub.advantages,
+                sub.loss_mask,
+                clip_eps=a.clip_eps,
+                dual_clip=a.clip_ratio_c,
+                weights=w,
             )
             loss = pg
             totals["loss/policy"] += float(pg.detach())
