@@ -1,6 +1,8 @@
 # Two commands do all set-up themselves: `make demo` and `make test`.
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
+# -qq: errors only, so set-up does not print the build backend's deprecation banners or pip's notices.
+PIP_FLAGS ?= --disable-pip-version-check -qq
 PIP    := $(PY) -m pip
 # torch first, pinned: this version is the CPU build available locally; a bare `torch` would pull a CUDA build.
 TORCH  ?= torch==2.13.0
@@ -27,30 +29,30 @@ system-packages:
 
 $(VENV)/bin/python:
 	python3 -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
+	$(PIP) install $(PIP_FLAGS) --upgrade pip
 
 $(VENV)/.torch: | $(VENV)/bin/python
-	$(PIP) install -q $(TORCH)
+	$(PIP) install $(PIP_FLAGS) $(TORCH)
 	touch $@
 
 $(VENV)/.installed: pyproject.toml $(VENV)/.torch
-	$(PIP) install -q -e .
+	$(PIP) install $(PIP_FLAGS) -e .
 	touch $@
 
 $(VENV)/.installed-dev: pyproject.toml $(VENV)/.torch
-	$(PIP) install -q -e '.[dev,dense]'
+	$(PIP) install $(PIP_FLAGS) -e '.[dev,dense]'
 	touch $@
 
 $(VERL_VENV)/bin/python:
 	python3 -m venv $(VERL_VENV)
-	$(VERL_PY) -m pip install -q --upgrade pip
+	$(VERL_PY) -m pip install $(PIP_FLAGS) --upgrade pip
 
 $(VERL_VENV)/.torch: | $(VERL_VENV)/bin/python
-	$(VERL_PY) -m pip install -q $(TORCH)
+	$(VERL_PY) -m pip install $(PIP_FLAGS) $(TORCH)
 	touch $@
 
 $(VERL_VENV)/.installed: pyproject.toml $(VERL_VENV)/.torch
-	$(VERL_PY) -m pip install -q -e '.[verl,dev]'
+	$(VERL_PY) -m pip install $(PIP_FLAGS) -e '.[verl,dev]'
 	touch $@
 
 setup: system-packages $(VENV)/.installed

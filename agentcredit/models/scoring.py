@@ -34,13 +34,27 @@ def _decoder_and_head(model: nn.Module) -> tuple[nn.Module, nn.Module]:
     return decoder, head
 
 
+def autocast_context(model: nn.Module, enabled: bool):
+    """bf16 autocast on the device type the model's weights live on (``cuda``, ``cpu``, ...), or a no-op.
+
+    The device type must be the model's: ``torch.autocast("cpu")`` around a CUDA model changes nothing.
+    """
+    if not enabled:
+        return contextlib.nullcontext()
+    param = next(model.parameters(), None)
+    device_type = param.device.type if param is not None else "cpu"
+    return torch.autocast(device_type, dtype=torch.bfloat16)
+
+
 def hidden_states(
     model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, autocast: bool = False
 ):
-    """Final-layer hidden states ``[B, T, d]`` (after the final norm). Right padding is assumed."""
+    """Final-layer hidden states ``[B, T, d]`` (after the final norm). Right padding is assumed.
+
+    ``autocast``: run the decoder under bf16 autocast on the model's device type (:func:`autocast_context`).
+    """
     decoder, _ = _decoder_and_head(model)
-    ctx = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
-    with ctx:
+    with autocast_context(model, autocast):
         out = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
     return out.last_hidden_state
 

@@ -103,11 +103,8 @@ def exact_match(prediction: str | None, golds: Golds) -> float:
 
 
 def _token_f1(pred_tokens: list[str], gold_tokens: list[str]) -> float:
-    # Equal token lists (including both empty) count as a perfect match, so that EM <= F1 always holds.
-    if pred_tokens == gold_tokens:
-        return 1.0
-    if not pred_tokens or not gold_tokens:
-        return 0.0
+    # As the official SQuAD v1.1 and HotpotQA scripts: no common token -> 0, including when both sides
+    # normalise to nothing ("the" vs "a"), where exact match is 1. So EM <= F1 holds only for non-empty golds.
     common = sum((Counter(pred_tokens) & Counter(gold_tokens)).values())
     if common == 0:
         return 0.0
@@ -118,7 +115,9 @@ def _token_f1(pred_tokens: list[str], gold_tokens: list[str]) -> float:
 def f1_score(prediction: str | None, golds: Golds) -> float:
     """SQuAD bag-of-tokens F1 (token counts intersect as multisets), max over gold aliases.
 
-    This is the F1 of Search-R1 and TIPS (tips.md section 5): 2|pred ∩ gold| / (|pred| + |gold|).
+    This is the F1 of Search-R1 and TIPS (tips.md section 5): 2|pred ∩ gold| / (|pred| + |gold|). As in the
+    official SQuAD and HotpotQA scripts, a prediction and a gold that share no token score 0, even when both
+    normalise to the empty string (then :func:`exact_match` is 1).
     """
     if prediction is None:
         return 0.0

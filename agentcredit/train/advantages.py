@@ -17,6 +17,7 @@ Parts (``config.algorithm``):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -126,6 +127,29 @@ def _turn_rewards(cfg: AlgorithmConfig, batch: TrainBatch, signals: Signals) -> 
         else:
             out.append([0.0] * (n_seg - 1) + [traj.reward])
     return out
+
+
+def tips_stats(potentials: list[list[float]], alpha: float) -> dict[str, float]:
+    """The scale of a batch's TIPS potentials, logged every step (spec §9.1 logging, a subset).
+
+    ``potentials[j]`` is ``[Phi(S_0), ..., Phi(S_M)]`` of trajectory j. Summed answer log-probs are tens of nats
+    on a small model, so these show whether the shaping (alpha |dPhi|, the paper's target ~0.2) or the terminal
+    correction (-alpha Phi(S_M), added to the outcome reward of the final turn) dominates the outcome reward.
+    ``mean_abs_dphi`` is over every tool turn (0.0 with ``dphi_count`` 0 when no episode called a tool).
+    """
+    phi_0 = [p[0] for p in potentials]
+    phi_last = [p[-1] for p in potentials]
+    deltas = [abs(p[k] - p[k - 1]) for p in potentials for k in range(1, len(p))]
+    mean_abs = math.fsum(deltas) / len(deltas) if deltas else 0.0
+    n = max(len(potentials), 1)
+    return {
+        "tips/phi_0": math.fsum(phi_0) / n,
+        "tips/phi_last": math.fsum(phi_last) / n,
+        "tips/mean_abs_dphi": mean_abs,
+        "tips/dphi_count": float(len(deltas)),
+        "tips/mean_abs_shaping": alpha * mean_abs,
+        "tips/terminal_correction": -alpha * math.fsum(phi_last) / n,
+    }
 
 
 def _gae(cfg: AlgorithmConfig, batch: TrainBatch, signals: Signals) -> Advantages:
@@ -262,6 +286,8 @@ def compute_advantages(
         result = _portool(cfg, batch, trees)
     else:  # the config validator makes this unreachable
         raise ValueError(f"unknown estimator {cfg.estimator!r}")
+    if cfg.shaping == "tips" and signals.potentials is not None and signals.alpha is not None:
+        result.stats.update(tips_stats(signals.potentials, signals.alpha))
     if cfg.reweight == "gear":
         result.advantages = _gear_reweight(cfg, batch, signals, result.advantages)
     if cfg.whiten_advantages:

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -186,6 +187,48 @@ def tips_potentials(
     for j, traj in enumerate(batch.trajectories):
         out.append([tips_potential(grouped[(j, k)], reduce=reduce) for k in range(len(traj.policy_nodes))])
     return out
+
+
+def gear_teacher_prompt(
+    protocol: Any,
+    tokenizer: Any,
+    question: str,
+    ground_truth: str,
+    template: str,
+    *,
+    student_prompt: str | None = None,
+) -> str:
+    """GEAR's answer-conditioned teacher prompt: the student's prompt with the ground truth inserted (spec §2.2).
+
+    The student's prompt is built by the protocol (``protocol.prompt``; pass the rollout's own prompt text as
+    ``student_prompt`` to reuse it), so the teacher's prompt is the same text with one span rewritten as
+    ``template.format(user=span, ground_truth=...)``: the last user message when the prompt is a chat rendering
+    of the protocol's messages (OPSD style: system prompt unchanged, privileged text appended to the last user
+    message), or the question itself when the protocol writes a raw-text prompt with no chat template (tags
+    ``asearcher``, whose "user message" is the whole prompt up to its ``Assistant:`` cue). Either way the
+    teacher's prompt ends exactly like the student's (the same assistant header or cue), so the student's
+    tokens continue it as they continued the student's prompt. (The trainer used to render every teacher
+    prompt with the chat template, which for a raw-text protocol put the student's tokens after a chat header
+    they were never sampled after.)
+    """
+    state = protocol.new_episode(question)
+    prompt = protocol.prompt(state, tokenizer) if student_prompt is None else student_prompt
+    messages = protocol.messages(state)
+    if not messages or messages[-1].get("role") != "user":
+        raise ValueError(
+            f"{protocol.name}: the last prompt message is not a user message; GEAR cannot insert"
+        )
+    user = messages[-1]["content"]
+    raw = prompt == user  # raw-text prompt: the "user message" is the whole prompt, assistant cue included
+    anchor = question if raw else user
+    at = prompt.rfind(anchor)
+    if at < 0:
+        raise ValueError(
+            f"{protocol.name}: the student's prompt does not contain its {'question' if raw else 'user message'} "
+            "verbatim, so GEAR's teacher prompt cannot be built from it"
+        )
+    inserted = template.format(user=anchor, ground_truth=ground_truth)
+    return prompt[:at] + inserted + prompt[at + len(anchor) :]
 
 
 @torch.no_grad()

@@ -38,9 +38,15 @@ from agentcredit.tasks import Example
 from agentcredit.train.advantages import Signals, compute_advantages
 from agentcredit.train.batch import TrainBatch, build_batch
 from agentcredit.train.checkpoint import load_checkpoint, save_checkpoint
-from agentcredit.train.logging import MetricsLogger
+from agentcredit.train.logging import MetricsLogger, line_buffered_stdout, live_console, progress_line
 from agentcredit.train.losses import kl_penalty, token_value_loss, value_weights
-from agentcredit.train.signals import score_batch, teacher_logprobs, tips_potentials, trained_row_chunks
+from agentcredit.train.signals import (
+    gear_teacher_prompt,
+    score_batch,
+    teacher_logprobs,
+    tips_potentials,
+    trained_row_chunks,
+)
 
 
 # ------------------------------------------------------------------------------------------------ model setup
@@ -354,18 +360,23 @@ class Trainer:
     def _gear_teacher(
         self, batch: TrainBatch, trees: list[RolloutTree], by_tree: dict[int, Example], temp: float
     ):
-        """Answer-conditioned teacher: the same weights, the gold answer in the last user message (spec §2.2)."""
+        """Answer-conditioned teacher: the same weights, the student's prompt (as the protocol built it) with the
+        gold answer inserted (spec §2.2; :func:`agentcredit.train.signals.gear_teacher_prompt`)."""
         template = self.cfg.algorithm.gear.template
         protocol = self.env.protocol
         prompts: dict[int, list[int]] = {}
         for t, example in by_tree.items():
-            state = protocol.new_episode(example.question)
-            messages = [dict(m) for m in protocol.messages(state)]
             truth = protocol.render_answer(example.answers[0])
             if example.info.get("solution"):
                 truth = f"{example.info['solution']}\n{truth}"
-            messages[-1]["content"] = template.format(user=messages[-1]["content"], ground_truth=truth)
-            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            text = gear_teacher_prompt(
+                protocol,
+                self.tokenizer,
+                example.question,
+                truth,
+                template,
+                student_prompt=trees[t].segment(0).text,
+            )
             prompts[t] = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         row_tree = [batch.trajectories[int(j)].tree for j in batch.row_traj]
         prompt_lengths = [len(trees[t].segment(0)) for t in row_tree]
@@ -640,7 +651,12 @@ class Trainer:
             TimeElapsedColumn(),
             TimeRemainingColumn(),
         ]
-        with Progress(*columns, disable=not progress, transient=False) as bar:
+        # On a pipe or file (`make demo | tee log`, CI) rich shows nothing until the bar stops, and Python
+        # block-buffers stdout: print one flushed plain line per step instead, with stdout line-buffered.
+        plain = progress and not live_console()
+        if plain:
+            line_buffered_stdout()
+        with Progress(*columns, disable=not progress or plain, transient=False) as bar:
             task = bar.add_task(self.cfg.method, total=cfg.steps, completed=self.step, info="")
             while self.step < cfg.steps:
                 result = self.train_step()
@@ -648,12 +664,13 @@ class Trainer:
                 if self.logger is not None:
                     self.logger.log(self.step, result.metrics)
                 m = result.metrics
-                bar.update(
-                    task,
-                    completed=self.step,
-                    info=f"reward {m.get('reward/mean', math.nan):.3f} "
-                    f"acc {m.get('accuracy', math.nan):.3f} {m.get('time/step', 0):.0f}s/step",
+                info = (
+                    f"reward {m.get('reward/mean', math.nan):.3f} "
+                    f"acc {m.get('accuracy', math.nan):.3f} {m.get('time/step', 0):.0f}s/step"
                 )
+                bar.update(task, completed=self.step, info=info)
+                if plain:
+                    progress_line(f"{self.cfg.method} step {self.step}/{cfg.steps}: {info}")
                 if on_step is not None:
                     on_step(self, result)
                 if (
