@@ -20,6 +20,9 @@ app = typer.Typer(
 @app.callback()
 def main() -> None:
     """agentcredit: train, evaluate and compare credit-assignment methods for tool-using agents."""
+    from agentcredit.train.logging import line_buffered_stdout
+
+    line_buffered_stdout()  # `make demo | tee log`: SFT losses and held-out lines appear as they happen
 
 
 @app.command("serve-search")
