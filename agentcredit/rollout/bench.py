@@ -73,7 +73,10 @@ def _load_average() -> list[float]:
 def build_task(
     task: str, prompts: int
 ) -> tuple[list[Any], Protocol, ToolRuntime, Callable[[Any, str | None], float]]:
-    """Examples, protocol, tools and reward for the benchmark task."""
+    """Examples, protocol, tools and reward for the benchmark task.
+
+    Raises :class:`~agentcredit.tools.base.ToolUnavailableError` when the python sandbox cannot run ``print(1)``.
+    """
     from agentcredit.protocols import get_protocol
     from agentcredit.tasks import load_task, score, task_corpus
 
@@ -88,8 +91,9 @@ def build_task(
         corpus = task_corpus(task)
         tools = ToolRuntime({"search": load_retriever(corpus).as_tool(3)})
     else:
-        from agentcredit.tools.python_sandbox import python_tool
+        from agentcredit.tools.python_sandbox import check_available, python_tool
 
+        check_available()  # the preflight of environment.build_tools: print(1) in the sandbox, once per process
         tools = ToolRuntime({"python": python_tool()})
 
     def reward(example: Any, answer: str | None) -> float:

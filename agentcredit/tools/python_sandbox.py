@@ -286,7 +286,10 @@ def python_tool(
     ``limits`` are :class:`SandboxLimits` fields (e.g. ``timeout=10``). The returned function never raises: a
     missing or non-string ``code`` gives an ``ERROR:`` text, a run gives :func:`tool_text`, and a sandbox that
     cannot run at all gives an ``ERROR:`` text marked :func:`~agentcredit.tools.base.unavailable` (an
-    infrastructure failure, never to be trained on or scored as the tool's answer).
+    infrastructure failure, never to be trained on or scored as the tool's answer). So does a run in which
+    ``search_fn`` could not run (it raised ``OSError`` or ``ToolUnavailableError``: the index cannot be read):
+    the code still sees its ``search()`` fail, but whatever it made of that is not the tool's answer. Any other
+    exception of ``search_fn`` (a query it rejects) stays an ordinary answer.
     """
     names = {f.name for f in fields(SandboxLimits)}
     unknown = sorted(set(limits) - names)
@@ -300,13 +303,31 @@ def python_tool(
         if not isinstance(code, str):
             got = type(code).__name__ if isinstance(arguments, dict) and "code" in arguments else "nothing"
             return f"ERROR: the python tool needs a string argument 'code' (the program to run); got {got}"
+        failures: list[str] = []  # per call: the tool runs calls concurrently
+        watched = _watch_search(search, failures) if search is not None else None
         try:
-            result = run_python(code, limits=sandbox_limits, search_fn=search, isolation=isolation)
+            result = run_python(code, limits=sandbox_limits, search_fn=watched, isolation=isolation)
         except (RuntimeError, OSError) as exc:  # no sandbox can run here: say so instead of ending a batch
             return unavailable(f"ERROR: the python sandbox is unavailable: {exc}")
-        return tool_text(result)
+        text = tool_text(result)
+        if failures:
+            return unavailable(f"ERROR: search() inside the sandbox could not run: {failures[0]}\n{text}")
+        return text
 
     return python
+
+
+def _watch_search(search: SearchFn, failures: list[str]) -> SearchFn:
+    """``search`` that records (and re-raises) the failures that are the index's, not the query's."""
+
+    def watched(query: str, k: int) -> str:
+        try:
+            return search(query, k)
+        except (OSError, ToolUnavailableError) as exc:
+            failures.append(f"{type(exc).__name__}: {exc}")
+            raise  # the session reports it to the code as before
+
+    return watched
 
 
 class SandboxPool:

@@ -71,7 +71,11 @@ class RemoteRetriever:
 
 
 def build_runtime(settings: Any) -> ToolRuntime:
-    """The tool runtime for ``settings.tools`` (a :class:`~.settings.ToolSettings`)."""
+    """The tool runtime for ``settings.tools`` (a :class:`~.settings.ToolSettings`).
+
+    Raises :class:`~agentcredit.tools.base.ToolUnavailableError` when ``settings.python`` is on and the sandbox
+    cannot run ``print(1)`` (the same preflight, and message, as ``environment.build_tools``).
+    """
     tools: dict[str, Any] = {}
     if settings.suite:
         from agentcredit.tools.suite import build_suite
@@ -93,7 +97,8 @@ def build_runtime(settings: Any) -> ToolRuntime:
 
         tools["search"] = search
     if settings.python:
-        from agentcredit.tools.python_sandbox import python_tool
+        from agentcredit.tools.python_sandbox import check_available, python_tool
 
+        check_available()  # the preflight of environment.build_tools: print(1) in the sandbox, once per process
         tools["python"] = python_tool(retriever, timeout=settings.python_timeout)
     return ToolRuntime(tools, max_workers=settings.max_workers)

@@ -1,0 +1,68 @@
+"""Every place that builds the python tool runs the sandbox preflight (``check_available``) first.
+
+``environment.build_tools`` did since the preflight was added; the rollout benchmark (``agentcredit bench
+rollout --task arith-tools``) and verl's agent-loop workers (``integrations.verl.tools.build_runtime``) built the
+tool without it, so a sandbox that cannot run turned every tool call into an error text instead of stopping
+with one message. The verl module needs no verl to import (pydantic only), so this runs in the main venv.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import pytest
+
+from agentcredit.tools import python_sandbox as ps
+from agentcredit.tools.base import ToolUnavailableError
+
+
+@pytest.fixture
+def broken_sandbox(monkeypatch, tmp_path):
+    """A sandbox pointed at an interpreter that does not exist: print(1) cannot run."""
+    previous = ps.configure(python=str(tmp_path / "no-such-python"), uid_base=1_996_440, uid_count=8)
+    monkeypatch.setattr(ps, "_modes", {})
+    monkeypatch.setattr(ps, "_announced", set())
+    monkeypatch.setattr(ps, "_checked", set())
+    yield
+    ps.configure(**asdict(previous))
+
+
+def _preflight_message() -> str:
+    with pytest.raises(ToolUnavailableError) as caught:
+        ps.check_available()
+    return str(caught.value)
+
+
+def test_bench_rollout_runs_the_preflight(broken_sandbox):
+    from agentcredit.rollout.bench import build_task
+
+    expected = _preflight_message()
+    with pytest.raises(ToolUnavailableError) as caught:
+        build_task("arith-tools", 2)
+    assert str(caught.value) == expected  # the same one message as every other command
+    assert "To fix it" in expected
+
+
+def test_verl_agent_loop_tools_run_the_preflight(broken_sandbox):
+    pytest.importorskip("pydantic")
+    from agentcredit.integrations.verl.settings import ToolSettings
+    from agentcredit.integrations.verl.tools import build_runtime
+
+    expected = _preflight_message()
+    with pytest.raises(ToolUnavailableError) as caught:
+        build_runtime(ToolSettings(python=True))
+    assert str(caught.value) == expected
+    build_runtime(ToolSettings()).close()  # no python tool asked for: no preflight, nothing raised
+
+
+def test_both_call_the_shared_preflight(monkeypatch):
+    """They call python_sandbox.check_available itself (no copy of its logic), so its once-per-process cache holds."""
+    calls = []
+    monkeypatch.setattr(ps, "check_available", lambda isolation="auto": calls.append(isolation))
+    from agentcredit.integrations.verl.settings import ToolSettings
+    from agentcredit.integrations.verl.tools import build_runtime
+    from agentcredit.rollout.bench import build_task
+
+    build_task("arith-tools", 1)[2].close()
+    build_runtime(ToolSettings(python=True)).close()
+    assert calls == ["auto", "auto"]
