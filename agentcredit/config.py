@@ -77,6 +77,10 @@ class TaskConfig(Section):
         description="Seed of the synthetic task generators and kb world (kept fixed across training seeds).",
     )
     limit: int | None = Field(None, ge=1, description="Use at most this many training questions.")
+    options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Task generator / loader options, e.g. arith-tools {easy_fraction: 0.4, medium_fraction: 0.3}.",
+    )
     eval_split: str = Field("test", description="Split used for evaluation during and after training.")
     eval_limit: int | None = Field(64, ge=1, description="Questions per evaluation (CPU-sized).")
     metric: Literal["em", "f1", "substring", "numeric", "auto"] = Field(
@@ -286,7 +290,12 @@ class OptimConfig(Section):
 class TrainConfig(Section):
     steps: int = Field(20, ge=1, description="Training steps (rollout + update).")
     seed: int = Field(0, description="Seed for data order, sampling and initialisation.")
-    eval_every: int = Field(0, ge=0, description="Evaluate every N steps (0 = only at the end).")
+    eval_every: int = Field(
+        0,
+        ge=0,
+        description="Greedy held-out evaluation (task.eval_split) every N steps, logged to metrics.jsonl as "
+        "eval/* (0 = only the final evaluation).",
+    )
     save_every: int = Field(10, ge=0, description="Checkpoint every N steps (0 = only at the end).")
     keep_checkpoints: int = Field(2, ge=1, description="Checkpoints kept on disk.")
     max_nonfinite: int = Field(3, ge=1, description="Stop after this many non-finite losses in a row.")
