@@ -178,7 +178,10 @@ def study(
         typer.Option("--arm", help="Run only this arm (repeatable); others are left for later."),
     ] = None,
     max_runs: Annotated[
-        int | None, typer.Option("--max-runs", min=0, help="Stop after this many runs (0: only the report).")
+        int | None,
+        typer.Option(
+            "--max-runs", min=0, help="Train at most this many runs (0: build the shared start only)."
+        ),
     ] = None,
     report_only: Annotated[
         bool, typer.Option("--report-only", help="Rewrite the report from the runs there.")

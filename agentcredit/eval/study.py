@@ -27,6 +27,7 @@ checkpoint. Several invocations can share the work: each run is claimed with a l
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -193,39 +194,40 @@ def load_study(path: str | Path) -> StudySpec:
 # ------------------------------------------------------------------------------------------------ locks
 @contextmanager
 def claim(path: Path):
-    """An exclusive claim on a piece of work (a lock file with pid@host); yields False if a live process has it."""
+    """An exclusive claim on a piece of work; yields False when another open claim (any process) holds it.
+
+    ``flock`` on a lock file that is never deleted: the kernel releases it when its holder exits or dies, so
+    there is no stale-lock guessing and no window between creating the file and writing its owner. The file
+    names the last holder (pid@host) for people; the lock itself is the flock.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
-    me = f"{os.getpid()}@{socket.gethostname()}"
-    for _ in range(2):
+    with open(path, "a+") as fh:
         try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            owner = path.read_text().strip() if path.exists() else ""
-            pid, _, host = owner.partition("@")
-            alive = host == socket.gethostname() and pid.isdigit() and _pid_alive(int(pid))
-            if alive or host not in ("", socket.gethostname()):
-                yield False
-                return
-            path.unlink(missing_ok=True)  # stale: its process is gone
-            continue
-        with os.fdopen(fd, "w") as fh:
-            fh.write(me)
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
         try:
+            fh.seek(0)
+            fh.truncate()
+            fh.write(f"{os.getpid()}@{socket.gethostname()}\n")
+            fh.flush()
             yield True
         finally:
-            path.unlink(missing_ok=True)
-        return
-    yield False
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+def _weights_digest(model_dir: Path) -> str:
+    """A digest of a model directory's weight files (what a policy's behaviour depends on)."""
+    digest = hashlib.blake2b(digest_size=16)
+    files = sorted(model_dir.glob("*.safetensors")) + sorted(model_dir.glob("*.bin"))
+    if not files:
+        raise StudyError(f"{model_dir}: no weight files")
+    for path in files:
+        with open(path, "rb") as fh:
+            while chunk := fh.read(1 << 22):
+                digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _write_json(path: Path, data: Any) -> None:
@@ -380,10 +382,17 @@ class Study:
         model_dir = self.start_model()
         model, tokenizer = load_base_model(str(model_dir), start_cfg.model.dtype)
         sets = self.heldout_sets()
-        tiers = self._tier_labels(model, tokenizer, start_cfg, sets)
-        summary["tiers"] = tiers
-        evaluation = self._evaluate(model, tokenizer, start_cfg, sets, tiers)
-        summary["heldout"] = evaluation
+        # tier labels and the start's held-out metrics depend on the start policy's weights only (not on the
+        # value head), so they are kept keyed by a digest of those weights and survive a redone head warm-up
+        cache = self.start_dir / "heldout_start.json"
+        weights = _weights_digest(model_dir)
+        cached = json.loads(cache.read_text()) if cache.is_file() else {}
+        if cached.get("weights") != weights:
+            tiers = self._tier_labels(model, tokenizer, start_cfg, sets)
+            evaluation = self._evaluate(model, tokenizer, start_cfg, sets, tiers)
+            cached = {"weights": weights, "tiers": tiers, "heldout": evaluation}
+            _write_json(cache, cached)
+        summary["tiers"], summary["heldout"] = cached["tiers"], cached["heldout"]
         summary["seconds"] = time.perf_counter() - started
         summary["model"] = str(model_dir)
         _write_json(summary_path, summary)
@@ -391,7 +400,7 @@ class Study:
             "[start] held-out: "
             + "; ".join(
                 f"{name}: accuracy {m['accuracy']:.3f}, tool-call rate {m['tool_call_rate']:.3f}"
-                for name, m in evaluation.items()
+                for name, m in summary["heldout"].items()
             )
         )
         return summary
@@ -456,13 +465,13 @@ class Study:
         """Train (or continue) one run; False if another invocation holds it."""
         from agentcredit.train.checkpoint import latest_checkpoint
         from agentcredit.train.run import HeldoutEvaluation, write_episodes
-        from agentcredit.train.trainer import Trainer
+        from agentcredit.train.trainer import NonFiniteLoss, Trainer
 
         run_dir = self.run_dir(arm.name, seed)
         with claim(run_dir / ".lock") as mine:
             if not mine:
                 return False
-            if (run_dir / "done.json").is_file():
+            if (run_dir / "done.json").is_file() or (run_dir / "failed.json").is_file():
                 return True
             cfg = self.run_config(arm, seed)
             progress_path = run_dir / "progress.json"
@@ -489,7 +498,12 @@ class Study:
 
                 if trainer.step == 0:
                     self.log(f"[{arm.name} seed {seed}] training {self.spec.steps} steps in {run_dir}")
-                trainer.train(progress=False, on_step=on_step)
+                try:
+                    trainer.train(progress=False, on_step=on_step)
+                except NonFiniteLoss as exc:  # a diverged run: recorded and reported, the study goes on
+                    _write_json(run_dir / "failed.json", {"error": str(exc), "step": trainer.step})
+                    self.log(f"[{arm.name} seed {seed}] FAILED: {exc}")
+                    return True
                 if not evaluation.latest:  # resumed after the last step but before done.json
                     evaluation.run(trainer)
                 finals = {}
@@ -520,7 +534,7 @@ class Study:
         for arm, seed in self.runs():
             if only and arm.name not in only:
                 continue
-            if (self.run_dir(arm.name, seed) / "done.json").is_file():
+            if any((self.run_dir(arm.name, seed) / f).is_file() for f in ("done.json", "failed.json")):
                 continue
             if max_runs is not None and done >= max_runs:
                 break

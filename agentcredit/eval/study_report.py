@@ -8,7 +8,7 @@ quantile):
   degrees of freedom). ``higher`` / ``lower`` claims are *reproduced* when that interval lies entirely on the
   claimed side of 0, *not reproduced* when it lies entirely on the other side, and *inconclusive* otherwise.
   ``not_lower`` / ``not_higher`` (non-inferiority with a margin m) are *reproduced* when the interval lies
-  entirely above -m (below +m), *not reproduced* when it lies entirely below 0 (above 0), else inconclusive.
+  entirely above -m (below +m), *not reproduced* when it lies entirely below -m (above +m), else inconclusive.
   With one seed per arm there is no interval and every verdict is inconclusive.
 """
 
@@ -101,9 +101,9 @@ def verdict(direction: str, interval: tuple[float, float, float] | None, margin:
     if direction == "lower":
         return "reproduced" if high < 0 else "not reproduced" if low > 0 else "inconclusive"
     if direction == "not_lower":
-        return "reproduced" if low > -margin else "not reproduced" if high < 0 else "inconclusive"
+        return "reproduced" if low > -margin else "not reproduced" if high < -margin else "inconclusive"
     if direction == "not_higher":
-        return "reproduced" if high < margin else "not reproduced" if low > 0 else "inconclusive"
+        return "reproduced" if high < margin else "not reproduced" if low > margin else "inconclusive"
     raise ValueError(f"verdict: unknown direction {direction!r}")
 
 
@@ -374,6 +374,17 @@ def write_study_report(study: Study, out_dir: str | Path) -> dict[str, Path]:
             )
     if rows:
         sections.append(("Wall time per run", "table", (header, rows)))
+
+    failed = [
+        (arm.name, seed, json.loads(path.read_text()))
+        for arm, seed in study.runs()
+        if (path := study.run_dir(arm.name, seed) / "failed.json").is_file()
+    ]
+    if failed:
+        rows = [[f"{arm} seed {seed}", str(f.get("step")), f.get("error", "")] for arm, seed, f in failed]
+        sections.append(
+            ("Failed runs (left out of every table above)", "table", (["run", "step", "error"], rows))
+        )
 
     # plots
     if runs:

@@ -46,6 +46,21 @@ class MetricsLogger:
                     project=wandb_project, dir=str(self.run_dir), config=config or {}
                 )
 
+    def drop_after(self, step: int) -> int:
+        """Forget the rows of steps after ``step`` (a resume from that checkpoint logs them again); returns how many.
+
+        TensorBoard / W&B keep their copies (they show the redone steps as later points of the same step).
+        """
+        if not self.path.is_file():
+            return 0
+        lines = self.path.read_text().splitlines(keepends=True)
+        kept = [line for line in lines if not line.strip() or json.loads(line).get("step", 0) <= step]
+        if len(kept) != len(lines):
+            tmp = self.path.with_name(f".{self.path.name}.tmp")
+            tmp.write_text("".join(kept))
+            tmp.replace(self.path)
+        return len(lines) - len(kept)
+
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         record = {"step": step, "time": time.time(), **metrics}
         with open(self.path, "a") as fh:

@@ -115,6 +115,13 @@ class HeldoutEvaluation:
                 max_turns=r.max_turns,
                 max_batch=r.max_batch,
             )
+            if summary.get("infra_failures"):  # never compare arms scored on different question counts
+                from agentcredit.tools.base import ToolUnavailableError
+
+                raise ToolUnavailableError(
+                    f"held-out evaluation '{name}' at step {trainer.step}: {int(summary['infra_failures'])} "
+                    "episode(s) hit a tool that could not run; fix the tool and resume"
+                )
             self.latest[name] = (summary, records)
             metrics.update({self.prefix(name) + k: v for k, v in summary.items()})
         metrics["time/eval"] = time.perf_counter() - start

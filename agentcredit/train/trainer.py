@@ -626,6 +626,8 @@ class Trainer:
 
     def resume(self, path: str | Path) -> None:
         self.load_state_dict(load_checkpoint(path))
+        if self.logger is not None:  # steps logged after that checkpoint are redone: never count them twice
+            self.logger.drop_after(self.step)
 
     def save_model(self, directory: str | Path) -> Path:
         """The policy as a Hugging Face model directory (LoRA merged), loadable as ``model.name``."""

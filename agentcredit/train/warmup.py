@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from agentcredit.config import Config
-from agentcredit.environment import build_environment
+from agentcredit.environment import build_environment, raise_on_infra_failures
 from agentcredit.eval.evaluate import run_episodes
 from agentcredit.eval.metrics import auc, explained_variance, sign_accuracy
 from agentcredit.rollout.tree import RolloutTree, Segment
@@ -116,6 +116,7 @@ def tier_labels(
         )
     finally:
         env.close()
+    raise_on_infra_failures(trees, "tier labelling")
     labels = {}
     for tree, example in zip(trees, examples, strict=True):
         correct = any(r >= 1.0 for r in tree.rewards().values())
@@ -168,6 +169,7 @@ def controlled_rollouts(
                 )
             finally:
                 env.close()
+            raise_on_infra_failures(rolled, "critic warm-up")
             for tree, example in zip(rolled, examples, strict=True):
                 state = canon_env.protocol.new_episode(example.question)
                 text = canon_env.protocol.prompt(state, tokenizer)

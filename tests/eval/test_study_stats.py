@@ -51,6 +51,7 @@ def test_welch_interval_by_hand():
         ("not_lower", (-0.01, -0.04, 0.02), 0.05, "reproduced"),
         ("not_lower", (-0.05, -0.09, 0.02), 0.05, "inconclusive"),
         ("not_lower", (-0.2, -0.3, -0.1), 0.05, "not reproduced"),
+        ("not_lower", (-0.03, -0.08, -0.01), 0.05, "inconclusive"),  # below 0 but within the margin
         ("not_higher", (0.01, -0.02, 0.04), 0.05, "reproduced"),
         ("not_higher", (0.2, 0.1, 0.3), 0.05, "not reproduced"),
         ("lower", None, 0.0, "inconclusive"),
