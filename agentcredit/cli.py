@@ -137,7 +137,7 @@ def warmup(
     ] = 48,
     head_epochs: Annotated[
         int, typer.Option(min=0, help="Head-only epochs on cached boundary features (seconds on a CPU).")
-    ] = 300,
+    ] = 50,
     steps: Annotated[
         int,
         typer.Option(

@@ -8,5 +8,7 @@ import sys
 
 def test_the_cli_callback_line_buffers_a_piped_stdout():
     child = "import sys; from agentcredit.cli import main; main(); print(sys.stdout.line_buffering)"
-    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", child], capture_output=True, text=True, timeout=120, check=True
+    )
     assert out.stdout.strip() == "True"

@@ -75,7 +75,7 @@ class WarmupSpec(_Spec):
         5, ge=1, description="No-tool samples per question for the tier labels (paper: 5)."
     )
     rollouts_per_mode: int = Field(1, ge=1, description="Forced-tool and no-tool rollouts per question.")
-    head_epochs: int = Field(200, ge=0, description="Head-only epochs on cached boundary features.")
+    head_epochs: int = Field(50, ge=0, description="Head-only epochs on cached boundary features.")
     steps: int = Field(0, ge=0, description="Joint head + backbone steps after the head epochs.")
     pairs_per_step: int = Field(64, ge=4, description="(state, R) pairs per joint step.")
 
@@ -445,6 +445,18 @@ class Study:
         return out
 
     # ---------------------------------------------------------------- runs
+    def arm_start(self, arm: ArmSpec) -> Path:
+        """The model an arm starts from: the warmed-up one for arms with a critic, else the SFT model.
+
+        A warm-up without joint steps trains only the value head, so both hold the same policy weights (the
+        shared start); an arm without a critic then need not wait for, or depend on, the critic warm-up.
+        """
+        warm = self.spec.start.warmup
+        if warm is None:
+            return self.start_dir / "sft-model"
+        critic = load_config(arm.preset, [*self.spec.set, *arm.set]).algorithm.critic
+        return self.start_dir / ("sft-model" if critic == "none" and warm.steps == 0 else "model")
+
     def run_config(self, arm: ArmSpec, seed: int):
         first = self.spec.heldout[0]
         return load_config(
@@ -452,7 +464,7 @@ class Study:
             [
                 *self.spec.set,
                 *arm.set,
-                f"model.name={self.start_model()}",
+                f"model.name={self.arm_start(arm)}",
                 f"train.seed={seed}",
                 f"train.steps={self.spec.steps}",
                 f"train.eval_every={self.spec.eval_every}",

@@ -143,6 +143,11 @@ def test_study_runs_resumes_and_reports(tmp_path):
     assert len(list(out.glob("runs/*/done.json"))) == 4
     assert (out / "runs" / "grpo-s0" / "done.json").stat().st_mtime_ns == stamp  # not repeated
 
+    # critic-free arms start from the SFT model, critic arms from the warmed-up one: the same policy weights
+    assert f"name: {out / 'start' / 'sft-model'}" in (out / "runs" / "grpo-s1" / "config.yaml").read_text()
+    assert (
+        f"name: {out / 'start' / 'model'}" in (out / "runs" / "carl-segment-s1" / "config.yaml").read_text()
+    )
     run = out / "runs" / "carl-segment-s1"
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert any(
