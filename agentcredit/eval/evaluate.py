@@ -281,6 +281,18 @@ def run_episodes(
     return trees
 
 
+def rollout_caps(config: Any) -> dict[str, int | None]:
+    """The engine caps of ``config.rollout`` as :func:`run_episodes` keywords: evaluation decodes under the same
+    token and turn limits as training."""
+    r = config.rollout
+    return {
+        "max_new_tokens": r.max_new_tokens,
+        "max_episode_tokens": r.max_episode_tokens,
+        "max_turns": r.max_turns,
+        "max_batch": r.max_batch,
+    }
+
+
 def evaluate(
     model: Any,
     tokenizer: Any,

@@ -94,7 +94,7 @@ def run_eval(
 ) -> dict[str, Any]:
     """Evaluate ``model`` (see :mod:`agentcredit.eval.loading`) and write the results; returns summary.json's data."""
     from agentcredit.environment import build_environment, load_examples
-    from agentcredit.eval.evaluate import critic_metrics, evaluate
+    from agentcredit.eval.evaluate import critic_metrics, evaluate, rollout_caps
     from agentcredit.eval.loading import load_for_eval
 
     options = options or EvalOptions()
@@ -124,7 +124,6 @@ def run_eval(
 
     env = build_environment(cfg)
     try:
-        r = cfg.rollout
         summary, records = evaluate(
             loaded.model,
             loaded.tokenizer,
@@ -134,10 +133,7 @@ def run_eval(
             tiers=tiers,
             samples=options.samples,
             temperature=options.temperature,
-            max_new_tokens=r.max_new_tokens,
-            max_episode_tokens=r.max_episode_tokens,
-            max_turns=r.max_turns,
-            max_batch=r.max_batch,
+            **rollout_caps(cfg),
             seed=options.seed,
         )
     finally:

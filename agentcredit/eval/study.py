@@ -418,12 +418,11 @@ class Study:
 
     def _evaluate(self, model, tokenizer, cfg, sets, tiers) -> dict[str, dict[str, float]]:
         from agentcredit.environment import build_environment
-        from agentcredit.eval.evaluate import evaluate
+        from agentcredit.eval.evaluate import evaluate, rollout_caps
 
         env = build_environment(cfg)
         out = {}
         try:
-            r = cfg.rollout
             for name, examples in sets.items():
                 summary, records = evaluate(
                     model,
@@ -431,10 +430,7 @@ class Study:
                     env,
                     examples,
                     tiers={e.id: tiers[e.id] for e in examples} if tiers else None,
-                    max_new_tokens=r.max_new_tokens,
-                    max_episode_tokens=r.max_episode_tokens,
-                    max_turns=r.max_turns,
-                    max_batch=r.max_batch,
+                    **rollout_caps(cfg),
                 )
                 out[name] = summary
                 with open(self.start_dir / f"eval_{name}_episodes.jsonl", "w") as fh:

@@ -13,7 +13,7 @@ import torch
 
 from agentcredit.config import Config, ConfigError, dump_config, load_config
 from agentcredit.environment import build_environment, load_examples
-from agentcredit.eval.evaluate import evaluate
+from agentcredit.eval.evaluate import evaluate, rollout_caps
 from agentcredit.train.trainer import (
     Trainer,
     initial_value_head,
@@ -51,17 +51,13 @@ def evaluate_model(
         examples = load_examples(
             config, split=split or config.task.eval_split, limit=limit or config.task.eval_limit
         )
-        r = config.rollout
         return evaluate(
             model,
             tokenizer,
             env,
             examples,
             value_head=value_head,
-            max_new_tokens=r.max_new_tokens,
-            max_episode_tokens=r.max_episode_tokens,
-            max_turns=r.max_turns,
-            max_batch=r.max_batch,
+            **rollout_caps(config),
         )
     finally:
         env.close()
@@ -98,7 +94,6 @@ class HeldoutEvaluation:
         return step == self.last_step or (self.every > 0 and step % self.every == 0)
 
     def run(self, trainer: Trainer) -> dict[str, float]:
-        r = trainer.cfg.rollout
         metrics: dict[str, float] = {}
         start = time.perf_counter()
         for name, examples in self.sets.items():
@@ -110,10 +105,7 @@ class HeldoutEvaluation:
                 examples,
                 value_head=trainer.value_head,
                 tiers=tiers,
-                max_new_tokens=r.max_new_tokens,
-                max_episode_tokens=r.max_episode_tokens,
-                max_turns=r.max_turns,
-                max_batch=r.max_batch,
+                **rollout_caps(trainer.cfg),
             )
             if summary.get("infra_failures"):  # never compare arms scored on different question counts
                 from agentcredit.tools.base import ToolUnavailableError
