@@ -32,6 +32,7 @@ the whole batch and no per-row offsets, and its continuous-batching cache has no
 
 from __future__ import annotations
 
+import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -246,6 +247,11 @@ class HFBackend(Backend):
         self.stats = BackendStats()
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
+        # transformers 5.2x renamed the forward's ``past_key_values`` to ``cache`` (the old name warns and goes in
+        # 5.40); older releases only know ``past_key_values``
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft wraps the forward
+        takes_cache = "cache" in inspect.signature(base.forward).parameters
+        self._cache_arg = "cache" if takes_cache else "past_key_values"
 
     # ------------------------------------------------------------------ properties
     @property
@@ -398,7 +404,7 @@ class HFBackend(Backend):
             input_ids=ids.to(self.device),
             attention_mask=mask.unsqueeze(1).to(self.device),
             position_ids=cols.to(self.device),
-            past_key_values=self._cache,
+            **{self._cache_arg: self._cache},
             use_cache=True,
             logits_to_keep=1,
         )

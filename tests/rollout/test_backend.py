@@ -132,3 +132,18 @@ def test_slab_cache_accepts_every_transformers_update_signature():
     assert cache.update(k, v, 1, {"cache_position": None}) == (k, v)
     assert cache.update(k, v, 2, kwargs={"position_ids": None}) == (k, v)
     assert calls == [0, 1, 2]
+
+
+def test_the_cache_goes_in_under_the_name_the_model_takes(tiny):
+    """transformers 5.2x renamed ``past_key_values`` to ``cache`` and warns on the old name (gone in 5.40)."""
+    import inspect
+    import warnings
+
+    model = tiny[0] if isinstance(tiny, tuple) else tiny
+    backend = HFBackend(model)
+    expected = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    assert backend._cache_arg == expected
+    seq = backend.new_sequence()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        backend.extend({seq: [1, 2, 3]})
