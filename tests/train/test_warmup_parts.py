@@ -53,16 +53,21 @@ def test_warmup_runs_end_to_end_and_reports_the_gate(fitted_codefence):
     assert any("critic head epoch" in line for line in lines)
 
 
-def test_cached_boundary_features_are_what_the_value_head_reads(fitted_codefence):
-    """Head-only epochs train on cached features; V from them must equal V from the full forward (values_at)."""
-    model, tokenizer = fitted_codefence
+def demonstration_batch(tokenizer):
+    """The training batch of the two scripted demonstrations (carl-segment's codefence episodes)."""
     config = load_config("carl-segment-arith-tools", SMALL)
     env = build_environment(config)
     try:
         trees = demonstrations(env, tokenizer, EXAMPLES, config.protocol.name)
     finally:
         env.close()
-    batch = build_batch(trees, pad_id=tokenizer.pad_token_id)
+    return build_batch(trees, pad_id=tokenizer.pad_token_id)
+
+
+def test_cached_boundary_features_are_what_the_value_head_reads(fitted_codefence):
+    """Head-only epochs train on cached features; V from them must equal V from the full forward (values_at)."""
+    model, tokenizer = fitted_codefence
+    batch = demonstration_batch(tokenizer)
     positions = {}
     for traj in batch.trajectories:
         for row, first, _ in segment_spans(batch, traj):
@@ -79,13 +84,7 @@ def test_cached_boundary_features_are_what_the_value_head_reads(fitted_codefence
 
 def test_head_epochs_fit_the_targets_bucket_balanced(fitted_codefence):
     model, tokenizer = fitted_codefence
-    config = load_config("carl-segment-arith-tools", SMALL)
-    env = build_environment(config)
-    try:
-        trees = demonstrations(env, tokenizer, EXAMPLES, config.protocol.name)
-    finally:
-        env.close()
-    batch = build_batch(trees, pad_id=tokenizer.pad_token_id)
+    batch = demonstration_batch(tokenizer)
     pairs = [
         Pair(row, first, target=float(j % 2), bucket=f"b{j % 2}", is_s0=k == 0)
         for j, traj in enumerate(batch.trajectories)
