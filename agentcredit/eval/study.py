@@ -490,6 +490,8 @@ class Study:
                 if latest_checkpoint(run_dir) is not None:
                     trainer.resume(run_dir)
                     self.log(f"[{arm.name} seed {seed}] resumed at step {trainer.step}")
+                elif trainer.logger is not None:  # stopped before its first checkpoint: it starts over
+                    trainer.logger.drop_after(0)
                 evaluation = HeldoutEvaluation(
                     self.heldout_sets(),
                     every=self.spec.eval_every,

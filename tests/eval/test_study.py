@@ -138,6 +138,10 @@ def test_study_runs_resumes_and_reports(tmp_path):
     again = runner.invoke(app, ["study", "--config", config, "--out", str(out)])
     assert again.exit_code == 2 and "--resume" in again.output  # never silently mixes two studies
 
+    # a run stopped before its first checkpoint starts over without keeping its old metric rows
+    stale = out / "runs" / "carl-segment-s0"
+    stale.mkdir(parents=True)
+    (stale / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward/mean": 9.0}) + "\n")
     rest = runner.invoke(app, ["study", "--config", config, "--out", str(out), "--resume"])
     assert rest.exit_code == 0, rest.output
     assert len(list(out.glob("runs/*/done.json"))) == 4
@@ -147,6 +151,10 @@ def test_study_runs_resumes_and_reports(tmp_path):
     assert f"name: {out / 'start' / 'sft-model'}" in (out / "runs" / "grpo-s1" / "config.yaml").read_text()
     assert (
         f"name: {out / 'start' / 'model'}" in (out / "runs" / "carl-segment-s1" / "config.yaml").read_text()
+    )
+    assert all(
+        json.loads(line).get("reward/mean") != 9.0
+        for line in (stale / "metrics.jsonl").read_text().splitlines()
     )
     run = out / "runs" / "carl-segment-s1"
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
