@@ -281,6 +281,21 @@ def run_episodes(
     return trees
 
 
+def require_all_scored(summary: dict[str, float], what: str) -> None:
+    """Stop when an evaluation left episodes out because a tool could not run (``infra_failures``).
+
+    ``agentcredit eval`` reports the count; a comparison (a demo's before/after table, a study's arms, a run's
+    held-out curve) must not set numbers measured on different questions side by side, so it stops instead.
+    """
+    if summary.get("infra_failures"):
+        from agentcredit.tools.base import ToolUnavailableError
+
+        raise ToolUnavailableError(
+            f"{what}: {int(summary['infra_failures'])} episode(s) hit a tool that could not run, so the "
+            "evaluation would not cover every question; fix the tool and run again (or resume)"
+        )
+
+
 def rollout_caps(config: Any) -> dict[str, int | None]:
     """The engine caps of ``config.rollout`` as :func:`run_episodes` keywords: evaluation decodes under the same
     token and turn limits as training."""

@@ -418,7 +418,7 @@ class Study:
 
     def _evaluate(self, model, tokenizer, cfg, sets, tiers) -> dict[str, dict[str, float]]:
         from agentcredit.environment import build_environment
-        from agentcredit.eval.evaluate import evaluate, rollout_caps
+        from agentcredit.eval.evaluate import evaluate, require_all_scored, rollout_caps
 
         env = build_environment(cfg)
         out = {}
@@ -432,6 +432,7 @@ class Study:
                     tiers={e.id: tiers[e.id] for e in examples} if tiers else None,
                     **rollout_caps(cfg),
                 )
+                require_all_scored(summary, f"the start's held-out evaluation '{name}'")
                 out[name] = summary
                 with open(self.start_dir / f"eval_{name}_episodes.jsonl", "w") as fh:
                     for record in records:

@@ -31,7 +31,9 @@ from agentcredit.eval.report import (
     _html_table,
     _img,
     _markdown_table,
+    _series,
     load_run,
+    phase_means,
     plot_calibration,
 )
 
@@ -168,12 +170,8 @@ def _values(finished: dict[int, dict[str, Any]], heldout: str, key: str) -> list
 
 # ------------------------------------------------------------------------------------------------ plots
 def _eval_series(run: RunData, key: str) -> dict[int, float]:
-    out = {}
-    for record in run.metrics:
-        value = record.get(key)
-        if isinstance(value, int | float) and math.isfinite(value):
-            out[int(record["step"])] = float(value)
-    return out
+    """step -> value of ``key`` in a run's metrics (a later row of the same step wins)."""
+    return {int(step): value for step, value in zip(*_series(run, key), strict=True)}
 
 
 def plot_curves_with_bands(
@@ -358,10 +356,7 @@ def write_study_report(study: Study, out_dir: str | Path) -> dict[str, Path]:
     rows = []
     for arm, arm_runs in runs.items():
         for run, (seed, record) in zip(arm_runs, sorted(finished[arm].items()), strict=True):
-            phases = [
-                np.mean(v) if (v := [m[k] for m in run.metrics if k in m]) else float("nan")
-                for k in ("time/rollout", "time/signals", "time/update")
-            ]
+            phases = phase_means(run).values()
             evals = sum(m.get("time/eval", 0.0) for m in run.metrics)
             rows.append(
                 [

@@ -13,7 +13,7 @@ import torch
 
 from agentcredit.config import Config, ConfigError, dump_config, load_config
 from agentcredit.environment import build_environment, load_examples
-from agentcredit.eval.evaluate import evaluate, rollout_caps
+from agentcredit.eval.evaluate import evaluate, require_all_scored, rollout_caps
 from agentcredit.train.trainer import (
     Trainer,
     initial_value_head,
@@ -44,6 +44,9 @@ def evaluate_model(
 ):
     """Greedy evaluation of ``model`` on the config's eval split with the config's environment.
 
+    Used where numbers are compared (the demo's table, a run's final evaluation), so it stops when a tool could
+    not run rather than scoring fewer questions.
+
     With a ``value_head`` the episodes carry V at every boundary and the summary the critic metrics (ECE, EV).
     """
     env = build_environment(config)
@@ -51,14 +54,11 @@ def evaluate_model(
         examples = load_examples(
             config, split=split or config.task.eval_split, limit=limit or config.task.eval_limit
         )
-        return evaluate(
-            model,
-            tokenizer,
-            env,
-            examples,
-            value_head=value_head,
-            **rollout_caps(config),
+        summary, records = evaluate(
+            model, tokenizer, env, examples, value_head=value_head, **rollout_caps(config)
         )
+        require_all_scored(summary, f"evaluation on {config.task.name} {config.task.eval_split}")
+        return summary, records
     finally:
         env.close()
 
@@ -107,13 +107,7 @@ class HeldoutEvaluation:
                 tiers=tiers,
                 **rollout_caps(trainer.cfg),
             )
-            if summary.get("infra_failures"):  # never compare arms scored on different question counts
-                from agentcredit.tools.base import ToolUnavailableError
-
-                raise ToolUnavailableError(
-                    f"held-out evaluation '{name}' at step {trainer.step}: {int(summary['infra_failures'])} "
-                    "episode(s) hit a tool that could not run; fix the tool and resume"
-                )
+            require_all_scored(summary, f"held-out evaluation '{name}' at step {trainer.step}")
             self.latest[name] = (summary, records)
             metrics.update({self.prefix(name) + k: v for k, v in summary.items()})
         metrics["time/eval"] = time.perf_counter() - start
