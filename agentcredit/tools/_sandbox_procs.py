@@ -83,8 +83,8 @@ def _is_named_user(uid: int) -> bool:
     return True
 
 
-def processes_of_uid(uid: int) -> list[int]:
-    """Live (non-zombie) processes whose real, effective or saved uid is ``uid``, from /proc."""
+def processes_of_uid(uid: int, zombies: bool = False) -> list[int]:
+    """Processes whose real, effective or saved uid is ``uid``, from /proc; zombies only when ``zombies``."""
     found = []
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -100,7 +100,7 @@ def processes_of_uid(uid: int) -> list[int]:
                         break
         except (OSError, ValueError):
             continue  # the process ended while we looked
-        if uid in uids and state != "Z":  # a zombie is dead already; its parent (or init) reaps it
+        if uid in uids and (zombies or state != "Z"):  # a zombie is dead already: a kill cannot reach it
             found.append(int(name))
     return found
 
@@ -154,6 +154,22 @@ def reap_uid(uid: int, wait: float) -> list[int]:
         if not alive or time.monotonic() >= deadline:
             return alive
         kill_uid(uid)
+        time.sleep(0.002)
+
+
+def wait_until_released(uid: int, wait: float) -> list[int]:
+    """Wait until the kernel has released every process of ``uid``, zombies included; returns those left.
+
+    A killed process stays a zombie until its parent reaps it: bubblewrap's outer process returns as soon as the
+    code's first process exits, while its init in the pid namespace is still reaping the rest. Zombies count
+    against ``RLIMIT_NPROC``, so a uid handed to the next sandbox before they are gone would start it with fewer
+    processes than its limit allows.
+    """
+    deadline = time.monotonic() + wait
+    while True:
+        left = processes_of_uid(uid, zombies=True)
+        if not left or time.monotonic() >= deadline:
+            return left
         time.sleep(0.002)
 
 

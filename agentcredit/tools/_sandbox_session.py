@@ -458,6 +458,12 @@ class _Session:
             _killpg(proc.pid)
             proc.kill()
             proc.wait()
+        if self.uid is not None:
+            unreaped = procs.wait_until_released(self.uid, wait=2.0)
+            if unreaped:
+                logger.error(
+                    "sandbox: processes of uid %d were not reaped within 2 s: %s", self.uid, unreaped
+                )
 
     def _drain_after_exit(self, proc: subprocess.Popen) -> None:
         """Read what the (now dead) processes left in the pipes: the end of the output, the exception report."""
