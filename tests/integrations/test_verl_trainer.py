@@ -3,8 +3,8 @@
 TransferQueue needs a running Ray cluster with its storage actors, which does not start within a CPU test's
 budget here, so the step runs against an in-memory stand-in with the same three calls (``kv_batch_get`` with
 ``select_fields``, ``kv_batch_put`` of a TensorDict) that stores rows in verl's own nested layout
-(``list_of_dict_to_tensordict``). The trainer object is built without ``PPOTrainer.__init__`` (which starts
-Ray worker groups); only the attributes the advantage step reads are set.
+(``list_of_dict_to_tensordict``). The trainer is built by its real constructor, which starts no worker (verl's
+``init()`` does); the sync-path test runs ``init()`` too, up to where it would start the Ray worker groups.
 """
 
 from __future__ import annotations
@@ -17,13 +17,19 @@ import torch
 pytest.importorskip("verl")
 
 from hydra import compose, initialize_config_dir  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
+from transformers import LlamaConfig  # noqa: E402
+from verl.single_controller.ray import ResourcePoolManager  # noqa: E402
 from verl.trainer.ppo.padding_utils import construct_minimal_padding_template  # noqa: E402
+from verl.trainer.ppo.v1 import get_trainer_cls  # noqa: E402
+from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer  # noqa: E402
 from verl.utils.tensordict_utils import list_of_dict_to_tensordict  # noqa: E402
 
 import agentcredit.integrations.verl.trainer as trainer_module  # noqa: E402
-from agentcredit.integrations.verl import config_dir  # noqa: E402
+from agentcredit.integrations.verl import TRAINER_NAME, config_dir  # noqa: E402
+from agentcredit.integrations.verl.__main__ import main as verl_main  # noqa: E402
 from agentcredit.integrations.verl.advantages import apply_to_dataproto  # noqa: E402
-from agentcredit.integrations.verl.trainer import AgentCreditTrainer, check_trainer_config  # noqa: E402
+from agentcredit.integrations.verl.trainer import AgentCreditTrainer  # noqa: E402
 
 from .test_verl_advantages import _carl_eps, build_batch, search_ep, settings  # noqa: E402
 
@@ -76,12 +82,8 @@ def _stored_rows(batch) -> dict[str, dict]:
 
 
 def _trainer(cfg) -> AgentCreditTrainer:
-    t = object.__new__(AgentCreditTrainer)
-    t.config = cfg
-    t.agentcredit = check_trainer_config(cfg)
-    t.use_critic = bool(cfg.critic.enable)
-    t._tips_alpha = None
-    return t
+    # the real constructor: it builds no worker (PPOTrainer.init, not called here, starts them)
+    return AgentCreditTrainer(cfg)
 
 
 @pytest.mark.parametrize(
@@ -123,3 +125,75 @@ def test_advantage_step_reads_fields_and_writes_nested_advantages(monkeypatch, c
         n = rows[key]["response_mask"].shape[0]
         torch.testing.assert_close(rows[key]["advantages"], reference.proto.batch["advantages"][r, :n])
         torch.testing.assert_close(rows[key]["returns"], reference.proto.batch["returns"][r, :n])
+
+
+class _WorkerStart(Exception):
+    """Raised where verl would start the Ray worker groups: the real set-up runs up to that point."""
+
+
+def _tiny_model_dir(path, tokenizer):
+    """A model directory with the byte tokenizer and a tiny Llama config (verl's HFModelConfig reads both)."""
+    tokenizer.save_pretrained(path)
+    LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        architectures=["LlamaForCausalLM"],
+    ).save_pretrained(path)
+    return path
+
+
+def test_trainer_runs_verls_sync_path(tmp_path, monkeypatch, byte_tokenizer):
+    """main_ppo picks the class by trainer_mode=agentcredit; verl's set-up must then take its sync branches."""
+    questions = tmp_path / "qa.jsonl"
+    questions.write_text(
+        "".join(f'{{"id": "q{i}", "question": "who wrote X{i}", "answers": ["A{i}"]}}\n' for i in range(8))
+    )
+    data = tmp_path / "data"
+    prepare = [
+        "prepare-data",
+        "--train",
+        f"jsonl:{questions}",
+        "--val",
+        f"jsonl:{questions}",
+        "--out",
+        str(data),
+    ]
+    assert verl_main(prepare) == 0
+    model = _tiny_model_dir(tmp_path / "model", byte_tokenizer)
+    with initialize_config_dir(str(config_dir()), version_base=None):
+        cfg = compose(
+            "grpo",
+            overrides=[
+                f"actor_rollout_ref.model.path={model}",
+                f"data.train_files={data / 'train.parquet'}",
+                f"data.val_files={data / 'val.parquet'}",
+                "data.train_batch_size=4",
+                "data.val_batch_size=4",
+                "data.dataloader_num_workers=0",
+                "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+            ],
+        )
+    assert cfg.trainer.v1.trainer_mode == TRAINER_NAME
+
+    def worker_start(self):
+        raise _WorkerStart
+
+    monkeypatch.setattr(ResourcePoolManager, "create_resource_pool", worker_start)
+    # as verl's TaskRunnerV1.run: look the class up by trainer_mode, resolve, construct, init
+    trainer_cls = get_trainer_cls(cfg.trainer.v1.trainer_mode)
+    OmegaConf.resolve(cfg)
+    trainer = trainer_cls(config=cfg)
+    with pytest.raises(_WorkerStart):
+        trainer.init()
+
+    assert trainer_cls is AgentCreditTrainer
+    assert type(trainer.replay_buffer) is ReplayBuffer  # not ReplayBufferAsync
+    # the async path fetches prompts one at a time (it forces data.gen_batch_size=1)
+    assert trainer.train_dataloader.batch_size == 4 and trainer.replay_buffer.gen_batch_size == 4
+    # every other branch (TransferQueue checkpoints, prompt submission) reads the mode verl stored
+    assert trainer.trainer_mode == trainer.replay_buffer.trainer_mode == "sync"
+    assert trainer.parameter_sync_step == 1

@@ -1,8 +1,9 @@
 """The V1 trainer ``agentcredit``: verl's synchronous PPO trainer with agentcredit's advantages.
 
-Select it with ``trainer.v1.trainer_mode=agentcredit``. Everything but the advantage step is verl's
-``PPOTrainerSync``: rollout through the agent loop, old log-probs and entropies from the actor, reference
-log-probs, critic values, the critic and actor updates. ``_compute_advantage`` reads from TransferQueue what
+Select it with ``trainer.v1.trainer_mode=agentcredit``; once verl has picked the class, the trainer sets the mode
+to ``sync``, so verl runs its synchronous path. Everything but the advantage step is verl's ``PPOTrainerSync``:
+rollout through the agent loop, old log-probs and entropies from the actor, reference log-probs, critic values,
+the critic and actor updates. ``_compute_advantage`` reads from TransferQueue what
 the credit methods need (values, old and rollout log-probs, entropies, and the agent loop's
 ``extra_fields["agentcredit"]`` record), hands them to :func:`agentcredit.integrations.verl.advantages
 .apply_to_dataproto`, and writes ``advantages`` and ``returns`` back exactly where verl's own step puts them.
@@ -15,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import transfer_queue as tq
-from omegaconf import DictConfig
+from omegaconf import DictConfig, open_dict
 from tensordict import TensorDict
 from verl.protocol import DataProto
 from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
@@ -30,6 +31,8 @@ __all__ = ["AgentCreditTrainer", "check_trainer_config", "fields_to_dataproto"]
 
 logger = logging.getLogger(__name__)
 
+#: verl's name for the synchronous V1 mode, the one PPOTrainerSync (and so this trainer) runs.
+SYNC_MODE = "sync"
 #: Methods whose advantages need critic values.
 CRITIC_METHODS = frozenset({"ppo", "tips", "carl-segment"})
 
@@ -92,6 +95,12 @@ class AgentCreditTrainer(PPOTrainerSync):
 
     def __init__(self, config: DictConfig):
         self.agentcredit = check_trainer_config(config)
+        # verl uses trainer_mode for two things: main_ppo looks the trainer class up by it (that chose this class),
+        # and PPOTrainer.__init__ keeps it as self.trainer_mode, which every later branch compares with "sync"
+        # (replay buffer, data.gen_batch_size, TransferQueue checkpoints). Left as "agentcredit", this trainer
+        # would take the async branches; it is PPOTrainerSync, so from here on verl must see the sync mode.
+        with open_dict(config):
+            config.trainer.v1.trainer_mode = SYNC_MODE
         super().__init__(config)
         self._tips_alpha: float | None = None  # TIPS batch_target: kept when a batch has no non-zero delta
 
