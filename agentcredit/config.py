@@ -297,6 +297,13 @@ class TrainConfig(Section):
         "eval/* (0 = only the final evaluation).",
     )
     save_every: int = Field(10, ge=0, description="Checkpoint every N steps (0 = only at the end).")
+    critic_warmup: int = Field(
+        0,
+        ge=0,
+        description="The first N steps (counted in train.steps) update only the value head, as verl's "
+        "trainer.critic_warmup: the critic is fitted to the current policy's returns before its advantages "
+        "move the policy. The shared backbone stays frozen too, so the policy is unchanged in those steps.",
+    )
     keep_checkpoints: int = Field(2, ge=1, description="Checkpoints kept on disk.")
     max_nonfinite: int = Field(3, ge=1, description="Stop after this many non-finite losses in a row.")
     run_dir: str | None = Field(None, description="Run directory (default runs/<preset>-<time>).")
@@ -331,6 +338,10 @@ class Config(Section):
             )
         if a.estimator == "portool" and r.strategy != "portool":
             raise ValueError("algorithm.estimator='portool' needs rollout.strategy='portool'")
+        if self.train.critic_warmup and a.critic == "none":
+            raise ValueError(
+                f"train.critic_warmup={self.train.critic_warmup} needs a critic (algorithm.critic)"
+            )
         if a.estimator in ("gae", "segment") and r.strategy != "independent":
             raise ValueError(
                 f"algorithm.estimator={a.estimator!r} works on linear episodes: use rollout.strategy='independent'"

@@ -71,12 +71,14 @@ def score_tokens(
     with_entropy: bool = True,
     autocast: bool = False,
     chunk: int = 1024,
+    backbone_grad: bool = True,
 ) -> TokenScores:
     """Score the tokens at positions ``want`` (bool ``[B, T]``) under ``model``; optionally values at ``value_mask``.
 
     Log-probs and entropies are of softmax(logits / temperature) in fp32 — the distribution the rollout engine
     samples from before top-p/top-k truncation, so PPO ratios compare like with like (as verl does).
-    Gradients flow when called outside ``torch.no_grad()``.
+    Gradients flow when called outside ``torch.no_grad()``; with ``backbone_grad=False`` only into the value head
+    (the backbone's forward keeps no graph).
     """
     if input_ids.shape != attention_mask.shape or input_ids.shape != want.shape:
         raise ValueError(
@@ -87,7 +89,8 @@ def score_tokens(
         raise ValueError(f"temperature must be > 0 for scoring, got {temperature}")
     want = want.bool().clone()
     want[:, 0] = False  # the first token has no prefix inside this sequence
-    hidden = hidden_states(model, input_ids, attention_mask, autocast=autocast)
+    with torch.set_grad_enabled(backbone_grad and torch.is_grad_enabled()):
+        hidden = hidden_states(model, input_ids, attention_mask, autocast=autocast)
     _, head = _decoder_and_head(model)
     B, T = input_ids.shape
     logprobs = torch.zeros(B, T, dtype=torch.float32, device=input_ids.device)

@@ -32,7 +32,7 @@ from agentcredit.config import Config, dump_config
 from agentcredit.credit import aggregation_weights, policy_loss, policy_loss_stats, tips_batch_alpha
 from agentcredit.environment import Environment, build_environment, load_examples
 from agentcredit.models.heads import make_value_head
-from agentcredit.models.scoring import score_tokens
+from agentcredit.models.scoring import TokenScores, score_tokens
 from agentcredit.rollout.tree import RolloutTree
 from agentcredit.tasks import Example
 from agentcredit.train.advantages import Signals, compute_advantages
@@ -425,6 +425,9 @@ class Trainer:
         ).float()
         critic = a.critic != "none" and mb.value_mask is not None
         v_weights = value_weights(mb.value_mask, mb.row_traj, a.critic) if critic else None
+        # verl's critic warm-up: fit V to this policy's returns before its advantages move the policy. The head
+        # shares the policy's backbone, so the backbone gets no gradient either (the policy stays as it is).
+        critic_only = self.step < cfg.train.critic_warmup
         self.optimizer.zero_grad(set_to_none=True)
         totals = {
             "loss/policy": 0.0,
@@ -444,15 +447,23 @@ class Trainer:
                 self.model,
                 sub.input_ids,
                 sub.attention_mask,
-                sub.loss_mask,
+                torch.zeros_like(sub.loss_mask) if critic_only else sub.loss_mask,
                 value_head=self.value_head if critic else None,
                 value_mask=vmask,
                 temperature=temp,
-                with_entropy=a.entropy_coef > 0,
+                with_entropy=a.entropy_coef > 0 and not critic_only,
                 autocast=cfg.model.autocast_bf16,
+                backbone_grad=not critic_only,
             )
             if not torch.isfinite(scores.logprobs[sub.loss_mask]).all():
                 return self._skip_nonfinite()  # a diverged forward pass (the inputs themselves are checked)
+            if critic_only:
+                vloss = self._value_loss(scores, sub, v_weights[rows][:, :width])
+                loss = a.value_coef * vloss
+                totals["loss/value"] += float(vloss.detach())
+                totals["loss/total"] += float(loss.detach())
+                loss.backward()
+                continue
             pg = policy_loss(
                 scores.logprobs,
                 sub.old_logp,
@@ -473,13 +484,7 @@ class Trainer:
                 loss = loss - a.entropy_coef * ent
                 totals["loss/entropy"] += float(ent.detach())
             if critic:
-                vw = v_weights[rows][:, :width]
-                if a.critic == "token":
-                    vloss = token_value_loss(
-                        scores.values, sub.returns, vw, old_values=sub.old_values, clip=a.value_clip
-                    )
-                else:  # carl-segment §3.5: plain MSE to the Monte-Carlo return at every boundary
-                    vloss = ((scores.values - sub.returns) ** 2 * vw).sum()
+                vloss = self._value_loss(scores, sub, v_weights[rows][:, :width])
                 loss = loss + a.value_coef * vloss
                 totals["loss/value"] += float(vloss.detach())
             if not torch.isfinite(loss):
@@ -492,6 +497,8 @@ class Trainer:
         grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip)
         self.optimizer.step()
         self.scheduler.step()
+        if critic_only:
+            return {**totals, "update/grad_norm": float(grad_norm), "update/critic_only": 1.0}
         stats = policy_loss_stats(logp_all, mb.old_logp, mb.advantages, mb.loss_mask, clip_eps=a.clip_eps)
         out = dict(totals)
         out["update/grad_norm"] = float(grad_norm)
@@ -499,6 +506,14 @@ class Trainer:
         out["update/approx_kl"] = stats["approx_kl"]
         out["update/lr"] = self.scheduler.get_last_lr()[0]
         return out
+
+    def _value_loss(self, scores: TokenScores, sub: TrainBatch, weights: torch.Tensor) -> torch.Tensor:
+        a = self.cfg.algorithm
+        if a.critic == "token":
+            return token_value_loss(
+                scores.values, sub.returns, weights, old_values=sub.old_values, clip=a.value_clip
+            )
+        return ((scores.values - sub.returns) ** 2 * weights).sum()  # carl-segment §3.5: MSE to the MC return
 
     def _skip_nonfinite(self) -> None:
         """Drop this optimiser step; stop the run after ``train.max_nonfinite`` such steps in a row."""
