@@ -436,9 +436,16 @@ def test_bad_batches_fail_with_the_row_named():
         proto = build_batch(eps).proto
         proto.batch.pop("values")
         apply_to_dataproto(proto, settings("ppo"))
+    generated = b.proto.batch["response_mask"].clone()
     b.proto.batch["response_mask"][1, 0] = 0
     with pytest.raises(ValueError, match=r"row 1: response_mask\[0\] = 0"):
         apply_to_dataproto(b.proto, settings("grpo"))
+    apply_to_dataproto(
+        b.proto, settings("grpo"), generated_mask=generated
+    )  # a rejected token: checked as generated
+    assert b.proto.batch["advantages"][1, 0] == 0 and b.proto.batch["advantages"][1, 1] != 0
+    with pytest.raises(ValueError, match="may only remove tokens"):
+        apply_to_dataproto(b.proto, settings("grpo"), generated_mask=b.proto.batch["response_mask"] * 0)
     proto = build_batch(eps).proto
     proto.non_tensor_batch["agentcredit"][0] = None
     with pytest.raises(ValueError, match=r"extra_fields\['agentcredit'\]\[0\] is None"):

@@ -127,6 +127,50 @@ def test_advantage_step_reads_fields_and_writes_nested_advantages(monkeypatch, c
         torch.testing.assert_close(rows[key]["returns"], reference.proto.batch["returns"][r, :n])
 
 
+@pytest.mark.parametrize(
+    ("config_name", "method_eps"),
+    [
+        ("carl_segment", _carl_eps),
+        ("grpo", lambda: [search_ep("p0", 1.0), search_ep("p0", 0.0, 2, (3, 6, 2))]),
+    ],
+)
+def test_rollout_rejection_keeps_the_credit_and_masks_the_rejected_tokens(
+    monkeypatch, config_name, method_eps
+):
+    """verl's rollout correction zeroes rejected tokens of response_mask before the advantage step sees it."""
+    rs = [
+        "algorithm.rollout_correction.rollout_rs=token_k2",
+        "algorithm.rollout_correction.rollout_rs_threshold=2.0",
+    ]
+    with initialize_config_dir(str(config_dir()), version_base=None):
+        cfg = compose(config_name, overrides=rs)
+    rows = _stored_rows(build_batch(method_eps(), seed=5))
+    rejected = {}  # row key -> positions of policy tokens where the actor disagrees with the rollout engine
+    for r, (key, row) in enumerate(rows.items()):
+        row["old_log_probs"] = row["rollout_log_probs"].clone()
+        if r < 2:
+            on = row["response_mask"].nonzero().flatten().tolist()
+            rejected[key] = [on[0], on[-1]] if r == 0 else [on[len(on) // 2]]
+            row["old_log_probs"][rejected[key]] -= 5.0  # k2 = 12.5 > 2.0: rejected; the others have k2 = 0
+    generated = {key: row["response_mask"].clone() for key, row in rows.items()}
+    monkeypatch.setattr(trainer_module, "tq", MemoryTQ(rows))
+    metrics: dict = {}
+    _trainer(cfg)._compute_advantage(Meta(list(rows), tags=[{} for _ in rows]), metrics)
+
+    reference = build_batch(method_eps(), seed=5)  # the credit of the batch as generated
+    apply_to_dataproto(reference.proto, settings(cfg.agentcredit.method))
+    for r, (key, row) in enumerate(rows.items()):
+        kept = generated[key].clone()
+        kept[rejected.get(key, [])] = 0
+        assert torch.equal(row["response_mask"], kept)  # verl's corrected mask, written back for the update
+        n = kept.shape[0]
+        torch.testing.assert_close(row["advantages"], reference.proto.batch["advantages"][r, :n] * kept)
+        torch.testing.assert_close(row["returns"], reference.proto.batch["returns"][r, :n] * kept)
+        # the rejected tokens had credit to lose (the check above would pass vacuously on zeros)
+        assert all(reference.proto.batch["advantages"][r, p] != 0 for p in rejected.get(key, []))
+    assert metrics["agentcredit/episodes"] == 2
+
+
 class _WorkerStart(Exception):
     """Raised where verl would start the Ray worker groups: the real set-up runs up to that point."""
 

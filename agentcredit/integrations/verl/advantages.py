@@ -419,6 +419,7 @@ def apply_to_dataproto(
     *,
     previous_alpha: float | None = None,
     padding: Sequence[bool] | None = None,
+    generated_mask: Tensor | None = None,
 ) -> tuple[Any, AdvantageResult]:
     """Compute advantages for a verl ``DataProto`` and store them as ``advantages`` / ``returns``.
 
@@ -426,9 +427,21 @@ def apply_to_dataproto(
     ``entropy`` from ``data.batch``; ``uid`` and ``agentcredit`` (the agent loop's extra field) from
     ``data.non_tensor_batch``. ``padding`` flags the synthetic rows verl appends to make the batch divisible
     (tag ``is_padding``: a copy of a real row's metadata with an empty response mask); they get zeros.
+
+    ``generated_mask`` is ``response_mask`` as the agent loop generated it, when verl's rollout correction has
+    since removed tokens from ``response_mask`` (rejection sampling). The records describe the generated
+    episode, so they are checked against it and the credit is computed on it; advantages and returns are then
+    zeroed wherever ``response_mask`` no longer trains a token.
     """
     batch, non_tensor = data.batch, data.non_tensor_batch
-    mask = batch["response_mask"]
+    trained = batch["response_mask"]
+    mask = trained if generated_mask is None else generated_mask.to(trained.device)
+    if tuple(mask.shape) != tuple(trained.shape):
+        raise ValueError(
+            f"generated_mask has shape {tuple(mask.shape)}, response_mask {tuple(trained.shape)}"
+        )
+    if bool((trained.bool() & ~mask.bool()).any()):
+        raise ValueError("response_mask trains tokens the generated mask does not; it may only remove tokens")
     n_rows = mask.shape[0]
     if "uid" not in non_tensor:
         raise ValueError("the batch has no `uid`: rows of one prompt cannot be grouped")
@@ -457,8 +470,9 @@ def apply_to_dataproto(
         entropy=optional("entropy"),
         previous_alpha=previous_alpha,
     )
+    kept = trained[index].cpu().to(torch.float32)
     for name, value in (("advantages", result.advantages), ("returns", result.returns)):
         full = torch.zeros(mask.shape, dtype=torch.float32)
-        full[index] = value.to(torch.float32)
+        full[index] = value.to(torch.float32) * kept
         batch[name] = full.to(mask.device)
     return data, result

@@ -122,6 +122,9 @@ class AgentCreditTrainer(PPOTrainerSync):
         )
         nested_mask = data["response_mask"]
         proto = fields_to_dataproto(data)
+        # Rejection sampling below zeroes tokens of response_mask; the agent loop's records describe the episode
+        # as generated, so the adapter checks them (and assigns credit) on this copy.
+        generated_mask = proto.batch["response_mask"].clone()
 
         # Rollout correction (IS weights / rejection sampling) exactly as verl's own step applies it.
         rollout_cfg = self.config.algorithm.get("rollout_correction", None)
@@ -133,7 +136,11 @@ class AgentCreditTrainer(PPOTrainerSync):
 
         padding = [bool(tag.get("is_padding", False)) for tag in batch.tags]  # rows verl appended to even out
         proto, result = apply_to_dataproto(
-            proto, self.agentcredit, previous_alpha=self._tips_alpha, padding=padding
+            proto,
+            self.agentcredit,
+            previous_alpha=self._tips_alpha,
+            padding=padding,
+            generated_mask=generated_mask,
         )
         if result.alpha is not None:
             self._tips_alpha = result.alpha
