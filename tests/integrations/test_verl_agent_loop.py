@@ -39,9 +39,12 @@ class FakeServer:
     def __init__(self, tokenizer, texts):
         self.tok, self.texts = tokenizer, list(texts)
         self.scored: list[list[int]] = []
+        self.request_ids: list[str] = []  # of the policy turns; teacher scoring requests in score_ids
+        self.score_ids: list[str] = []
 
     async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
         if "prompt_logprobs" in sampling_params:
+            self.score_ids.append(request_id)
             self.scored.append(list(prompt_ids))
             lp = [[-0.001 * j] for j in range(1, len(prompt_ids))] + [[0.0]]
             return TokenOutput(token_ids=[0], extra_fields={"prompt_logprobs": lp})
@@ -54,6 +57,7 @@ class FakeServer:
             ids = self.tok.encode(text, add_special_tokens=False)
         else:  # the scripted text is used up: the model ends its turn
             ids = self.tok.encode(text, add_special_tokens=False) + [self.tok.eos_token_id]
+        self.request_ids.append(request_id)
         return TokenOutput(
             token_ids=ids,
             log_probs=[-0.25] * len(ids),
@@ -61,7 +65,7 @@ class FakeServer:
         )
 
 
-def _run_loop(tokenizer, method_config, server, overrides=(), tools=None):
+def _run_loop(tokenizer, method_config, server, overrides=(), tools=None, **sample):
     with initialize_config_dir(str(config_dir()), version_base=None):
         cfg = compose(method_config, overrides=["data.max_response_length=400", *overrides])
     question, answers = "who wrote X", ["Jane Doe", "J. Doe"]
@@ -91,6 +95,7 @@ def _run_loop(tokenizer, method_config, server, overrides=(), tools=None):
             raw_prompt=messages,
             extra_info={"question": question, "answers": answers, "index": 0},
             reward_model={"style": "rule", "ground_truth": answers},
+            **sample,
         )
 
     return asyncio.run(main())
@@ -168,6 +173,35 @@ def test_carl_segment_loop_returns_one_output_per_view(byte_tokenizer):
     assert all(o.reward_score == 1.0 for o in outs)
     assert [s.kind for s in recs[0].spans] == ["invoke", "tool_output", "assimilate"]
     assert [s.kind for s in recs[1].spans] == ["invoke", "assimilate", "commit"]
+
+
+TIPS_TURNS = [
+    '<tool_call>{"name": "search", "arguments": {"query_list": ["X"]}}</tool_call>',
+    "<answer>Jane Doe</answer>",
+]
+
+
+def test_every_request_of_an_episode_carries_one_routing_id(byte_tokenizer):
+    """verl's load balancer keeps a request id on one replica (sticky session), where the prefix is cached."""
+    servers = [FakeServer(byte_tokenizer, TIPS_TURNS) for _ in range(2)]
+    for server in servers:
+        _run_loop(byte_tokenizer, "tips", server, tools=SEARCH)
+    for server in servers:
+        assert len(server.request_ids) == 2 and len(server.score_ids) == 4
+        # the teacher scores prefixes of the episode: the same replica has them cached
+        assert set(server.request_ids) == set(server.score_ids) == {server.request_ids[0]}
+    assert servers[0].request_ids[0] != servers[1].request_ids[0]  # episodes spread over the replicas
+
+
+def test_full_determinism_routes_by_priority_as_verls_tool_agent_loop(byte_tokenizer):
+    """verl then hands the id to vLLM unchanged, so concurrent teacher requests need ids of their own."""
+    server = FakeServer(byte_tokenizer, TIPS_TURNS)
+    overrides = ["actor_rollout_ref.rollout.full_determinism=true"]
+    _run_loop(byte_tokenizer, "tips", server, overrides=overrides, tools=SEARCH, priority=3)
+    assert server.request_ids == ["det-3", "det-3"]
+    assert len(set(server.score_ids)) == 4 and all(i.startswith("det-3-") for i in server.score_ids)
+    # verl's V1 workers pass no priority: a shared det-0 would be one vLLM id for concurrent episodes
+    assert agent_loop_module.episode_request_id(True) != agent_loop_module.episode_request_id(True)
 
 
 def test_missing_question_is_a_clear_error():

@@ -36,7 +36,14 @@ from agentcredit.protocols import get_protocol
 from agentcredit.tasks.scoring import outcome_with_abstention, score
 from agentcredit.tools.base import ToolCall, ToolResult, ToolRuntime
 
-__all__ = ["AgentCreditAgentLoop", "episode_outcome", "sample_fields", "teacher_messages"]
+__all__ = [
+    "AgentCreditAgentLoop",
+    "episode_outcome",
+    "episode_request_id",
+    "sample_fields",
+    "score_request_id",
+    "teacher_messages",
+]
 
 #: One tool runtime (and its thread pool) per worker process and tool configuration.
 _RUNTIMES: dict[str, ToolRuntime] = {}
@@ -92,6 +99,27 @@ def episode_outcome(settings: AgentCreditSettings, answer: str | None, golds: li
     return score(answer, golds, metric=settings.reward_metric) + settings.format_bonus
 
 
+def episode_request_id(full_determinism: bool, priority: Any = None) -> str:
+    """The request id of every generate call of one episode.
+
+    verl's load balancer routes by it (a sticky session): one id per episode keeps its later turns on the replica
+    whose prefix cache holds the earlier ones. As verl's ``ToolAgentLoop._make_request_id``: ``det-{priority}``
+    under ``rollout.full_determinism`` (verl then also passes the id to vLLM as is), else a fresh uuid. Without a
+    priority (verl's V1 TransferQueue workers pass none) a uuid, since ``det-0`` for every episode would send one
+    vLLM request id for many requests at once.
+    """
+    if full_determinism and priority is not None:
+        return f"det-{int(priority)}"
+    return uuid4().hex
+
+
+def score_request_id(episode_id: str, index: int, full_determinism: bool) -> str:
+    """The id of the episode's ``index``-th teacher scoring request. They run concurrently: under full
+    determinism verl hands the id to vLLM unchanged, so each gets its own; otherwise they share the episode's
+    (verl gives vLLM a fresh id per call), so TIPS's scoring of the episode's own prefixes hits the cache."""
+    return f"{episode_id}-score{index}" if full_determinism else episode_id
+
+
 @register(AGENT_LOOP_NAME)
 class AgentCreditAgentLoop(AgentLoopBase):
     """Runs one agentcredit episode per sample and records what the credit methods need."""
@@ -102,12 +130,15 @@ class AgentCreditAgentLoop(AgentLoopBase):
             raise ValueError("the agentcredit agent loop needs the `agentcredit:` config block")
         self.settings = load_settings(self.config.agentcredit)
         self.response_length = int(self.rollout_config.response_length)
+        self.full_determinism = bool(getattr(self.rollout_config, "full_determinism", False))
         # weight versions the episode was sampled with (verl's staleness tags need them); one loop per sample
         self._weight_steps: list[int] = []
+        self._request_id = uuid4().hex  # run() sets the episode's (episode_request_id)
+        self._n_scores = 0
 
     async def _generate(self, context: list[int], params: dict[str, Any]) -> Generation:
         out = await self.server_manager.generate(
-            request_id=uuid4().hex, prompt_ids=context, sampling_params=params
+            request_id=self._request_id, prompt_ids=context, sampling_params=params
         )
         for key in ("min_global_steps", "max_global_steps"):
             if out.extra_fields.get(key) is not None:
@@ -123,8 +154,10 @@ class AgentCreditAgentLoop(AgentLoopBase):
 
     async def _prompt_logprobs(self, ids: list[int]) -> list[float]:
         params = {"max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 0, "detokenize": False}
+        request_id = score_request_id(self._request_id, self._n_scores, self.full_determinism)
+        self._n_scores += 1
         out = await self.server_manager.generate(
-            request_id=uuid4().hex, prompt_ids=ids, sampling_params=params
+            request_id=request_id, prompt_ids=ids, sampling_params=params
         )
         raw = out.extra_fields.get("prompt_logprobs")
         if raw is None or len(raw) < len(ids) - 1:
@@ -138,6 +171,8 @@ class AgentCreditAgentLoop(AgentLoopBase):
     ) -> AgentLoopOutput | list[AgentLoopOutput]:
         s = self.settings
         messages, question, golds = sample_fields(kwargs)
+        self._request_id = episode_request_id(self.full_determinism, kwargs.get("priority"))
+        self._n_scores = 0
         protocol = get_protocol(s.protocol, **s.protocol_options)
         runtime = _runtime(s)
         loop = asyncio.get_running_loop()
