@@ -329,12 +329,11 @@ def demo_table(before: dict[str, float], after: dict[str, float]) -> str:
 # cores (docs/results/arith-when-to-call):
 # - the start: three tiers and demonstrations that call the tool on half of the questions whatever their tier,
 #   so RL has something to learn. From the old start (easy questions answered without the tool, hard ones with
-#   it) 8 carl-segment steps lowered accuracy 0.89 -> 0.83; from this one both arms of the study rose 0.81 -> 0.97.
-# - the critic: the offline warm-up (tier labels, forced-tool / no-tool buckets) missed its explained-variance
-#   gate at CPU scale (-0.11 on 96 questions, 0.16 on 48) and costs more than the rest of the demo. The first
-#   `train.critic_warmup` steps fit the value head alone to this policy's own returns instead (verl's critic
-#   warm-up): without it, the zero-initialised head gives V = 0.5 everywhere and the first update is REINFORCE
-#   with a constant baseline.
+#   it) 8 carl-segment steps lowered accuracy 0.89 -> 0.83, with or without critic-only steps first; from this
+#   one the study's carl-segment arm rose 0.81 -> 0.92 in 5 steps.
+# - the critic: carl-segment's own warm-up on 48 training questions (the study's uses 96). Skipping it leaves the
+#   zero-initialised head at V = 0.5: with a head LR of 5e-5 it moved 0.500 -> 0.517 in 10 steps (two of them
+#   critic-only), so every intermediate advantage was 0 and the method was outcome-only REINFORCE.
 # - half the preset's prompts per step, one update epoch instead of four and a 3x lower actor LR (at 1e-5 six
 #   steps with an untrained critic took test accuracy from 0.89 to 0.73; at 3e-6 to 0.86). fp32 throughout: bf16
 #   autocast made an SFT step 1.6x slower on that CPU.
@@ -343,7 +342,6 @@ DEMO_OVERRIDES = (
     "rollout.prompts_per_step=4",
     "optim.epochs=1",
     "optim.lr=3e-6",
-    "train.critic_warmup=2",
 )
 DEMO_TOOL_SHARE = 0.5
 
@@ -360,18 +358,25 @@ def run_demo(
     *,
     sft_examples: int = 128,
     sft_epochs: int = 2,
-    rl_steps: int = 10,
+    warmup_questions: int = 48,
+    rl_steps: int = 8,
     eval_limit: int = 64,
     overrides: tuple[str, ...] = (),
     log: Log = print,
 ) -> dict[str, Any]:
-    """SFT -> evaluate -> carl-segment (critic warm-up steps first) -> evaluate on arith-tools; the table."""
+    """SFT -> critic warm-up -> evaluate -> carl-segment -> evaluate on arith-tools (embedded model); the table.
+
+    The warm-up is carl-segment's own (tier labels, forced-tool / no-tool buckets, the gate), with the CPU phase of
+    head-only epochs on cached features.
+    """
+    from agentcredit.train.warmup import WarmupSettings
+
     start = time.perf_counter()
     out_dir = Path(out_dir or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S"))
     overrides = (*DEMO_OVERRIDES, *overrides)  # the caller's settings win
     base = load_config("carl-segment-arith-tools", list(overrides))
     log(
-        f"[1/4] SFT of {base.model.name} on {sft_examples} scripted arith-tools demonstrations "
+        f"[1/5] SFT of {base.model.name} on {sft_examples} scripted arith-tools demonstrations "
         f"(the tool on {DEMO_TOOL_SHARE:.0%} of them, whatever the tier)"
     )
     sft_dir = run_sft(
@@ -382,29 +387,37 @@ def run_demo(
         tool_share=DEMO_TOOL_SHARE,
         log=log,
     )
+    log(f"[2/5] critic warm-up on {warmup_questions} training questions (tier labels, buckets, gate)")
+    warm_config = load_config("carl-segment-arith-tools", [*overrides, f"model.name={sft_dir}"])
+    warm = run_warmup(
+        warm_config,
+        out_dir / "start-model",
+        questions=warmup_questions,
+        settings=WarmupSettings(seed=warm_config.train.seed),
+        log=log,
+    )
     rl_config = load_config(
         "carl-segment-arith-tools",
         [
             *overrides,  # before the demo's own settings: a `model.name` override names the model to fine-tune
-            f"model.name={sft_dir}",
+            f"model.name={out_dir / 'start-model'}",
             f"train.steps={rl_steps}",
             f"task.eval_limit={eval_limit}",
             "train.save_every=0",
             f"train.dump_episodes_every={rl_steps}",  # the last step's episodes, for `agentcredit view`
         ],
     )
-    log(f"[2/4] evaluation after SFT ({eval_limit} test questions, greedy)")
+    log(f"[3/5] evaluation after SFT and warm-up ({eval_limit} test questions, greedy)")
     model, tokenizer = load_policy(rl_config)
     head = initial_value_head(rl_config, model.config.hidden_size)
     before, before_records = evaluate_model(model, tokenizer, rl_config, value_head=head)
     write_episodes(out_dir / "eval_after_sft.jsonl", before_records)
     del model, head
-    warm_steps = min(rl_config.train.critic_warmup, rl_steps)
-    log(f"[3/4] carl-segment: {rl_steps} steps, the first {warm_steps} fitting only the critic")
+    log(f"[4/5] carl-segment: {rl_steps} steps")
     trainer = Trainer(rl_config, run_dir=out_dir / "carl-segment")
     try:
         trainer.train()
-        log("[4/4] evaluation after carl-segment")
+        log("[5/5] evaluation after carl-segment")
         after, after_records = evaluate_model(
             trainer.model, trainer.tokenizer, rl_config, value_head=trainer.value_head
         )
@@ -414,13 +427,17 @@ def run_demo(
     table = demo_table(before, after)
     minutes = (time.perf_counter() - start) / 60
     rss = peak_rss_gb()
+    gate = warm.gate
     report = (
         "# agentcredit demo: carl-segment on arith-tools\n\n"
         f"Model: SmolLM2-135M-Instruct (embedded), CPU. SFT on {sft_examples} scripted demonstrations x "
         f"{sft_epochs} epochs that call the python tool on {DEMO_TOOL_SHARE:.0%} of the questions whatever their "
-        f"tier (easy, medium, hard), so when to call is left to RL. Then {rl_steps} carl-segment steps "
-        f"({rl_config.rollout.prompts_per_step} prompts x {rl_config.rollout.n} episodes per step); the first "
-        f"{warm_steps} train only the critic on the policy's own returns. Evaluation: {eval_limit} held-out test "
+        f"tier (easy, medium, hard), so when to call is left to RL. Critic warm-up on {warmup_questions} training "
+        f"questions (gate {'passed' if warm.passed else 'NOT passed'}: AUC {gate.get('auc', float('nan')):.2f}, "
+        f"sign accuracy {gate.get('sign_accuracy', float('nan')):.2f}, explained variance "
+        f"{gate.get('explained_variance', float('nan')):.2f}); then {rl_steps} carl-segment steps "
+        f"({rl_config.rollout.prompts_per_step} prompts x {rl_config.rollout.n} episodes per step). Evaluation: "
+        f"{eval_limit} held-out test "
         "questions, greedy. Unnecessary calls: tool calls on easy questions, which the model can answer without "
         f"the tool.\n\n{table}\n\nTotal time: {minutes:.1f} min; peak RSS {rss:.1f} GB. Episodes: "
         "`eval_after_sft.jsonl`, `eval_after_rl.jsonl`; training metrics: `carl-segment/metrics.jsonl`; the last "
@@ -429,7 +446,16 @@ def run_demo(
     )
     (out_dir / "report.md").write_text(report)
     (out_dir / "summary.json").write_text(
-        json.dumps({"after_sft": before, "after_rl": after, "minutes": minutes, "peak_rss_gb": rss}, indent=2)
+        json.dumps(
+            {
+                "after_sft": before,
+                "after_rl": after,
+                "warmup_gate": gate,
+                "minutes": minutes,
+                "peak_rss_gb": rss,
+            },
+            indent=2,
+        )
     )
     (out_dir / "config.yaml").write_text(dump_config(rl_config))
     log(table)

@@ -13,7 +13,8 @@ def test_demo_runs_every_stage_and_writes_its_report(tmp_path):
         tmp_path,
         sft_examples=8,
         sft_epochs=1,
-        rl_steps=2,
+        warmup_questions=4,
+        rl_steps=1,
         eval_limit=4,
         overrides=(
             "model.name=tiny",  # the model to fine-tune; the RL stage must still start from the SFT output
@@ -22,30 +23,27 @@ def test_demo_runs_every_stage_and_writes_its_report(tmp_path):
             "rollout.max_new_tokens=16",
             "rollout.max_episode_tokens=48",
             "train.tensorboard=false",
-            "train.critic_warmup=1",
         ),
         log=lines.append,
     )
     assert [line[:5] for line in lines if line.startswith("[")] == [
-        "[1/4]",
-        "[2/4]",
-        "[3/4]",
-        "[4/4]",
+        "[1/5]",
+        "[2/5]",
+        "[3/5]",
+        "[4/5]",
+        "[5/5]",
     ]
     for stage in ("before", "after"):
         assert result[stage]["episodes"] == 4
         assert 0.0 <= result[stage]["accuracy"] <= 1.0
     rl_config = (tmp_path / "carl-segment" / "config.yaml").read_text()
-    assert f"name: {tmp_path / 'sft-model'}" in rl_config  # not the base model named by the override
-    steps = [
-        json.loads(line) for line in (tmp_path / "carl-segment" / "metrics.jsonl").read_text().splitlines()
-    ]
-    assert [m.get("update/critic_only", 0.0) for m in steps if "loss/value" in m] == [1.0, 0.0]
+    assert f"name: {tmp_path / 'start-model'}" in rl_config  # not the base model named by the override
+    assert (tmp_path / "start-model" / "value_head.pt").is_file()  # RL starts from the warmed-up critic
     assert "critic/ece" in result["before"] and "critic/ece" in result["after"]
     report = (tmp_path / "report.md").read_text()
     for label, _ in DEMO_ROWS:
         assert f"| {label}" in report
-    assert (tmp_path / "carl-segment" / "episodes" / "step-000002.jsonl").stat().st_size > 0
+    assert (tmp_path / "carl-segment" / "episodes" / "step-000001.jsonl").stat().st_size > 0
     assert "peak RSS" in report
     assert len((tmp_path / "eval_after_rl.jsonl").read_text().splitlines()) == 4
     summary = json.loads((tmp_path / "summary.json").read_text())
