@@ -211,15 +211,13 @@ def demo(
     out: Annotated[
         Path | None, typer.Option("--out", help="Output directory (default runs/demo-<time>).")
     ] = None,
-    rl_steps: Annotated[
-        int,
-        typer.Option(min=1, help="carl-segment steps (the first train.critic_warmup train only the critic)."),
-    ] = 10,
+    rl_steps: Annotated[int, typer.Option(min=1, help="carl-segment steps.")] = 8,
+    warmup_questions: Annotated[int, typer.Option(min=4, help="Critic warm-up questions.")] = 48,
     sft_examples: Annotated[int, typer.Option(min=8)] = 128,
     eval_limit: Annotated[int, typer.Option(min=4)] = 64,
     set_: SetOpt = None,
 ) -> None:
-    """The main job on the embedded model: SFT, evaluate, carl-segment (critic warm-up steps first), evaluate."""
+    """The main job on the embedded model: SFT, critic warm-up, evaluate, carl-segment, evaluate, the table."""
     from agentcredit.train.run import run_demo
 
     try:
@@ -227,6 +225,7 @@ def demo(
             out,
             rl_steps=rl_steps,
             sft_examples=sft_examples,
+            warmup_questions=warmup_questions,
             eval_limit=eval_limit,
             overrides=tuple(set_ or ()),
         )
