@@ -6,7 +6,9 @@ quantile):
 * per arm and metric: the mean over seeds and a 95% Student-t interval, mean +- t_{0.975, n-1} * s / sqrt(n);
 * per claim: the difference arm - baseline with a 95% Welch interval (unequal variances, Welch-Satterthwaite
   degrees of freedom). ``higher`` / ``lower`` claims are *reproduced* when that interval lies entirely on the
-  claimed side of 0, *not reproduced* when it lies entirely on the other side, and *inconclusive* otherwise.
+  claimed side of 0, *not reproduced* when no point of it does (it lies on the other side, touching 0 at most:
+  two arms that both call the tool on every question, [0, 0], are not "inconclusive", the arm is not lower),
+  and *inconclusive* otherwise.
   ``not_lower`` / ``not_higher`` (non-inferiority with a margin m) are *reproduced* when the interval lies
   entirely above -m (below +m), *not reproduced* when it lies entirely below -m (above +m), else inconclusive.
   With one seed per arm there is no interval and every verdict is inconclusive.
@@ -99,9 +101,9 @@ def verdict(direction: str, interval: tuple[float, float, float] | None, margin:
         return "inconclusive"
     _, low, high = interval
     if direction == "higher":
-        return "reproduced" if low > 0 else "not reproduced" if high < 0 else "inconclusive"
+        return "reproduced" if low > 0 else "not reproduced" if high <= 0 else "inconclusive"
     if direction == "lower":
-        return "reproduced" if high < 0 else "not reproduced" if low > 0 else "inconclusive"
+        return "reproduced" if high < 0 else "not reproduced" if low >= 0 else "inconclusive"
     if direction == "not_lower":
         return "reproduced" if low > -margin else "not reproduced" if high < -margin else "inconclusive"
     if direction == "not_higher":

@@ -55,6 +55,10 @@ def test_welch_interval_by_hand():
         ("not_higher", (0.01, -0.02, 0.04), 0.05, "reproduced"),
         ("not_higher", (0.2, 0.1, 0.3), 0.05, "not reproduced"),
         ("lower", None, 0.0, "inconclusive"),
+        # both arms identical on every seed (e.g. tool rate 1.0 everywhere): the arm is not lower, not "maybe"
+        ("lower", (0.0, 0.0, 0.0), 0.0, "not reproduced"),
+        ("higher", (0.0, 0.0, 0.0), 0.0, "not reproduced"),
+        ("lower", (0.0, -0.01, 0.01), 0.0, "inconclusive"),
     ],
 )
 def test_verdicts(direction, interval, margin, expected):
