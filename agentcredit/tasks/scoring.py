@@ -326,7 +326,7 @@ def math_equal(prediction: str | None, golds: Golds) -> float:
         global _MATH_VERIFY_WARNED
         if not _MATH_VERIFY_WARNED:
             warnings.warn(
-                "math-verify is not installed (pip install 'agentcredit[math]'); math_equal compares "
+                "math-verify is not installed (pip install -e '.[math]' in the agentcredit checkout); math_equal compares "
                 "numbers and falls back to exact match for symbolic answers",
                 stacklevel=2,
             )

@@ -38,7 +38,9 @@ from agentcredit.tools.search import (
 
 log = logging.getLogger(__name__)
 
-_INSTALL_HINT = "dense retrieval needs the optional extra: pip install 'agentcredit[dense]'"
+_INSTALL_HINT = (
+    "dense retrieval needs the optional extra: pip install -e '.[dense]' in the agentcredit checkout"
+)
 
 
 def default_model_path() -> Path:

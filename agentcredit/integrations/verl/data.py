@@ -85,7 +85,9 @@ def write_parquet(
         import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError as exc:  # pyarrow comes with verl
-        raise ValueError("writing parquet needs pyarrow (pip install 'agentcredit[verl]')") from exc
+        raise ValueError(
+            "writing parquet needs pyarrow (pip install -e '.[verl]' in the agentcredit checkout)"
+        ) from exc
     proto = get_protocol(protocol, **(protocol_options or {}))
     rows: list[dict[str, Any]] = []
     for name, split in tasks:
