@@ -156,6 +156,7 @@ def compute_advantages(
     rollout_log_probs: Tensor | None = None,
     entropy: Tensor | None = None,
     previous_alpha: float | None = None,
+    rows_per_episode: float | None = None,
 ) -> AdvantageResult:
     """Per-token advantages and returns of a verl batch for ``settings.method``.
 
@@ -167,6 +168,9 @@ def compute_advantages(
         values: ``[B, T]`` critic values, values[t] = V(state before response token t) (ppo, tips, carl-segment).
         old_log_probs, rollout_log_probs, entropy: ``[B, T]`` (gear).
         previous_alpha: TIPS batch_target mode: alpha to keep when no delta in this batch is non-zero.
+        rows_per_episode: rows / trajectories of every verl mini-batch, padding rows included, when the trainer
+            laid the batch out in mini-batches of whole episodes (:mod:`.minibatch`); None = this batch's
+            average (exact only when the batch is a single mini-batch).
     """
     method = settings.method
     if response_mask.dim() != 2:
@@ -244,7 +248,10 @@ def compute_advantages(
         v = need("values", values)
         s = settings.carl_segment
         returns = torch.zeros_like(advantages)
-        n_rows_total, n_eps = n_rows, len(episodes)
+        n_eps = len(episodes)
+        # verl's seq-mean-token-sum divides a mini-batch's sum by its (padded) row count; this factor makes
+        # that a mean over the mini-batch's trajectories, as agentcredit's trainer takes it.
+        per_episode = rows_per_episode if rows_per_episode is not None else n_rows / n_eps
         for ep in episodes:
             n_segments = len(ep.record.segment_kinds)
             located = [_span_of_segment(records, ep, k) for k in range(n_segments)]
@@ -255,7 +262,7 @@ def compute_advantages(
                     # Eq. 3 averages tokens within a segment and sums segments; under verl's seq-mean-token-sum
                     # that is a per-token weight 1/|g_k| (PPO's clipped surrogate is positively homogeneous in
                     # A), and rows/episodes turns verl's mean over rows into the paper's mean over episodes.
-                    a = a / (span.end - span.start) * (n_rows_total / n_eps)
+                    a = a / (span.end - span.start) * per_episode
                 advantages[row, span.start : span.end] = a
             for row in ep.rows:
                 # Monte-Carlo critic target R at every policy token (spec §3.5 regresses V(b_k) on R).
@@ -420,6 +427,7 @@ def apply_to_dataproto(
     previous_alpha: float | None = None,
     padding: Sequence[bool] | None = None,
     generated_mask: Tensor | None = None,
+    rows_per_episode: float | None = None,
 ) -> tuple[Any, AdvantageResult]:
     """Compute advantages for a verl ``DataProto`` and store them as ``advantages`` / ``returns``.
 
@@ -432,6 +440,8 @@ def apply_to_dataproto(
     since removed tokens from ``response_mask`` (rejection sampling). The records describe the generated
     episode, so they are checked against it and the credit is computed on it; advantages and returns are then
     zeroed wherever ``response_mask`` no longer trains a token.
+
+    ``rows_per_episode``: see :func:`compute_advantages` (the trainer's mini-batch plan gives it).
     """
     batch, non_tensor = data.batch, data.non_tensor_batch
     trained = batch["response_mask"]
@@ -469,6 +479,7 @@ def apply_to_dataproto(
         rollout_log_probs=optional("rollout_log_probs"),
         entropy=optional("entropy"),
         previous_alpha=previous_alpha,
+        rows_per_episode=rows_per_episode,
     )
     kept = trained[index].cpu().to(torch.float32)
     for name, value in (("advantages", result.advantages), ("returns", result.returns)):

@@ -11,6 +11,7 @@ the credit methods need (values, old and rollout log-probs, entropies, and the a
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
@@ -19,15 +20,17 @@ import transfer_queue as tq
 from omegaconf import DictConfig, open_dict
 from tensordict import TensorDict
 from verl.protocol import DataProto
+from verl.trainer.ppo.padding_utils import upsample_batch_to_divisible_size
 from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
 from verl.trainer.ppo.v1 import PPOTrainerSync, register_trainer
 from verl.workers.utils.padding import response_to_nested
 
 from agentcredit.integrations.verl import EXTRA_KEY, TRAINER_NAME
 from agentcredit.integrations.verl.advantages import apply_to_dataproto
+from agentcredit.integrations.verl.minibatch import MinibatchPlan, plan_minibatches
 from agentcredit.integrations.verl.settings import AgentCreditSettings, load_settings
 
-__all__ = ["AgentCreditTrainer", "check_trainer_config", "fields_to_dataproto"]
+__all__ = ["AgentCreditTrainer", "check_trainer_config", "episode_keys", "fields_to_dataproto"]
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +65,8 @@ def check_trainer_config(config: DictConfig) -> AgentCreditSettings:
             raise ValueError(
                 "agentcredit.gear.student_logprobs=rollout needs actor_rollout_ref.rollout.calculate_log_probs=True"
             )
+    if settings.method == "carl-segment":
+        _check_carl_segment_loss(config, settings)
     agent = config.actor_rollout_ref.rollout.get("agent", {})
     if agent.get("default_agent_loop") != "agentcredit_agent":
         logger.warning(
@@ -70,6 +75,38 @@ def check_trainer_config(config: DictConfig) -> AgentCreditSettings:
             agent.get("default_agent_loop"),
         )
     return settings
+
+
+def _check_carl_segment_loss(config: DictConfig, settings: AgentCreditSettings) -> None:
+    # Replacement views make several rows per episode. Per-row modes would weigh an episode by its row count, so
+    # only token-mean (a per-token weight, rows do not matter) or segment_mean_loss's folded weights under
+    # seq-mean-token-sum weigh trajectories as agentcredit's trainer does. verl's shuffled iterator would split
+    # the mini-batches of whole episodes the trainer lays out (docs/scaling-out-with-verl.md).
+    actor = config.actor_rollout_ref.actor
+    mode = actor.get("loss_agg_mode", "token-mean")
+    wanted = "seq-mean-token-sum" if settings.carl_segment.segment_mean_loss else "token-mean"
+    if mode != wanted:
+        raise ValueError(
+            f"agentcredit.method=carl-segment with segment_mean_loss={settings.carl_segment.segment_mean_loss} "
+            f"needs actor_rollout_ref.actor.loss_agg_mode={wanted} (got {mode}): other modes weigh an episode "
+            "by the number of rows (views) it was rendered as"
+        )
+    for key, section in (("actor_rollout_ref.actor", actor), ("critic", config.critic)):
+        if section.get("shuffle", False):
+            raise ValueError(
+                f"agentcredit.method=carl-segment needs {key}.shuffle=False: verl shuffles rows, which would "
+                "split the mini-batches of whole episodes the trainer lays out"
+            )
+
+
+def episode_keys(extra_fields: list, keys: list) -> list:
+    """The episode of every row: the agentcredit record's ``episode_id``, else the row's own key."""
+    out = []
+    for extra, key in zip(extra_fields, keys, strict=True):
+        record = (extra or {}).get(EXTRA_KEY) or {}
+        episode = record.get("episode_id") if isinstance(record, dict) else None
+        out.append(("episode", episode) if episode else ("row", key))
+    return out
 
 
 def _as_list(values: Any) -> list:
@@ -103,6 +140,82 @@ class AgentCreditTrainer(PPOTrainerSync):
             config.trainer.v1.trainer_mode = SYNC_MODE
         super().__init__(config)
         self._tips_alpha: float | None = None  # TIPS batch_target: kept when a batch has no non-zero delta
+        self._plan: MinibatchPlan | None = None  # this step's mini-batches of whole episodes, if multi-row
+
+    def _minibatch_episodes(self, section: str) -> int:
+        cfg = self.config.actor_rollout_ref.actor if section == "actor" else self.config.critic
+        return int(cfg.ppo_mini_batch_size) * int(self.config.actor_rollout_ref.rollout.n)
+
+    def _balance_batch(self, batch, metrics, logging_prefix="global_seqlen", keep_minibatch=False):
+        """verl's balancing, unless an episode spans several rows: then mini-batches of whole episodes.
+
+        verl cuts each rank's slice into mini-batches of ``ppo_mini_batch_size x n`` rows; with multi-row
+        episodes that changes the optimizer steps per epoch and splits episodes. The plan instead puts exactly
+        ``ppo_mini_batch_size x n`` episodes in every mini-batch, pads all mini-batches to one row count, and
+        the actor and critic updates below use that row count. verl's sequence-length balancing across ranks
+        is given up for such batches (an episode's rows stay in order on the rank that gets them).
+        """
+        self._plan = None
+        data = tq.kv_batch_get(
+            keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields"]
+        )
+        episodes = episode_keys(_as_list(data["extra_fields"]), list(batch.keys))
+        if len(set(episodes)) == len(episodes):  # one row per episode: verl's rows are trajectories
+            return super()._balance_batch(batch, metrics, logging_prefix, keep_minibatch)
+        for key, section in (("actor_rollout_ref.actor", "actor"), ("critic", "critic")):
+            if section == "critic" and not self.use_critic:
+                continue
+            cfg = self.config.actor_rollout_ref.actor if section == "actor" else self.config.critic
+            if cfg.get("shuffle", False):
+                raise ValueError(f"episodes with several rows need {key}.shuffle=False (verl shuffles rows)")
+        actor_eps, critic_eps = self._minibatch_episodes("actor"), self._minibatch_episodes("critic")
+        if self.use_critic and critic_eps % actor_eps:
+            raise ValueError(
+                f"episodes with several rows need critic.ppo_mini_batch_size ({critic_eps} episodes) to be a "
+                f"multiple of actor_rollout_ref.actor.ppo_mini_batch_size ({actor_eps} episodes)"
+            )
+        role, worker_group = "actor", self.actor_rollout_wg
+        if role not in worker_group._dispatch_info:
+            worker_group._dispatch_info[role] = worker_group._query_dispatch_info(role)
+        dp_size = max(worker_group._dispatch_info[role]) + 1
+        plan = plan_minibatches(
+            episodes, actor_eps, dp_size=dp_size, row_multiple=int(self.config.actor_rollout_ref.rollout.n)
+        )
+        n_real = len(batch)
+        batch = upsample_batch_to_divisible_size(batch, len(plan.order), self.tokenizer.eos_token_id)
+        pads = iter(range(n_real, len(batch)))
+        batch.reorder([next(pads) if slot is None else slot for slot in plan.order])
+        self._plan = plan
+        metrics["agentcredit/minibatch_rows"] = float(plan.rows_per_minibatch)
+        metrics["agentcredit/padding_rows"] = float(len(plan.order) - n_real)
+        return batch
+
+    @contextlib.contextmanager
+    def _planned_minibatch(self, section: str):
+        """verl's update reads its mini-batch rows from ppo_mini_batch_size x n: point it at the plan's rows."""
+        if self._plan is None:
+            yield
+            return
+        cfg = self.config.actor_rollout_ref.actor if section == "actor" else self.config.critic
+        n = int(self.config.actor_rollout_ref.rollout.n)
+        episodes = self._minibatch_episodes(section)
+        rows = self._plan.rows_per_minibatch * (episodes // self._plan.episodes_per_minibatch)
+        original = cfg.ppo_mini_batch_size
+        with open_dict(cfg):
+            cfg.ppo_mini_batch_size = rows // n  # plan rows are a multiple of n (row_multiple)
+        try:
+            yield
+        finally:
+            with open_dict(cfg):
+                cfg.ppo_mini_batch_size = original
+
+    def _update_actor(self, batch, metrics: dict):
+        with self._planned_minibatch("actor"):
+            return super()._update_actor(batch, metrics)
+
+    def _update_critic(self, batch, metrics: dict):
+        with self._planned_minibatch("critic"):
+            return super()._update_critic(batch, metrics)
 
     def _advantage_fields(self) -> list[str]:
         fields = ["uid", "response_mask", "old_log_probs", "extra_fields"]
@@ -141,6 +254,7 @@ class AgentCreditTrainer(PPOTrainerSync):
             previous_alpha=self._tips_alpha,
             padding=padding,
             generated_mask=generated_mask,
+            rows_per_episode=None if self._plan is None else self._plan.rows_per_episode,
         )
         if result.alpha is not None:
             self._tips_alpha = result.alpha
