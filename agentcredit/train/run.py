@@ -330,7 +330,7 @@ def demo_table(before: dict[str, float], after: dict[str, float]) -> str:
 # - the start: three tiers and demonstrations that call the tool on half of the questions whatever their tier,
 #   so RL has something to learn. From the old start (easy questions answered without the tool, hard ones with
 #   it) 8 carl-segment steps lowered accuracy 0.89 -> 0.83, with or without critic-only steps first; from this
-#   one the study's carl-segment arm rose 0.81 -> 0.92 in 5 steps.
+#   one the study's carl-segment arm (seed 0) rose 0.81 -> 0.92 in 5 steps.
 # - the critic: carl-segment's own warm-up on 48 training questions (the study's uses 96). Skipping it leaves the
 #   zero-initialised head at V = 0.5: with a head LR of 5e-5 it moved 0.500 -> 0.517 in 10 steps (two of them
 #   critic-only), so every intermediate advantage was 0 and the method was outcome-only REINFORCE.

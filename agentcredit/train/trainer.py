@@ -32,7 +32,7 @@ from agentcredit.config import Config, dump_config
 from agentcredit.credit import aggregation_weights, policy_loss, policy_loss_stats, tips_batch_alpha
 from agentcredit.environment import Environment, build_environment, load_examples
 from agentcredit.models.heads import make_value_head
-from agentcredit.models.scoring import TokenScores, score_tokens
+from agentcredit.models.scoring import score_tokens
 from agentcredit.rollout.tree import RolloutTree
 from agentcredit.tasks import Example
 from agentcredit.train.advantages import Signals, compute_advantages
@@ -457,34 +457,35 @@ class Trainer:
             )
             if not torch.isfinite(scores.logprobs[sub.loss_mask]).all():
                 return self._skip_nonfinite()  # a diverged forward pass (the inputs themselves are checked)
-            if critic_only:
-                vloss = self._value_loss(scores, sub, v_weights[rows][:, :width])
-                loss = a.value_coef * vloss
-                totals["loss/value"] += float(vloss.detach())
-                totals["loss/total"] += float(loss.detach())
-                loss.backward()
-                continue
-            pg = policy_loss(
-                scores.logprobs,
-                sub.old_logp,
-                sub.advantages,
-                sub.loss_mask,
-                clip_eps=a.clip_eps,
-                dual_clip=a.clip_ratio_c,
-                weights=w,
-            )
-            loss = pg
-            totals["loss/policy"] += float(pg.detach())
-            if a.kl_coef > 0:
-                kl = (kl_penalty(scores.logprobs, sub.ref_logp, a.kl_estimator) * w * sub.loss_mask).sum()
-                loss = loss + a.kl_coef * kl
-                totals["loss/kl"] += float(kl.detach())
-            if a.entropy_coef > 0:
-                ent = (scores.entropies * w * sub.loss_mask).sum()
-                loss = loss - a.entropy_coef * ent
-                totals["loss/entropy"] += float(ent.detach())
+            loss = torch.zeros((), device=sub.input_ids.device)
+            if not critic_only:
+                pg = policy_loss(
+                    scores.logprobs,
+                    sub.old_logp,
+                    sub.advantages,
+                    sub.loss_mask,
+                    clip_eps=a.clip_eps,
+                    dual_clip=a.clip_ratio_c,
+                    weights=w,
+                )
+                loss = loss + pg
+                totals["loss/policy"] += float(pg.detach())
+                if a.kl_coef > 0:
+                    kl = (kl_penalty(scores.logprobs, sub.ref_logp, a.kl_estimator) * w * sub.loss_mask).sum()
+                    loss = loss + a.kl_coef * kl
+                    totals["loss/kl"] += float(kl.detach())
+                if a.entropy_coef > 0:
+                    ent = (scores.entropies * w * sub.loss_mask).sum()
+                    loss = loss - a.entropy_coef * ent
+                    totals["loss/entropy"] += float(ent.detach())
             if critic:
-                vloss = self._value_loss(scores, sub, v_weights[rows][:, :width])
+                vw = v_weights[rows][:, :width]
+                if a.critic == "token":
+                    vloss = token_value_loss(
+                        scores.values, sub.returns, vw, old_values=sub.old_values, clip=a.value_clip
+                    )
+                else:  # carl-segment §3.5: plain MSE to the Monte-Carlo return at every boundary
+                    vloss = ((scores.values - sub.returns) ** 2 * vw).sum()
                 loss = loss + a.value_coef * vloss
                 totals["loss/value"] += float(vloss.detach())
             if not torch.isfinite(loss):
@@ -497,23 +498,16 @@ class Trainer:
         grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip)
         self.optimizer.step()
         self.scheduler.step()
-        if critic_only:
-            return {**totals, "update/grad_norm": float(grad_norm), "update/critic_only": 1.0}
-        stats = policy_loss_stats(logp_all, mb.old_logp, mb.advantages, mb.loss_mask, clip_eps=a.clip_eps)
         out = dict(totals)
         out["update/grad_norm"] = float(grad_norm)
+        out["update/lr"] = self.scheduler.get_last_lr()[0]
+        if critic_only:  # no policy ratios were computed: nothing was clipped and the policy did not move
+            out["update/critic_only"] = 1.0
+            return out
+        stats = policy_loss_stats(logp_all, mb.old_logp, mb.advantages, mb.loss_mask, clip_eps=a.clip_eps)
         out["update/clip_fraction"] = stats["clip_fraction"]
         out["update/approx_kl"] = stats["approx_kl"]
-        out["update/lr"] = self.scheduler.get_last_lr()[0]
         return out
-
-    def _value_loss(self, scores: TokenScores, sub: TrainBatch, weights: torch.Tensor) -> torch.Tensor:
-        a = self.cfg.algorithm
-        if a.critic == "token":
-            return token_value_loss(
-                scores.values, sub.returns, weights, old_values=sub.old_values, clip=a.value_clip
-            )
-        return ((scores.values - sub.returns) ** 2 * weights).sum()  # carl-segment §3.5: MSE to the MC return
 
     def _skip_nonfinite(self) -> None:
         """Drop this optimiser step; stop the run after ``train.max_nonfinite`` such steps in a row."""
