@@ -2,7 +2,8 @@
 
 The LM head is applied only where a log-prob is wanted (policy tokens), never to the prompt or tool observations,
 and in chunks, so a batch never materialises a full ``[B, T, vocab]`` logits tensor (49k vocab x 1k tokens x 4 bytes
-= 200 MB per sequence). Values are read from the same hidden states.
+= 200 MB per sequence); under autograd each chunk is checkpointed, so backward keeps no vocab-sized tensor either.
+Values are read from the same hidden states.
 
 Alignment convention used everywhere in agentcredit: ``logprobs[b, t]`` is log pi(token t | tokens < t), and
 ``values[b, t]`` is V of the state *before* token t (the hidden state at position t - 1). So the value of a segment
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 
 @dataclass
@@ -59,6 +61,24 @@ def hidden_states(
     return out.last_hidden_state
 
 
+def _head_scores(
+    head: nn.Module,
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float,
+    softcap: float | None,
+    with_entropy: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-prob of ``targets`` and (optionally) the entropy under softmax(head(hidden) / temperature), in fp32."""
+    logits = head(hidden.to(head.weight.dtype)).float()
+    if softcap:
+        logits = torch.tanh(logits / softcap) * softcap
+    logp_all = torch.log_softmax(logits / temperature, dim=-1)
+    logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    entropy = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else None
+    return logp, entropy
+
+
 def score_tokens(
     model: nn.Module,
     input_ids: torch.Tensor,
@@ -70,7 +90,7 @@ def score_tokens(
     temperature: float = 1.0,
     with_entropy: bool = True,
     autocast: bool = False,
-    chunk: int = 1024,
+    chunk: int = 256,
     backbone_grad: bool = True,
 ) -> TokenScores:
     """Score the tokens at positions ``want`` (bool ``[B, T]``) under ``model``; optionally values at ``value_mask``.
@@ -98,16 +118,21 @@ def score_tokens(
 
     rows, cols = want.nonzero(as_tuple=True)
     softcap = getattr(getattr(model, "config", None), "final_logit_softcapping", None)
+    # Under autograd each chunk is checkpointed: only its hidden rows are kept for backward, and its [chunk, vocab]
+    # logits / log-softmax (50 MB each at 256 rows x 49k vocab) are recomputed there, one chunk at a time, instead
+    # of every chunk's being held until the whole micro-batch has been backpropagated.
+    checkpointed = torch.is_grad_enabled() and hidden.requires_grad
     lp_parts, ent_parts = [], []
     for start in range(0, rows.numel(), chunk):
         r, c = rows[start : start + chunk], cols[start : start + chunk]
-        logits = head(hidden[r, c - 1].to(head.weight.dtype)).float()
-        if softcap:
-            logits = torch.tanh(logits / softcap) * softcap
-        logp_all = torch.log_softmax(logits / temperature, dim=-1)
-        lp_parts.append(logp_all.gather(-1, input_ids[r, c].unsqueeze(-1)).squeeze(-1))
+        args = (head, hidden[r, c - 1], input_ids[r, c], temperature, softcap, with_entropy)
+        if checkpointed:
+            lp, ent = checkpoint(_head_scores, *args, use_reentrant=False)
+        else:
+            lp, ent = _head_scores(*args)
+        lp_parts.append(lp)
         if with_entropy:
-            ent_parts.append(-(logp_all.exp() * logp_all).sum(-1))
+            ent_parts.append(ent)
     if lp_parts:
         logprobs = logprobs.index_put((rows, cols), torch.cat(lp_parts))
         if with_entropy:
