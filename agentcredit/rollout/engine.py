@@ -482,10 +482,13 @@ class RolloutEngine:
 
     def _admit(self, *, force: bool = False) -> None:
         """Give queued job groups a sequence while fewer than ``max_batch`` are in flight."""
+        # a leader's clones get their sequences only after its prefill, but they are in flight from admission
+        in_flight = len(self._live) + sum(len(ep.clones) for ep in self._live)
         while self._queue:
             group = self._queue[0]
-            if not force and self._live and len(self._live) + len(group) > self.config.max_batch:
+            if not force and self._live and in_flight + len(group) > self.config.max_batch:
                 return
+            in_flight += len(group)
             force = False
             self._queue.popleft()
             leader = group[0]

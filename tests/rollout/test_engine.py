@@ -281,3 +281,22 @@ def test_bad_inputs(tiny):
         EngineConfig(max_batch=0)
     with pytest.raises(ValueError, match="n must be"):
         independent(0)
+
+
+def test_max_batch_counts_the_clones_waiting_for_their_leader(tiny):
+    """Issue 13: with prefix sharing a group's leader is prefilled alone and its n - 1 clones fork from it after, so
+    admission counted only the leaders: max_batch=4 with 6 prompts x 3 samples ran all 18 episodes at once (the
+    warm-up's tier labels, 48 x 5, held 242 rows of KV cache instead of 64)."""
+    model, tokenizer = tiny
+    engine = engine_for(model, tokenizer, get_protocol("codefence"), max_batch=4, max_segment_tokens=8)
+    rows: list[int] = []
+    ensure = engine.backend.slab.ensure
+
+    def watched(n_rows: int, width: int) -> None:
+        rows.append(n_rows)
+        ensure(n_rows, width)
+
+    engine.backend.slab.ensure = watched
+    trees = engine.run([f"Say {k}." for k in range(6)], independent(3), lambda *_: 0.0)
+    assert sum(len(t.leaves()) for t in trees) == 18
+    assert max(rows) <= 4, max(rows)  # here 3: a second group of 3 does not fit beside the first
