@@ -287,6 +287,13 @@ class OptimConfig(Section):
     )
 
 
+# Tokens (rows x padded width) per forward/backward pass. Measured on the 2-core dev CPU with SmolLM2-135M
+# (benchmarks/bench_memory.py, one run): 1024-token micro-batches trained at 184-188 tokens/s with a 4.7-4.8 GiB
+# peak, 4096-token ones at 113-158 tokens/s with 8.3-9.9 GiB (activations scale with the micro-batch, and a small
+# one stays in cache). Optimiser steps are unchanged: micro-batches accumulate gradients.
+MICRO_BATCH_TOKENS = 1024
+
+
 class TrainConfig(Section):
     steps: int = Field(20, ge=1, description="Training steps (rollout + update).")
     seed: int = Field(0, description="Seed for data order, sampling and initialisation.")
@@ -295,6 +302,12 @@ class TrainConfig(Section):
         ge=0,
         description="Greedy held-out evaluation (task.eval_split) every N steps, logged to metrics.jsonl as "
         "eval/* (0 = only the final evaluation).",
+    )
+    micro_batch_tokens: int = Field(
+        MICRO_BATCH_TOKENS,
+        ge=1,
+        description="Tokens (rows x padded width) per forward pass of the trainer's scoring and update, SFT and "
+        "the critic warm-up; gradients accumulate over micro-batches, so only memory and speed depend on it.",
     )
     save_every: int = Field(10, ge=0, description="Checkpoint every N steps (0 = only at the end).")
     critic_warmup: int = Field(

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from agentcredit.config import MICRO_BATCH_TOKENS
 from agentcredit.environment import Environment, example_metric, infra_failures
 from agentcredit.rollout.tree import RolloutTree
 from agentcredit.tasks import Example
@@ -152,7 +153,7 @@ def boundary_values(
     *,
     pad_id: int = 0,
     autocast: bool = False,
-    max_tokens: int = 4096,
+    max_tokens: int = MICRO_BATCH_TOKENS,
 ) -> list[list[float]]:
     """V(b_k) at every policy segment's boundary state, per trajectory (trees in order, leaves in order).
 

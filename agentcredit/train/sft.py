@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from agentcredit.config import MICRO_BATCH_TOKENS
 from agentcredit.credit import aggregation_weights
 from agentcredit.environment import Environment, raise_on_infra_failures
 from agentcredit.models.scoring import score_tokens
@@ -114,7 +115,7 @@ def sft(
     grad_clip: float = 1.0,
     seed: int = 0,
     autocast: bool = False,
-    max_tokens: int = 4096,
+    max_tokens: int = MICRO_BATCH_TOKENS,
     on_step: Callable[[int, float], None] | None = None,
 ) -> SFTResult:
     """Token-mean NLL on the policy tokens of every trajectory in ``trees``."""
@@ -150,6 +151,9 @@ def sft(
                 total += float(loss.detach())
             torch.nn.utils.clip_grad_norm_(params, grad_clip)
             optimizer.step()
+            optimizer.zero_grad(
+                set_to_none=True
+            )  # not kept until the next step: they are as large as the weights
             losses.append(total)
             step += 1
             if on_step is not None:

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from agentcredit.config import MICRO_BATCH_TOKENS
 from agentcredit.credit import tips_potential
 from agentcredit.models.scoring import score_tokens
 from agentcredit.train.batch import TrainBatch, segment_spans
@@ -86,7 +87,7 @@ def score_batch(
     temperature: float = 1.0,
     autocast: bool = False,
     with_entropy: bool = True,
-    max_tokens: int = 4096,
+    max_tokens: int = MICRO_BATCH_TOKENS,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Log-probs (and entropies, values) of the batch's policy tokens, in microbatches; ``[N, L]`` each."""
     N, L = batch.input_ids.shape
@@ -125,7 +126,7 @@ def score_continuations(
     *,
     temperature: float = 1.0,
     autocast: bool = False,
-    max_tokens: int = 4096,
+    max_tokens: int = MICRO_BATCH_TOKENS,
     pad_id: int = 0,
 ) -> list[list[float]]:
     """log p(continuation token j | context, continuation < j) for each (context, continuation) pair."""
@@ -156,7 +157,7 @@ def tips_potentials(
     *,
     reduce: str = "sum",
     autocast: bool = False,
-    max_tokens: int = 4096,
+    max_tokens: int = MICRO_BATCH_TOKENS,
 ) -> list[list[float]]:
     """Phi at the start state of every policy segment of every trajectory (TIPS spec §2.7).
 
@@ -240,7 +241,7 @@ def teacher_logprobs(
     *,
     temperature: float = 1.0,
     autocast: bool = False,
-    max_tokens: int = 4096,
+    max_tokens: int = MICRO_BATCH_TOKENS,
     pad_id: int = 0,
 ) -> torch.Tensor:
     """GEAR: log pi(a_t | s_t*) of each row's policy tokens with the row's prompt replaced by a teacher prompt.
@@ -279,7 +280,7 @@ def values_at(
     positions: dict[int, list[int]],
     *,
     autocast: bool = False,
-    max_tokens: int = 4096,
+    max_tokens: int = MICRO_BATCH_TOKENS,
 ) -> dict[tuple[int, int], torch.Tensor]:
     """V at chosen ``(row, col)`` positions (``positions[row] = [cols]``), with gradient outside ``no_grad``.
 

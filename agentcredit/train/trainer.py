@@ -321,12 +321,18 @@ class Trainer:
             temperature=temp,
             autocast=autocast,
             with_entropy=True,
+            max_tokens=cfg.train.micro_batch_tokens,
         )
         batch.old_logp, batch.old_entropy, batch.old_values = logp, entropy, values
         if a.kl_coef > 0:
             with self._reference() as ref:
                 batch.ref_logp, _, _ = score_batch(
-                    ref, batch, temperature=temp, autocast=autocast, with_entropy=False
+                    ref,
+                    batch,
+                    temperature=temp,
+                    autocast=autocast,
+                    with_entropy=False,
+                    max_tokens=cfg.train.micro_batch_tokens,
                 )
         signals = Signals(values=values, entropy=entropy)
         by_tree = {i: ex for i, ex in enumerate(examples)}
@@ -342,6 +348,7 @@ class Trainer:
                 self.env.protocol.render_answer,
                 reduce=reduce,
                 autocast=autocast,
+                max_tokens=cfg.train.micro_batch_tokens,
             )
             signals.alpha = self._tips_alpha(signals.potentials)
         if a.reweight == "gear":
@@ -388,6 +395,7 @@ class Trainer:
             teacher_prompts,
             temperature=temp,
             autocast=self.cfg.model.autocast_bf16,
+            max_tokens=self.cfg.train.micro_batch_tokens,
         )
 
     # -------------------------------------------------------------- update
@@ -438,7 +446,9 @@ class Trainer:
         }
         logp_all = torch.zeros_like(mb.old_logp)
         lengths = mb.attention_mask.sum(-1).tolist()
-        for rows in trained_row_chunks(lengths, mb.loss_mask, v_weights, max_tokens=self._micro_tokens()):
+        for rows in trained_row_chunks(
+            lengths, mb.loss_mask, v_weights, max_tokens=cfg.train.micro_batch_tokens
+        ):
             sub = mb.select(rows)
             width = sub.input_ids.shape[1]
             w = weights[rows][:, :width]
@@ -497,6 +507,9 @@ class Trainer:
         params = self.trainable_parameters() + (list(self.value_head.parameters()) if self.value_head else [])
         grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip)
         self.optimizer.step()
+        # free the gradients now, not at the next zero_grad: they are as large as the weights (0.5 GB for
+        # SmolLM2-135M) and would otherwise stay resident through the next rollout, signals and evaluation
+        self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         out = dict(totals)
         out["update/grad_norm"] = float(grad_norm)
@@ -518,9 +531,6 @@ class Trainer:
                 f"step {self.step}: {self.nonfinite_in_row} non-finite losses in a row (train.max_nonfinite)"
             )
         return None
-
-    def _micro_tokens(self) -> int:
-        return 4096
 
     # -------------------------------------------------------------- one step
     def train_step(self) -> StepResult:

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from agentcredit.config import Config
+from agentcredit.config import MICRO_BATCH_TOKENS, Config
 from agentcredit.environment import build_environment, raise_on_infra_failures
 from agentcredit.eval.evaluate import run_episodes
 from agentcredit.eval.metrics import auc, explained_variance, sign_accuracy
@@ -256,11 +256,12 @@ def warmup(
             positions.setdefault(p.row, []).append(p.col)
         positions = {r: sorted(set(c)) for r, c in positions.items()}
         optimizer.zero_grad(set_to_none=True)
-        values = values_at(model, value_head, batch, positions)
+        values = values_at(model, value_head, batch, positions, max_tokens=config.train.micro_batch_tokens)
         loss = torch.stack([(values[(p.row, p.col)] - p.target) ** 2 for p in pairs]).mean()
         loss.backward()
         torch.nn.utils.clip_grad_norm_([q for g in optimizer.param_groups for q in g["params"]], 1.0)
         optimizer.step()
+        optimizer.zero_grad(set_to_none=True)  # frees the backbone's gradients before the gate's rollouts
         losses.append(float(loss.detach()))
         if (step + 1) % max(1, settings.steps // 5) == 0:
             log(f"warm-up step {step + 1}/{settings.steps}: critic MSE {losses[-1]:.4f}")
@@ -280,7 +281,7 @@ def warmup(
 
 @torch.no_grad()
 def boundary_features(
-    model: Any, batch: Any, positions: dict[int, list[int]], *, max_tokens: int = 4096
+    model: Any, batch: Any, positions: dict[int, list[int]], *, max_tokens: int = MICRO_BATCH_TOKENS
 ) -> dict[tuple[int, int], torch.Tensor]:
     """The hidden state the value head reads for V at ``(row, col)``: position col - 1, as in :func:`values_at`."""
     from agentcredit.models.scoring import hidden_states

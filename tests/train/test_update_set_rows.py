@@ -4,7 +4,8 @@ carl-critical trains only the actions of its update set, each once, so a traject
 outside the set (or counted in an earlier row) has an all-false loss mask. A microbatch of only such rows has no
 policy, KL or entropy term and, without a critic, no value term: before the fix its loss had no graph and
 ``loss.backward()`` raised "element 0 of tensors does not require grad". The microbatch split never changes the
-gradient, so the tests force one row per microbatch (``_micro_tokens``), the split where this always shows.
+gradient, so the tests force one row per microbatch (``train.micro_batch_tokens``), the split where this always
+shows.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from agentcredit.train.trainer import Trainer, load_base_model
 
 
 def one_row_per_microbatch(trainer: Trainer) -> None:
-    trainer._micro_tokens = lambda: 1
+    trainer.cfg.train.micro_batch_tokens = 1
 
 
 def snapshot(module):
