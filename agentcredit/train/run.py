@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import time
 from collections.abc import Callable
@@ -393,6 +394,9 @@ def run_demo(
         tool_share=DEMO_TOOL_SHARE,
         log=log,
     )
+    # The SFT model and its AdamW state (1.6 GB) sit in a reference cycle once the phase returns; Python's cyclic
+    # collector, triggered by object counts rather than bytes, could leave them resident into the next phase.
+    gc.collect()
     log(f"[2/5] critic warm-up on {warmup_questions} training questions (tier labels, buckets, gate)")
     warm_config = load_config("carl-segment-arith-tools", [*overrides, f"model.name={sft_dir}"])
     warm = run_warmup(
@@ -413,12 +417,14 @@ def run_demo(
             f"train.dump_episodes_every={rl_steps}",  # the last step's episodes, for `agentcredit view`
         ],
     )
+    gc.collect()  # the warm-up's model and optimiser, as above
     log(f"[3/5] evaluation after SFT and warm-up ({eval_limit} test questions, greedy)")
     model, tokenizer = load_policy(rl_config)
     head = initial_value_head(rl_config, model.config.hidden_size)
     before, before_records = evaluate_model(model, tokenizer, rl_config, value_head=head)
     write_episodes(out_dir / "eval_after_sft.jsonl", before_records)
     del model, head
+    gc.collect()
     log(f"[4/5] carl-segment: {rl_steps} steps")
     trainer = Trainer(rl_config, run_dir=out_dir / "carl-segment")
     try:
