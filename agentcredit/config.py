@@ -289,7 +289,8 @@ class OptimConfig(Section):
 
 # Tokens (rows x padded width) per forward/backward pass. Measured on the 2-core dev CPU with SmolLM2-135M
 # (benchmarks/bench_memory.py, one run): 1024-token micro-batches trained at 184-188 tokens/s with a 4.7-4.8 GiB
-# peak, 4096-token ones at 113-158 tokens/s with 8.3-9.9 GiB (activations scale with the micro-batch, and a small
+# peak, 4096-token ones at 113-158 tokens/s with 8.3-9.9 GiB (ranges: with and without agentcredit.runtime's malloc
+# setting) (activations scale with the micro-batch, and a small
 # one stays in cache). Optimiser steps are unchanged: micro-batches accumulate gradients.
 MICRO_BATCH_TOKENS = 1024
 

@@ -9,14 +9,13 @@ freed, and keeps small ones on the fast heap. Measured on the dev CPU with SmolL
 (``benchmarks/bench_memory.py``, SFT steps of 16 arith-tools episodes, one run): peak RSS 9.9 -> 8.3 GiB with
 4096-token micro-batches (but 158 -> 113 tokens/s) and 4.84 -> 4.73 GiB with the default 1024-token ones (188 vs
 184 tokens/s); a 128 KiB threshold saved more (3.98 GiB) but cost a quarter of the speed, as every activation is
-mapped and zero-filled anew. The demo's measured 4.0 GiB peak was taken with it. It only decides where
+mapped and zero-filled anew. The demo's measured 3.94 GiB peak was taken with it. It only decides where
 blocks come from, never what is computed.
 """
 
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 import os
 
@@ -34,12 +33,8 @@ def fix_malloc_mmap_threshold(threshold: int = MMAP_THRESHOLD_BYTES) -> bool:
     """
     if "MALLOC_MMAP_THRESHOLD_" in os.environ:
         return False
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return False
-    try:
-        libc = ctypes.CDLL(name)
-        mallopt = libc.mallopt
+    try:  # the process's own symbols: no library search (find_library would spawn ldconfig at every start-up)
+        mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int

@@ -3,8 +3,8 @@
     .venv/bin/python benchmarks/bench_memory.py [--model embedded] [--examples 128] [--steps 4]
         [--batch 16] [--json]
 
-Every setting trains the same model on the same scripted arith-tools demonstrations (the demo's SFT data: real
-episode lengths and policy-token shares), ``--batch`` trajectories per optimiser step, through the same scoring
+Every setting trains the same model on the same scripted arith-tools demonstrations of the carl-segment preset
+(the tool on half of them, as in the demo's SFT; real episode lengths and policy-token shares), ``--batch`` trajectories per optimiser step, through the same scoring
 path as RL (:func:`agentcredit.models.scoring.score_tokens`) and fused AdamW. A setting is a micro-batch size
 (``train.micro_batch_tokens``), gradient checkpointing or not (``model.gradient_checkpointing``) and glibc's mmap
 threshold (:mod:`agentcredit.runtime`). Each runs in its own child process, because peak RSS (``ru_maxrss``) and

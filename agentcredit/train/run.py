@@ -242,6 +242,8 @@ def run_sft(
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
+    del model
+    collect_phase_garbage()
     (out_dir / "sft_summary.json").write_text(
         json.dumps(
             {
@@ -267,6 +269,14 @@ def run_sft(
     return out_dir
 
 
+def collect_phase_garbage() -> None:
+    """Free a finished phase's model and optimiser now. On the tiny model without gradient checkpointing they sit
+    in a reference cycle after the phase returns, and Python's cyclic collector, triggered by object counts rather
+    than bytes, can leave them (1.6 GB for SmolLM2-135M with AdamW) resident into the next phase (SFT -> warm-up
+    -> RL in the demo and in a study's start)."""
+    gc.collect()
+
+
 # ------------------------------------------------------------------------------------------------ warm-up
 def run_warmup(config: Config, out_dir: Path, *, questions: int = 48, settings=None, log: Log = print):
     """carl-segment critic warm-up; saves the model (backbone trained at a low LR) with ``value_head.pt``."""
@@ -284,6 +294,8 @@ def run_warmup(config: Config, out_dir: Path, *, questions: int = 48, settings=N
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
     torch.save(head.state_dict(), out_dir / "value_head.pt")
+    del model, head
+    collect_phase_garbage()
     summary = {
         "gate": report.gate,
         "passed": report.passed,
@@ -347,7 +359,7 @@ DEMO_OVERRIDES = (
     "optim.epochs=1",
     "optim.lr=3e-6",
     # Recompute each layer's activations in backward: SFT steps peak at 3.3 instead of 4.7 GiB, at 144 instead of
-    # 184 tokens/s (benchmarks/bench_memory.py), and the whole demo at 4.0 GiB (docs/results/demo).
+    # 184 tokens/s (benchmarks/bench_memory.py), and the whole demo at 3.94 GiB (docs/results/demo).
     "model.gradient_checkpointing=true",
 )
 DEMO_TOOL_SHARE = 0.5
@@ -394,9 +406,6 @@ def run_demo(
         tool_share=DEMO_TOOL_SHARE,
         log=log,
     )
-    # The SFT model and its AdamW state (1.6 GB) sit in a reference cycle once the phase returns; Python's cyclic
-    # collector, triggered by object counts rather than bytes, could leave them resident into the next phase.
-    gc.collect()
     log(f"[2/5] critic warm-up on {warmup_questions} training questions (tier labels, buckets, gate)")
     warm_config = load_config("carl-segment-arith-tools", [*overrides, f"model.name={sft_dir}"])
     warm = run_warmup(
@@ -417,14 +426,13 @@ def run_demo(
             f"train.dump_episodes_every={rl_steps}",  # the last step's episodes, for `agentcredit view`
         ],
     )
-    gc.collect()  # the warm-up's model and optimiser, as above
     log(f"[3/5] evaluation after SFT and warm-up ({eval_limit} test questions, greedy)")
     model, tokenizer = load_policy(rl_config)
     head = initial_value_head(rl_config, model.config.hidden_size)
     before, before_records = evaluate_model(model, tokenizer, rl_config, value_head=head)
     write_episodes(out_dir / "eval_after_sft.jsonl", before_records)
     del model, head
-    gc.collect()
+    collect_phase_garbage()
     log(f"[4/5] carl-segment: {rl_steps} steps")
     trainer = Trainer(rl_config, run_dir=out_dir / "carl-segment")
     try:

@@ -151,9 +151,8 @@ def sft(
                 total += float(loss.detach())
             torch.nn.utils.clip_grad_norm_(params, grad_clip)
             optimizer.step()
-            optimizer.zero_grad(
-                set_to_none=True
-            )  # not kept until the next step: they are as large as the weights
+            # freed now, not kept until the next step: the gradients are as large as the weights
+            optimizer.zero_grad(set_to_none=True)
             losses.append(total)
             step += 1
             if on_step is not None:

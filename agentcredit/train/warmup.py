@@ -261,10 +261,10 @@ def warmup(
         loss.backward()
         torch.nn.utils.clip_grad_norm_([q for g in optimizer.param_groups for q in g["params"]], 1.0)
         optimizer.step()
-        optimizer.zero_grad(set_to_none=True)  # frees the backbone's gradients before the gate's rollouts
         losses.append(float(loss.detach()))
         if (step + 1) % max(1, settings.steps // 5) == 0:
             log(f"warm-up step {step + 1}/{settings.steps}: critic MSE {losses[-1]:.4f}")
+    optimizer.zero_grad(set_to_none=True)  # the backbone's gradients: not needed by the gate or the save
     model.eval()
     gate = _gate(model, value_head, batch, trees, owners, tiers, eval_info)
     passed = all(gate.get(name, float("nan")) >= g for name, (g, _) in GATE.items())
