@@ -101,8 +101,8 @@ def episode_records(
 def summarize(records: Sequence[dict[str, Any]], *, tiers: dict[str, str] | None = None) -> dict[str, float]:
     """Accuracy, EM, F1, substring EM, tool calls and tokens per episode; per tier when tiers are known.
 
-    Two tier groupings are reported side by side: the task's own (``info['tier']``, arith-tools: easy / hard)
-    and ``tiers``, a map example id -> label (carl-segment's "tier1"/"tier2" from :func:`tier_labels`). For each
+    Tier groupings are reported side by side: the task's own (``info['tier']``, arith-tools: easy / hard), the
+    hop count (``info['hops']``: ``hop1``, ``hop2``, ...) and ``tiers``, a map example id -> label (carl-segment's "tier1"/"tier2" from :func:`tier_labels`). For each
     tier: accuracy, EM, tool-call rate (fraction of episodes with >= 1 call, spec §6), calls per episode.
 
     Episodes with infrastructure failures (a tool that could not run) are counted as ``infra_failures`` and left
@@ -129,6 +129,8 @@ def summarize(records: Sequence[dict[str, Any]], *, tiers: dict[str, str] | None
     out["tool_call_rate"] = float(np.mean([r["tool_calls"] > 0 for r in records]))
     out["answered"] = float(np.mean([r["answer"] is not None for r in records]))
     groupings = [[r["info"].get("tier") for r in records]]
+    # multi-hop tasks (kb-multihop, MuSiQue): per hop count, e.g. hop3/accuracy (GEAR's gain is on the hardest)
+    groupings.append([f"hop{r['info']['hops']}" if r["info"].get("hops") else None for r in records])
     if tiers is not None:
         missing = sorted({r["id"] for r in records} - set(tiers))
         if missing:

@@ -105,12 +105,22 @@ class ArmSpec(_Spec):
 
 class ClaimSpec(_Spec):
     name: str = Field(..., description="The claim in words.")
-    metric: str = Field(..., description="A key of the final evaluation summary, e.g. tier2/tool_call_rate.")
+    metric: str = Field(
+        ...,
+        description="A key of the final evaluation summary (e.g. tier2/tool_call_rate), or with source: training "
+        "a key of the run's training metrics (e.g. update/actions_updated_per_question).",
+    )
+    source: Literal["heldout", "training"] = Field(
+        "heldout",
+        description="heldout: the final held-out evaluation; training: the mean over training steps.",
+    )
     heldout: str | None = Field(None, description="Held-out set (default: the first).")
     arm: str
     baseline: str
-    direction: Literal["higher", "lower", "not_lower", "not_higher"] = Field(
-        ..., description="higher/lower: arm vs baseline; not_lower/not_higher: non-inferiority within margin."
+    direction: Literal["higher", "lower", "not_lower", "not_higher", "lower_spread"] = Field(
+        ...,
+        description="higher/lower: arm vs baseline; not_lower/not_higher: non-inferiority within margin; "
+        "lower_spread: a smaller spread across seeds (Levene: absolute deviations from the arm's mean).",
     )
     margin: float = Field(0.0, ge=0.0, description="Non-inferiority margin (not_lower / not_higher).")
 
@@ -147,6 +157,8 @@ class StudySpec(_Spec):
             for who in (claim.arm, claim.baseline):
                 if who not in arms:
                     raise ValueError(f"claim {claim.name!r}: no arm named {who!r} (arms: {sorted(arms)})")
+            if claim.source == "training" and claim.heldout is not None:
+                raise ValueError(f"claim {claim.name!r}: a training-metric claim has no held-out set")
             if claim.heldout is not None and claim.heldout not in sets:
                 raise ValueError(
                     f"claim {claim.name!r}: no held-out set {claim.heldout!r} (sets: {sorted(sets)})"
@@ -181,14 +193,34 @@ def load_study(path: str | Path) -> StudySpec:
             f"{'.'.join(str(p) for p in e['loc']) or '<top level>'}: {e['msg']}" for e in exc.errors()
         )
         raise StudyError(f"{path}: invalid study:\n  {problems}") from None
+    configs = {}
     for where, preset, overrides in [("start", spec.start.preset, [*spec.set, *spec.start.set])] + [
         (f"arm {a.name!r}", a.preset, [*spec.set, *a.set]) for a in spec.arms
     ]:
         try:
-            load_config(preset, overrides)
+            configs[where] = load_config(preset, overrides)
         except ConfigError as exc:
             raise StudyError(f"{path}: {where}: {exc}") from None
+    # Every arm starts from the model SFT'd in the start's text format: an arm in another protocol (a preset's
+    # own style, e.g. carl-critical's ASearcher tags) would start from a policy that never saw its format.
+    start_protocol = _resolved_protocol(configs.pop("start"))
+    for where, cfg in configs.items():
+        if (protocol := _resolved_protocol(cfg)) != start_protocol:
+            differ = {
+                k: (v, start_protocol.get(k)) for k, v in protocol.items() if start_protocol.get(k) != v
+            }
+            raise StudyError(
+                f"{path}: {where}: its protocol differs from the start's (this arm's value, the start's): {differ}; "
+                "set the protocol for every arm in the study's common 'set'"
+            )
     return spec
+
+
+def _resolved_protocol(cfg) -> dict[str, Any]:
+    """The protocol a config runs: its name and every option, defaults filled in."""
+    from agentcredit.protocols import protocol_options
+
+    return {"name": cfg.protocol.name, **protocol_options(cfg.protocol.name), **cfg.protocol.options}
 
 
 # ------------------------------------------------------------------------------------------------ locks

@@ -11,7 +11,11 @@ quantile):
   and *inconclusive* otherwise.
   ``not_lower`` / ``not_higher`` (non-inferiority with a margin m) are *reproduced* when the interval lies
   entirely above -m (below +m), *not reproduced* when it lies entirely below -m (above +m), else inconclusive.
+  ``lower_spread`` (more stable across seeds) is Levene's test: each seed's absolute deviation from its arm's
+  mean, then the ``lower`` rule on the Welch interval of those deviations.
   With one seed per arm there is no interval and every verdict is inconclusive.
+* a claim's value per run is the final held-out evaluation, or (``source: training``) the mean of a training
+  metric over the run's steps.
 """
 
 from __future__ import annotations
@@ -102,7 +106,7 @@ def verdict(direction: str, interval: tuple[float, float, float] | None, margin:
     _, low, high = interval
     if direction == "higher":
         return "reproduced" if low > 0 else "not reproduced" if high <= 0 else "inconclusive"
-    if direction == "lower":
+    if direction in ("lower", "lower_spread"):  # lower_spread: the interval is of absolute deviations
         return "reproduced" if high < 0 else "not reproduced" if low >= 0 else "inconclusive"
     if direction == "not_lower":
         return "reproduced" if low > -margin else "not reproduced" if high < -margin else "inconclusive"
@@ -143,7 +147,8 @@ def metric_keys(study: Study) -> list[tuple[str, str]]:
     ]
     examples = [e for exs in study.heldout_sets().values() for e in exs]
     tiers = sorted({e.info.get("tier") for e in examples if e.info.get("tier")}, key=_tier_order)
-    for tier in [*tiers, "tier1", "tier2"]:
+    hops = [f"hop{h}" for h in sorted({e.info.get("hops") for e in examples if e.info.get("hops")})]
+    for tier in [*tiers, *hops, "tier1", "tier2"]:
         keys += [
             (f"{tier}/accuracy", f"accuracy, {tier}"),
             (f"{tier}/tool_call_rate", f"tool-call rate, {tier}"),
@@ -167,6 +172,24 @@ def _values(finished: dict[int, dict[str, Any]], heldout: str, key: str) -> list
         value = record["final"].get(heldout, {}).get(key)
         if isinstance(value, int | float) and math.isfinite(value):
             out.append(float(value))
+    return out
+
+
+def absolute_deviations(values: list[float]) -> list[float]:
+    """|x - mean(x)| per seed: Levene's spread measure, compared between arms with the Welch interval."""
+    mean = float(np.mean(values)) if values else 0.0
+    return [abs(v - mean) for v in values]
+
+
+def _training_means(runs: list[RunData], key: str) -> list[float]:
+    """Per run, the mean of a training metric over its steps (runs that never logged it are left out)."""
+    out = []
+    for run in runs:
+        values = [
+            m[key] for m in run.metrics if isinstance(m.get(key), int | float) and math.isfinite(m[key])
+        ]
+        if values:
+            out.append(float(np.mean(values)))
     return out
 
 
@@ -336,10 +359,18 @@ def write_study_report(study: Study, out_dir: str | Path) -> dict[str, Path]:
         header = ["claim", "metric", "set", "arm", "baseline", "arm - baseline [95% Welch]", "verdict"]
         rows = []
         for c in spec.claims:
-            h = c.heldout or spec.heldout[0].name
-            a = _values(finished.get(c.arm, {}), h, c.metric)
-            b = _values(finished.get(c.baseline, {}), h, c.metric)
-            iv = welch_interval(a, b)
+            if c.source == "training":
+                h = "training (mean over steps)"
+                a, b = (_training_means(runs.get(arm, []), c.metric) for arm in (c.arm, c.baseline))
+            else:
+                h = c.heldout or spec.heldout[0].name
+                a = _values(finished.get(c.arm, {}), h, c.metric)
+                b = _values(finished.get(c.baseline, {}), h, c.metric)
+            if c.direction == "lower_spread":
+                iv = welch_interval(absolute_deviations(a), absolute_deviations(b))
+                compared = "absolute deviation from the arm's mean: "
+            else:
+                iv, compared = welch_interval(a, b), ""
             rows.append(
                 [
                     c.name,
@@ -347,7 +378,7 @@ def write_study_report(study: Study, out_dir: str | Path) -> dict[str, Path]:
                     h,
                     f"{c.arm}: {_fmt_interval(mean_interval(a)) if a else '–'} (n={len(a)})",
                     f"{c.baseline}: {_fmt_interval(mean_interval(b)) if b else '–'} (n={len(b)})",
-                    _fmt_interval(iv),
+                    compared + _fmt_interval(iv),
                     verdict(c.direction, iv, c.margin).upper(),
                 ]
             )

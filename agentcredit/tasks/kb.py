@@ -1,10 +1,15 @@
 """``kb-multihop``: a fictional world rendered as passages for BM25, with 1-, 2- and 3-hop questions.
 
 Every name (people, companies, universities, cities, countries) is invented from syllables, so no answer
-can come from a model's memory: the agent has to search. The world is generated from a seed and holds two
-disconnected regions with disjoint entities, ``train`` and ``test``; questions of a split only touch its
-own region, so training never teaches a fact a test question needs, yet both splits search one corpus
-(the other region is extra distractors).
+can come from a model's memory: the agent has to search. The world is generated from a seed and holds three
+disconnected regions with disjoint entities, ``train``, ``test`` and ``novel``; questions of a split only
+touch its own region, so training never teaches a fact a test question needs, yet every split searches one
+corpus (the other regions are extra distractors).
+
+``train`` and ``test`` share their kinds of entity, relations, question templates and passage prose. ``novel``
+shares none of them: musicians, bands, record labels, towns and provinces, asked about in other phrasings
+("Name the record label that ... records for.") and described in other sentences. It measures whether a
+policy learned to read a retrieved passage or only the templates of its training questions.
 
 Guarantees, checked by the tests:
 
@@ -33,13 +38,15 @@ from agentcredit.tasks.example import Example, stable_rng
 from agentcredit.tasks.paths import default_cache_dir
 
 TASK = "kb-multihop"
-SPLITS = ("train", "test")
+SPLITS = ("train", "test", "novel")
 HOPS = (1, 2, 3)
 
-# Entities per region. Seed 0 offers 648 / 852 / 750 train and 260 / 341 / 300 test questions of 1 / 2 / 3 hops.
+# Entities per region. Seed 0 offers 648 / 852 / 750 train, 260 / 341 / 300 test and 155 / 273 / 312 novel
+# questions of 1 / 2 / 3 hops.
 REGION_SIZES: dict[str, dict[str, int]] = {
     "train": {"country": 6, "city": 30, "university": 12, "company": 60, "person": 150},
     "test": {"country": 3, "city": 12, "university": 5, "company": 24, "person": 60},
+    "novel": {"province": 3, "town": 12, "label": 6, "band": 20, "musician": 60},
 }
 
 
@@ -104,6 +111,36 @@ RELATIONS: dict[str, Relation] = {
             "the country that {x} belongs to",
         ),
         Relation("capital", "country", "city", "What is the capital of {x}?", "the capital of {x}"),
+        # the novel region: relations, kinds and phrasings that train and test never use
+        Relation(
+            "grew_up_in", "musician", "town", "Name the town that {x} grew up in.", "the town {x} grew up in"
+        ),
+        Relation(
+            "plays_with", "musician", "band", "{x} performs with which band?", "the band {x} performs with"
+        ),
+        Relation(
+            "lead_vocalist", "band", "musician", "Tell me who sings lead for {x}.", "the lead vocalist of {x}"
+        ),
+        Relation(
+            "records_for",
+            "band",
+            "label",
+            "Name the record label that {x} records for.",
+            "the record label {x} records for",
+        ),
+        Relation(
+            "studios_in",
+            "label",
+            "town",
+            "Tell me the town where {x} keeps its studios.",
+            "the town where {x} keeps its studios",
+        ),
+        Relation(
+            "in_province", "town", "province", "{x} sits in which province?", "the province {x} sits in"
+        ),
+        Relation(
+            "seat", "province", "town", "Name the seat of government of {x}.", "the seat of government of {x}"
+        ),
     )
 }
 # Consecutive relations that lead straight back (the founder of the company X founded is X).
@@ -127,6 +164,9 @@ _CODAS = ("", "", "", "", "n", "r", "l", "s", "m", "k", "th")
 _COMPANY_SUFFIX = ("Dynamics", "Labs", "Works", "Systems", "Holdings", "Foundry", "Industries", "Analytics")
 _UNIVERSITY_FORMS = ("{w} University", "{w} Institute of Technology", "{w} College", "University of {w}")
 _COUNTRY_ENDINGS = ("ia", "land", "ova", "ar", "eth")
+_BAND_FORMS = ("The {w} Collective", "{w} Quartet", "The {w} Ensemble", "{w} Choir")
+_LABEL_SUFFIX = ("Records", "Recordings", "Sound")
+_PROVINCE_ENDINGS = ("shire", "vale", "moor")
 
 
 class _Namer:
@@ -158,7 +198,15 @@ def _name(kind: str, namer: _Namer, rng: random.Random) -> str:
         return rng.choice(_UNIVERSITY_FORMS).format(w=namer.word())
     if kind == "country":
         return namer.word(ending=rng.choice(_COUNTRY_ENDINGS))
-    return namer.word((2, 3))
+    if kind == "musician":
+        return f"{namer.word((1, 2))} {namer.word((2, 3))}"
+    if kind == "band":
+        return rng.choice(_BAND_FORMS).format(w=namer.word())
+    if kind == "label":
+        return f"{namer.word()} {rng.choice(_LABEL_SUFFIX)}"
+    if kind == "province":
+        return namer.word(ending=rng.choice(_PROVINCE_ENDINGS))
+    return namer.word((2, 3))  # city, town
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -178,6 +226,10 @@ _INDUSTRIES = ("shipping", "software", "textile", "biotech", "mining", "aerospac
 _HOBBIES = ("amateur astronomy", "competitive sailing", "collecting maps", "restoring clocks", "beekeeping")
 _RIVERS_SUFFIX = " river"
 _CURRENCIES = ("crown", "mark", "florin", "dinar", "thaler")
+_INSTRUMENTS = ("cello", "banjo", "trumpet", "violin", "harp", "drum")
+_GENRES = ("folk", "jazz", "punk", "gospel", "techno")
+_CRAFTS = ("pottery", "glassblowing", "woodcarving", "weaving")
+_DIALECTS = ("northern", "coastal", "highland")
 
 
 # Every word of the prose and question templates. An invented name never uses one: a city called "Home"
@@ -187,11 +239,27 @@ a about alumni an and at attend attended became belongs born by capital ceo chie
 conference country currency did employs established executive for found founded founder has headquartered home
 in include inhabitants is known later lies located of office officer on once people regional river runs spent
 studied summer that the to university was what where which who whose years
+also band bands days dialect every festival from government governed grew group held its keeps label labels
+last lead market me members musicians name performs player plays province record records rehearsal rents
+rooms seat sings sits speak spring started studios tell these through toured town towns up vocalist week with
 """
 RESERVED_WORDS: frozenset[str] = frozenset(
     word.lower()
-    for phrase in (_TEMPLATE_WORDS, *_PROFESSIONS, *_INDUSTRIES, *_HOBBIES, *_CURRENCIES, *_COMPANY_SUFFIX)
+    for phrase in (
+        _TEMPLATE_WORDS,
+        *_PROFESSIONS,
+        *_INDUSTRIES,
+        *_HOBBIES,
+        *_CURRENCIES,
+        *_COMPANY_SUFFIX,
+        *_INSTRUMENTS,
+        *_GENRES,
+        *_CRAFTS,
+        *_DIALECTS,
+        *_LABEL_SUFFIX,
+    )
     + _UNIVERSITY_FORMS
+    + _BAND_FORMS
     for word in phrase.replace("{w}", " ").split()
 )
 
@@ -257,13 +325,60 @@ def _build_region(region: str, namer: _Namer, rng: random.Random, entities: dict
         person.traits["visited"] = rng.choice([c.name for c in cities if c.name != person.facts["born_in"]])
 
 
+def _build_novel_region(namer: _Namer, rng: random.Random, entities: dict[str, Entity]) -> None:
+    """Musicians, bands, labels, towns and provinces: the same shape of world in kinds training never saw."""
+    sizes = REGION_SIZES["novel"]
+    made: dict[str, list[Entity]] = {}
+    for kind in ("province", "town", "label", "band", "musician"):
+        made[kind] = []
+        for _ in range(sizes[kind]):
+            entity = Entity(kind, _name(kind, namer, rng), "novel")
+            entities[entity.name] = entity
+            made[kind].append(entity)
+    provinces, towns, musicians = made["province"], made["town"], made["musician"]
+    for i, town in enumerate(towns):  # every province gets a town, its seat is one of its own
+        town.facts["in_province"] = (provinces[i] if i < len(provinces) else rng.choice(provinces)).name
+        town.traits["market"] = rng.choice(_CRAFTS)
+    for province in provinces:
+        province.facts["seat"] = rng.choice(
+            [t.name for t in towns if t.facts["in_province"] == province.name]
+        )
+        province.traits["dialect"] = rng.choice(_DIALECTS)
+    for label in made["label"]:
+        label.facts["studios_in"] = rng.choice(towns).name
+        label.traits["year"] = str(rng.randint(1950, 2020))
+        label.traits["rooms"] = rng.choice([t.name for t in towns if t.name != label.facts["studios_in"]])
+    # Each band has 2 or 3 members, one of them its lead vocalist; a musician plays with at most one band, so
+    # "the band X performs with" and "the lead vocalist of B" are both unique.
+    pool = list(musicians)
+    rng.shuffle(pool)
+    for band in made["band"]:
+        members = [pool.pop() for _ in range(rng.choice((2, 3)))]
+        band.facts["lead_vocalist"] = rng.choice(members).name
+        band.facts["records_for"] = rng.choice(made["label"]).name
+        band.traits["genre"] = rng.choice(_GENRES)
+        band.traits["festival"] = rng.choice(towns).name
+        for member in members:
+            member.facts["plays_with"] = band.name
+    for musician in musicians:
+        musician.facts["grew_up_in"] = rng.choice(towns).name
+        musician.traits["instrument"] = rng.choice(_INSTRUMENTS)
+        musician.traits["toured"] = rng.choice(
+            [t.name for t in towns if t.name != musician.facts["grew_up_in"]]
+        )
+
+
 def build_world(seed: int = 0) -> World:
-    """The world for ``seed``: a ``train`` region and a disjoint ``test`` region; the same in every process."""
+    """The world for ``seed``: disjoint ``train``, ``test`` and ``novel`` regions; the same in every process.
+
+    The novel region is built last, so adding it left the train and test regions exactly as they were.
+    """
     rng = stable_rng(TASK, "world", seed)
     namer = _Namer(rng)
     entities: dict[str, Entity] = {}
-    for region in SPLITS:
+    for region in ("train", "test"):
         _build_region(region, namer, rng, entities)
+    _build_novel_region(namer, rng, entities)
     return World(seed, entities)
 
 
@@ -327,14 +442,66 @@ def _passage_text(entity: Entity, world: World) -> str:
             sentences.append(f"{name} is home to {_listing(universities)}.")
         if natives:
             sentences.append(f"People born in {name} include {_listing(natives)}.")
-    else:  # country
+    elif entity.kind == "country":
         cities = [e.name for e in others if e.facts.get("located_in_country") == name]
         sentences = [
             f"{name} is a country whose capital is {f['capital']}.",
             f"The cities of {name} include {_listing(cities)}.",
             f"The currency of {name} is the {name} {t['currency']}.",
         ]
+    else:
+        sentences = _novel_passage(entity, world)
     return " ".join(sentences)
+
+
+def _novel_passage(entity: Entity, world: World) -> list[str]:
+    """Prose for the novel region: other sentence shapes, and the distractors a careless reader confuses."""
+    f, t, name = entity.facts, entity.traits, entity.name
+    others = world.entities.values()
+    if entity.kind == "musician":
+        sentences = [f"{name}, a {t['instrument']} player, grew up in {f['grew_up_in']}."]
+        if "plays_with" in f:
+            sentences.append(f"These days {name} performs with {f['plays_with']}.")
+        sentences.append(f"Last spring {name} toured through {t['toured']}.")
+        return sentences
+    if entity.kind == "band":
+        members = [e.name for e in others if e.facts.get("plays_with") == name]
+        return [
+            f"{name} is a {t['genre']} group that records for {f['records_for']}.",
+            f"The lead vocalist of {name} is {f['lead_vocalist']}.",
+            f"Members of {name} include {_listing(members)}.",
+            f"Every spring {name} plays a festival held in {t['festival']}.",
+        ]
+    if entity.kind == "label":
+        bands = [e.name for e in others if e.facts.get("records_for") == name]
+        sentences = [
+            f"{name} is a record label that keeps its studios in {f['studios_in']}.",
+            f"{name} was started in {t['year']} and also rents rehearsal rooms in {t['rooms']}.",
+        ]
+        if bands:
+            sentences.append(f"Bands that record for {name} include {_listing(bands)}.")
+        return sentences
+    if entity.kind == "town":
+        seat_of = [e.name for e in others if e.facts.get("seat") == name]
+        grew_up = [e.name for e in others if e.facts.get("grew_up_in") == name]
+        studios = [e.name for e in others if e.facts.get("studios_in") == name]
+        sentences = [f"{name} sits in the province of {f['in_province']}."]
+        if seat_of:
+            sentences.append(f"{name} is the seat of government of {seat_of[0]}.")
+        sentences.append(f"A {t['market']} market is held in {name} every week.")
+        if studios:
+            sentences.append(f"Record labels with studios in {name} include {_listing(studios)}.")
+        if grew_up:
+            sentences.append(f"Musicians who grew up in {name} include {_listing(grew_up)}.")
+        return sentences
+    if entity.kind == "province":
+        towns = [e.name for e in others if e.facts.get("in_province") == name]
+        return [
+            f"{name} is governed from its seat of government, {f['seat']}.",
+            f"The towns of {name} include {_listing(towns)}.",
+            f"People in {name} speak a {t['dialect']} dialect.",
+        ]
+    raise ValueError(f"{TASK}: no prose for an entity of kind {entity.kind!r}")
 
 
 def kb_corpus(seed: int = 0) -> list[dict[str, str]]:

@@ -72,11 +72,12 @@ TASKS: dict[str, TaskSpec] = {
         ),
         TaskSpec(
             "kb-multihop",
-            "synthetic fictional world, 1/2/3-hop questions answered by BM25 search; info['hops']",
-            {"train": (), "test": ()},
+            "synthetic fictional world, 1/2/3-hop questions answered by BM25 search; info['hops']; split 'novel':"
+            " kinds, relations, phrasings and prose training never used",
+            {"train": (), "test": (), "novel": ()},
             "train",
             generator=kb.generate,
-            default_size={"train": 1500, "test": 300},
+            default_size={"train": 1500, "test": 300, "novel": 300},
         ),
         TaskSpec(
             "gsm8k",
@@ -225,7 +226,7 @@ def load_task(
             dev-only benchmarks, ``train`` for the synthetic tasks).
         limit: at most this many examples. Real data: a seeded random subset, kept in file order (the whole
             set if ``limit`` is None or larger). Synthetic: how many to generate (default 2000 / 200
-            train / test for arith-tools, 1500 / 300 for kb-multihop).
+            train / test for arith-tools, 1500 / 300 / 300 train / test / novel for kb-multihop).
         seed: the subset seed for real data; the generation seed (and kb-multihop's world) for synthetic.
         data_dir: read real files from here instead of the default data root (no sample fallback then).
         options: extra keyword arguments for the generator (``easy_fraction=`` for arith-tools) or for

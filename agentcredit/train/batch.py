@@ -188,3 +188,19 @@ def segment_spans(batch: TrainBatch, traj: Trajectory) -> list[tuple[int, int, i
                 f"policy segment {node} of trajectory (tree {traj.tree}, leaf {traj.leaf}) has no tokens"
             )
     return out
+
+
+def actions_per_question(batch: TrainBatch, mask: torch.Tensor) -> float:
+    """Distinct actions (policy segments, i.e. tree nodes) with a token in ``mask``, per question (tree).
+
+    An action shared by several trajectories of a tree (a common prefix) counts once. With ``mask`` the loss mask
+    this is what carl-critical calls the updated actions (paper: 72% fewer than GRPO), measured the same way for
+    every method, so the study can compare them.
+    """
+    seen: set[tuple[int, int]] = set()
+    for traj in batch.trajectories:
+        for r in traj.rows:
+            nodes = batch.segment_ids[r][mask[r] & batch.policy_mask[r]]
+            seen.update((traj.tree, int(n)) for n in nodes.unique() if n >= 0)
+    trees = {traj.tree for traj in batch.trajectories}
+    return len(seen) / max(len(trees), 1)

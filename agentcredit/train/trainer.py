@@ -36,7 +36,7 @@ from agentcredit.models.scoring import score_tokens
 from agentcredit.rollout.tree import RolloutTree
 from agentcredit.tasks import Example
 from agentcredit.train.advantages import Signals, compute_advantages
-from agentcredit.train.batch import TrainBatch, build_batch
+from agentcredit.train.batch import TrainBatch, actions_per_question, build_batch
 from agentcredit.train.checkpoint import load_checkpoint, save_checkpoint
 from agentcredit.train.logging import MetricsLogger, line_buffered_stdout, live_console, progress_line
 from agentcredit.train.losses import kl_penalty, token_value_loss, value_weights
@@ -555,6 +555,8 @@ class Trainer:
         metrics = {
             **episode_metrics(trees, examples),
             **adv.stats,
+            "update/actions_per_question": actions_per_question(batch, batch.policy_mask),
+            "update/actions_updated_per_question": actions_per_question(batch, batch.loss_mask),
             **self._signal_metrics(batch, signals),
             **update_stats,
             **{

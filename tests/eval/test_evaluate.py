@@ -51,6 +51,15 @@ def test_summarize_by_hand_with_both_tier_groupings():
         summarize([])
 
 
+def test_summarize_per_hop_count():
+    records = [_record(i, c, 1) for i, c in (("a", 1), ("b", 0), ("c", 1), ("d", 1))]
+    for record, hops in zip(records, (1, 1, 3, 3), strict=True):
+        record["info"] = {"hops": hops}
+    out = summarize(records)
+    assert out["hop1/accuracy"] == 0.5 and out["hop3/accuracy"] == 1.0 and out["hop3/episodes"] == 2
+    assert "hop2/accuracy" not in out
+
+
 def test_critic_metrics_by_hand():
     records = [
         _record("q1", 1, 0, values=[0.9, 0.95]),  # Tier 2

@@ -65,6 +65,21 @@ def tiny_study(**changes) -> dict:
                 "direction": "not_lower",
                 "margin": 0.05,
             },
+            {
+                "name": "fewer updated actions",
+                "metric": "update/actions_updated_per_question",
+                "source": "training",
+                "arm": "carl-segment",
+                "baseline": "grpo",
+                "direction": "lower",
+            },
+            {
+                "name": "steadier across seeds",
+                "metric": "accuracy",
+                "arm": "carl-segment",
+                "baseline": "grpo",
+                "direction": "lower_spread",
+            },
         ],
     }
     spec.update(changes)
@@ -90,6 +105,25 @@ def test_study_file_errors_name_the_problem(tmp_path):
         load_study(write(tmp_path / "c.yaml", bad_arm))
     with pytest.raises(StudyError, match="not found"):
         load_study(tmp_path / "missing.yaml")
+    training_with_set = tiny_study()
+    training_with_set["claims"][2]["heldout"] = "test"
+    with pytest.raises(StudyError, match="training-metric claim has no held-out set"):
+        load_study(write(tmp_path / "d.yaml", training_with_set))
+
+
+def test_an_arm_in_another_protocol_than_the_start_is_refused(tmp_path):
+    # the start is SFT'd in carl-segment's codefence format; an arm without replacement would roll out contexts
+    # the start never saw. Defaults count: grpo-arith-tools sets no option and equals the start's (replacement
+    # and the optional-tool prompt are codefence's defaults), so the shipped arith study loads.
+    other = tiny_study(
+        arms=[
+            {"name": "grpo", "preset": "grpo-arith-tools", "set": ["protocol.options={replacement: false}"]}
+        ],
+        claims=[],
+    )
+    with pytest.raises(StudyError, match=r"arm 'grpo': its protocol differs.*'replacement': \(False, True\)"):
+        load_study(write(tmp_path / "a.yaml", other))
+    load_study(write(tmp_path / "b.yaml", tiny_study()))
 
 
 def test_the_budget_may_change_until_the_first_run(tmp_path):
@@ -166,8 +200,10 @@ def test_study_runs_resumes_and_reports(tmp_path):
 
     report = (out / "report" / "report.md").read_text()
     assert "Runs finished: 4 of 4" in report and "## Claims" in report
-    claim_row = next(line for line in report.splitlines() if line.startswith("| fewer calls |"))
-    assert claim_row.rstrip(" |").endswith(("INCONCLUSIVE", "NOT REPRODUCED", "REPRODUCED"))
+    for name in ("fewer calls", "fewer updated actions", "steadier across seeds"):
+        claim_row = next(line for line in report.splitlines() if line.startswith(f"| {name} |"))
+        assert claim_row.rstrip(" |").endswith(("INCONCLUSIVE", "NOT REPRODUCED", "REPRODUCED"))
+    assert "training (mean over steps)" in report and "absolute deviation from the arm's mean: " in report
     assert "grpo (n=2)" in report and "[" in report  # intervals over two seeds
     assert (out / "report" / "plots" / "curves_test.png").stat().st_size > 0
     html = (out / "report" / "report.html").read_text()

@@ -8,7 +8,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agentcredit.eval.study_report import mean_interval, t975, verdict, welch_interval
+from agentcredit.eval.study_report import (
+    absolute_deviations,
+    mean_interval,
+    t975,
+    verdict,
+    welch_interval,
+)
 
 
 def test_t_quantiles_match_the_table_and_fall_back_to_the_normal():
@@ -81,3 +87,15 @@ def test_welch_interval_shifts_with_the_data(a, b, shift):
     d2, lo2, hi2 = welch_interval([x + shift for x in a], b)
     assert d2 == pytest.approx(d1 + shift, abs=1e-9)
     assert hi2 - lo2 == pytest.approx(hi1 - lo1, rel=1e-6, abs=1e-9)  # the width depends on the spread only
+
+
+def test_lower_spread_is_levene_on_absolute_deviations_by_hand():
+    # arm 0.5, 0.5, 0.5 (no spread); baseline 0.2, 0.5, 0.8 (mean 0.5): deviations 0, 0, 0 vs 0.3, 0, 0.3
+    assert absolute_deviations([0.5, 0.5, 0.5]) == [0.0, 0.0, 0.0]
+    assert absolute_deviations([0.2, 0.5, 0.8]) == pytest.approx([0.3, 0.0, 0.3])
+    # Welch on the deviations: diff -0.2, se = sqrt(0.03 / 3) = 0.1, df = 2 (only the baseline varies)
+    diff, low, high = welch_interval([0.0, 0.0, 0.0], [0.3, 0.0, 0.3])
+    assert diff == pytest.approx(-0.2) and high == pytest.approx(-0.2 + 4.303 * 0.1)
+    assert verdict("lower_spread", (diff, low, high)) == "inconclusive"  # 3 seeds cannot show it here
+    assert verdict("lower_spread", (-0.2, -0.3, -0.1)) == "reproduced"
+    assert verdict("lower_spread", (0.1, 0.0, 0.2)) == "not reproduced"

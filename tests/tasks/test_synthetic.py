@@ -118,6 +118,7 @@ def passages():
 
 _GENERIC = {"dynamics", "labs", "works", "systems", "holdings", "foundry", "industries", "analytics"}
 _GENERIC |= {"university", "institute", "of", "technology", "college"}
+_GENERIC |= {"the", "collective", "quartet", "ensemble", "choir", "records", "recordings", "sound"}
 
 
 def test_names_are_unique_down_to_each_word(world):
@@ -175,6 +176,13 @@ _READERS = {
     "located_in": r"{s} is a university located in the city of ([^.]+)\.",
     "located_in_country": r"{s} is a city in the country of ([^.]+)\.",
     "capital": r"{s} is a country whose capital is ([^.]+)\.",
+    "grew_up_in": r"{s}, an? \w+ player, grew up in ([^.]+)\.",
+    "plays_with": r"These days {s} performs with ([^.]+)\.",
+    "lead_vocalist": r"The lead vocalist of {s} is ([^.]+)\.",
+    "records_for": r"{s} is an? \w+ group that records for ([^.]+)\.",
+    "studios_in": r"{s} is a record label that keeps its studios in ([^.]+)\.",
+    "in_province": r"{s} sits in the province of ([^.]+)\.",
+    "seat": r"{s} is governed from its seat of government, ([^.]+)\.",
 }
 
 
@@ -186,9 +194,10 @@ def _read(passage_text: str, subject: str, relation: str) -> str:
 
 
 def test_every_answer_is_derivable_by_chaining_passages(passages):
-    # Every 1-hop question of both regions (648 + 260) and as many 2- and 3-hop ones.
+    # Every 1-hop question of the three regions (648 + 260 + 173) and as many 2- and 3-hop ones.
     questions = kb.generate(3 * 648, 0, split="train") + kb.generate(3 * 260, 0, split="test")
-    assert Counter(ex.info["hops"] for ex in questions) == {1: 908, 2: 908, 3: 908}
+    questions += kb.generate(3 * 173, 0, split="novel")
+    assert Counter(ex.info["hops"] for ex in questions) == {1: 1081, 2: 1081, 3: 1081}
     for ex in questions:
         subject = ex.info["chain"][0][0]
         assert subject in ex.question
@@ -211,8 +220,54 @@ def test_hop_distribution_and_no_repeats():
     assert Counter(ex.info["hops"] for ex in examples) == {1: 34, 2: 33, 3: 33}
     assert len({ex.question for ex in examples}) == 100
     assert kb.available_questions(0, "test") == {1: 260, 2: 341, 3: 300}
+    assert kb.available_questions(0, "novel") == {1: 173, 2: 199, 3: 175}
     with pytest.raises(ValueError, match="has 260 1-hop questions, asked for 400"):
         kb.generate(1200, 0, split="test")
+
+
+# sha256 of the seed-0 train and test passages and of 300 test + 300 train questions, measured before the novel
+# region existed: adding it must not change a single question or passage the earlier splits had.
+_TRAIN_TEST_PASSAGES = "ff9930b239a2611bbfb5cfdf7bd6da98afd1e68f80213a5b1f35f5a9866a6104"
+_TRAIN_TEST_QUESTIONS = "7db35f38a0649f870c06e303644c0eace6d291b1359702c0d25b58698e7334d4"
+
+
+def test_the_novel_region_left_train_and_test_as_they_were(world):
+    corpus = kb.kb_corpus(0)
+    earlier = [p for p in corpus if world.entities[p["title"]].region != "novel"]
+    assert corpus[: len(earlier)] == earlier  # novel passages come last
+    assert hashlib.sha256(json.dumps(earlier).encode()).hexdigest() == _TRAIN_TEST_PASSAGES
+    questions = kb.generate(300, 0, split="test") + kb.generate(300, 0)
+    digest = hashlib.sha256(json.dumps([e.to_dict() for e in questions]).encode()).hexdigest()
+    assert digest == _TRAIN_TEST_QUESTIONS
+
+
+def test_the_novel_region_shares_no_kind_relation_or_question_wording_with_training(world):
+    def kinds_and_relations(region):
+        entities = [e for e in world.entities.values() if e.region == region]
+        return {e.kind for e in entities}, {r for e in entities for r in e.facts}
+
+    novel_kinds, novel_relations = kinds_and_relations("novel")
+    train_kinds, train_relations = kinds_and_relations("train")
+    assert novel_kinds == {"musician", "band", "label", "town", "province"}
+    assert not novel_kinds & train_kinds and not novel_relations & train_relations
+    assert novel_relations == {r.name for r in kb.RELATIONS.values() if r.source in novel_kinds}
+
+    def opening(question):  # a question's template shows in its first two words ("Which company", "Name the")
+        return " ".join(question.split()[:2])
+
+    train_openings = {opening(e.question) for e in kb.generate(300, 0)}
+    novel = kb.generate(90, 0, split="novel")
+    assert Counter(e.info["hops"] for e in novel) == {1: 30, 2: 30, 3: 30}
+    assert not {opening(e.question) for e in novel} & train_openings
+
+
+def test_novel_region_inverse_relations_are_functional(world):
+    bands = [e for e in world.entities.values() if e.kind == "band"]
+    for band in bands:
+        members = [e for e in world.entities.values() if e.facts.get("plays_with") == band.name]
+        assert 2 <= len(members) <= 3 and band.facts["lead_vocalist"] in {m.name for m in members}
+    for province in (e for e in world.entities.values() if e.kind == "province"):
+        assert world.entities[province.facts["seat"]].facts["in_province"] == province.name
 
 
 def test_multi_hop_question_text():

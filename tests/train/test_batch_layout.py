@@ -2,6 +2,7 @@ import torch
 
 from agentcredit.rollout.tree import RolloutTree, Segment
 from agentcredit.train.batch import (
+    actions_per_question,
     build_batch,
     gather_trajectories,
     scatter_trajectories,
@@ -50,3 +51,21 @@ def test_select_trims_padding_and_keeps_rows():
     assert batch.input_ids.shape == (2, 6)
     sub = batch.select([0])
     assert sub.input_ids.shape == (1, 2) and sub.input_ids[0].tolist() == [1, 2]
+
+
+def test_actions_per_question_counts_a_shared_action_once():
+    # question 0: action a1, then two continuations a2 and b2 after the same observation (3 distinct actions,
+    # though each of the 2 trajectories holds 2); question 1: one action. Worked by hand: (3 + 1) / 2 = 2.0.
+    first = RolloutTree(Segment([1, 2], role="prompt"))
+    a1 = first.add(pol([10, 11]), 0)
+    state = first.add(Segment([20], role="observation"), a1)
+    first.set_reward(first.add(pol([12]), state), 1.0)
+    b2 = first.add(pol([13, 14]), state)
+    first.set_reward(b2, 0.0)
+    second = RolloutTree(Segment([1], role="prompt"))
+    second.set_reward(second.add(pol([15]), 0), 0.0)
+    batch = build_batch([first, second])
+    assert actions_per_question(batch, batch.policy_mask) == 2.0
+    # only b2 in the update set: 1 action for question 0, none for question 1
+    only_b2 = batch.policy_mask & (batch.segment_ids == b2)
+    assert actions_per_question(batch, only_b2) == 0.5
