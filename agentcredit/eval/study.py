@@ -173,6 +173,20 @@ class StudySpec(_Spec):
         """What the runs depend on (everything but the description and the claims, which only the report reads)."""
         return _digest(self.model_dump(mode="json", exclude={"description", "claims"}))
 
+    def run_fingerprint(self, arm: str, seed: int) -> str | None:
+        """What one run depends on: the start, the common settings, the budget and its own arm (None: no such arm).
+
+        Adding an arm or a seed leaves every other run's fingerprint as it was, so a study can grow (e.g. a new
+        baseline) without repeating finished runs; changing what a run computed cannot.
+        """
+        spec = next((a for a in self.arms if a.name == arm), None)
+        if spec is None:
+            return None
+        common = self.model_dump(
+            mode="json", include={"set", "start", "heldout", "tier_samples", "steps", "eval_every"}
+        )
+        return _digest({**common, "arm": spec.model_dump(mode="json"), "seed": seed})
+
 
 def _digest(data: Any) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
@@ -302,11 +316,8 @@ class Study:
                     f"{self.dir}: its shared start was made with a different study file (start, held-out sets or "
                     "common settings changed); use a new --out directory"
                 )
-            if ran and old.get("fingerprint") != self.spec.runs_fingerprint():
-                raise StudyError(
-                    f"{self.dir}: its runs were made with a different study file (arms, seeds or budget "
-                    "changed); use a new --out directory"
-                )
+            if ran:
+                self._check_runs(old)
         self.dir.mkdir(parents=True, exist_ok=True)
         marker.write_text(
             yaml.safe_dump(
@@ -320,6 +331,34 @@ class Study:
             )
         )
         self._fix_heldout()
+
+    def _check_runs(self, old: dict[str, Any]) -> None:
+        """Refuse a study file under which an existing run would have computed something else.
+
+        The previous invocation's study file is in ``study.yaml``; a run made under it keeps its meaning if its
+        fingerprint (:meth:`StudySpec.run_fingerprint`) is the same under the new file. New arms and seeds are
+        welcome; a run whose arm the new file drops is kept on disk and left out of the report.
+        """
+        try:
+            previous = StudySpec.model_validate(old.get("spec") or {})
+        except ValidationError:
+            previous = None
+        if previous is None:  # a marker from an older agentcredit: only the same study file may continue
+            if old.get("fingerprint") != self.spec.runs_fingerprint():
+                raise StudyError(
+                    f"{self.dir}: its runs were made with a different study file; use a new --out directory"
+                )
+            return
+        for run_dir in sorted(p for p in (self.dir / "runs").iterdir() if p.is_dir()):
+            arm, _, seed = run_dir.name.rpartition("-s")
+            if not seed.isdigit() or previous.run_fingerprint(arm, int(seed)) is None:
+                continue
+            now = self.spec.run_fingerprint(arm, int(seed))
+            if now is not None and now != previous.run_fingerprint(arm, int(seed)):
+                raise StudyError(
+                    f"{self.dir}: run {run_dir.name} was made with other settings (its arm, the common settings or "
+                    "the budget changed); use a new --out directory, or add the change as a new arm"
+                )
 
     def _task(self) -> tuple[str, int, dict[str, Any]]:
         cfg = load_config(self.spec.start.preset, [*self.spec.set, *self.spec.start.set])

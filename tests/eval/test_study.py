@@ -131,8 +131,18 @@ def test_the_budget_may_change_until_the_first_run(tmp_path):
     Study(load_study(write(tmp_path / "a.yaml", tiny_study())), out).prepare(resume=False)
     Study(load_study(write(tmp_path / "b.yaml", tiny_study(steps=3))), out).prepare(resume=True)  # no run yet
     (out / "runs" / "grpo-s0").mkdir(parents=True)
-    with pytest.raises(StudyError, match="runs were made with a different study file"):
+    with pytest.raises(StudyError, match="run grpo-s0 was made with other settings"):
         Study(load_study(write(tmp_path / "c.yaml", tiny_study(steps=4))), out).prepare(resume=True)
+    changed_arm = tiny_study(steps=3)
+    changed_arm["arms"][0]["set"] = ["optim.lr=1e-4"]
+    with pytest.raises(StudyError, match="run grpo-s0 was made with other settings"):
+        Study(load_study(write(tmp_path / "d.yaml", changed_arm)), out).prepare(resume=True)
+    # a new arm and a new seed leave grpo-s0 as it was: the study may grow
+    grown = tiny_study(steps=3, seeds=[0, 1, 2])
+    grown["arms"].append({"name": "ppo", "preset": "ppo-arith-tools"})
+    Study(load_study(write(tmp_path / "e.yaml", grown)), out).prepare(resume=True)
+    # ... and after growing, the original file still continues the same runs
+    Study(load_study(write(tmp_path / "f.yaml", tiny_study(steps=3))), out).prepare(resume=True)
 
 
 def test_a_claim_is_exclusive_across_processes(tmp_path):
