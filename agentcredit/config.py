@@ -194,6 +194,18 @@ class PortoolConfig(Section):
     judge_model: str | None = Field(None, description="Local model path for the LLM judge.")
 
 
+class GigpoConfig(Section):
+    gamma: float = Field(
+        0.95, ge=0.0, le=1.0, description="Discount of the step returns (verl-agent algorithm.gamma: 0.95)."
+    )
+    step_weight: float = Field(
+        1.0, description="w: weight of the step-level advantage (step_advantage_w: 1.0)."
+    )
+    mode: Literal["mean_std_norm", "mean_norm"] = Field(
+        "mean_std_norm", description="Both levels divide by the group std (mean_std_norm) or only centre."
+    )
+
+
 class CriticalConfig(Section):
     update_rule: Literal["multi_child", "forked_parent", "inherit"] = Field(
         "multi_child",
@@ -202,7 +214,7 @@ class CriticalConfig(Section):
 
 
 class AlgorithmConfig(Section):
-    estimator: Literal["grpo", "gae", "segment", "critical", "portool"] = Field(
+    estimator: Literal["grpo", "gae", "segment", "critical", "portool", "gigpo"] = Field(
         "grpo", description="Advantage estimator (credit function)."
     )
     critic: Literal["none", "token", "boundary"] = Field(
@@ -243,6 +255,7 @@ class AlgorithmConfig(Section):
     gear: GearConfig = Field(default_factory=GearConfig)
     portool: PortoolConfig = Field(default_factory=PortoolConfig)
     critical: CriticalConfig = Field(default_factory=CriticalConfig)
+    gigpo: GigpoConfig = Field(default_factory=GigpoConfig)
 
     @model_validator(mode="after")
     def _compatible_parts(self) -> AlgorithmConfig:
@@ -445,21 +458,52 @@ def validate_config(data: dict[str, Any], *, source: str = "config") -> Config:
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """Load a preset (or the defaults when ``path`` is None), apply ``key=value`` overrides and validate."""
-    data = read_yaml_with_bases(resolve_preset(path)) if path is not None else {}
+    data = read_preset(path) if path is not None else {}
     for assignment in overrides:
         apply_override(data, assignment)
     return validate_config(data, source=str(path or "defaults"))
 
 
-def resolve_preset(path: str | Path) -> Path:
-    """A config path as given, or the name of a preset under configs/ (``carl-segment-arith-tools``)."""
+def read_preset(path: str | Path) -> dict[str, Any]:
+    """A config file as given, a preset file under configs/, or a composed preset ``<method>-<task>``.
+
+    A composed preset is ``configs/methods/<method>.yaml`` then ``configs/tasks/<task>.yaml`` (the task's caps and
+    protocol win); a file ``configs/<method>-<task>.yaml`` exists only where a pair needs its own values.
+    """
     p = Path(path)
     if p.is_file():
-        return p
+        return read_yaml_with_bases(p)
     for candidate in (CONFIG_DIR / p, CONFIG_DIR / f"{p}.yaml"):
         if candidate.is_file():
-            return candidate
-    raise ConfigError(f"config {str(path)!r} is neither a file nor a preset in {CONFIG_DIR}")
+            return read_yaml_with_bases(candidate)
+    if composed := _composed_preset(str(path)):
+        method, task = composed
+        return _deep_merge(
+            read_yaml_with_bases(CONFIG_DIR / "methods" / f"{method}.yaml"),
+            read_yaml_with_bases(CONFIG_DIR / "tasks" / f"{task}.yaml"),
+        )
+    raise ConfigError(
+        f"config {str(path)!r} is neither a file nor a preset in {CONFIG_DIR} (presets: <method>-<task> with "
+        f"a method of {_stems('methods')} and a task of {_stems('tasks')}, or {_stems('.')})"
+    )
+
+
+def _stems(folder: str) -> list[str]:
+    return sorted(f.stem for f in (CONFIG_DIR / folder).glob("*.yaml"))
+
+
+def _composed_preset(name: str) -> tuple[str, str] | None:
+    for method in _stems("methods"):
+        task = name.removeprefix(f"{method}-")
+        if task != name and task in _stems("tasks"):
+            return method, task
+    return None
+
+
+def preset_names() -> list[str]:
+    """Every preset name: the files under configs/ and every ``<method>-<task>`` pair."""
+    composed = {f"{m}-{t}" for m in _stems("methods") for t in _stems("tasks")}
+    return sorted(set(_stems(".")) | composed)
 
 
 def dump_config(config: Config) -> str:

@@ -21,6 +21,7 @@ from agentcredit.credit.carl_critical import (
 from agentcredit.credit.carl_segment import segment_advantages
 from agentcredit.credit.gae import gae_advantages
 from agentcredit.credit.gear import SEGMENTATIONS, GearDetails, gear_advantages, gear_details
+from agentcredit.credit.gigpo import gigpo_advantages
 from agentcredit.credit.grpo import grpo_advantages
 from agentcredit.credit.loss import LOSS_AGGREGATIONS, aggregation_weights, policy_loss, policy_loss_stats
 from agentcredit.credit.portool import (
@@ -43,6 +44,8 @@ __all__ = [
     "tips_turn_rewards",
     "gear_advantages",
     "policy_loss",
+    # the step-level baseline of verl-agent
+    "gigpo_advantages",
     # options, details and helpers
     "critical_action_outcome_advantages",
     "UPDATE_RULES",

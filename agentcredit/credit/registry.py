@@ -17,6 +17,7 @@ from agentcredit.credit.carl_critical import critical_action_advantages
 from agentcredit.credit.carl_segment import segment_advantages
 from agentcredit.credit.gae import gae_advantages
 from agentcredit.credit.gear import gear_advantages
+from agentcredit.credit.gigpo import gigpo_advantages
 from agentcredit.credit.grpo import grpo_advantages
 from agentcredit.credit.portool import portool_advantages
 from agentcredit.credit.tips import tips_turn_rewards
@@ -61,6 +62,9 @@ PRESETS: Mapping[str, CreditPreset] = MappingProxyType(
             ),
             CreditPreset(
                 "gear", (grpo_advantages, gear_advantages), "seq-mean-token-mean", False, "GEAR Eqs. 2-6"
+            ),
+            CreditPreset(
+                "gigpo", (gigpo_advantages,), "token-mean", False, "GiGPO, Feng et al. 2025 Eqs. 5-7"
             ),
         )
     }

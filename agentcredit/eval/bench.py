@@ -32,7 +32,9 @@ from typing import Any
 
 import torch
 
-METHODS = ("grpo", "ppo", "carl-segment", "carl-critical", "portool", "tips", "gear")
+from agentcredit.credit import PRESETS
+
+METHODS = tuple(PRESETS)  # every method the credit registry declares
 PHASES = ("rollout", "signals", "update")
 
 Log = Callable[[str], None]

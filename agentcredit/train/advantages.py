@@ -5,7 +5,8 @@ This module only *routes* data: it reads the rollout trees and the batch, calls 
 
 Parts (``config.algorithm``):
 * estimator — ``grpo`` (one value per trajectory), ``gae`` (token critic), ``segment`` (boundary critic, carl-segment),
-  ``critical`` (tree values on the action tree, carl-critical), ``portool`` (step advantages on the step tree);
+  ``critical`` (tree values on the action tree, carl-critical), ``portool`` (step advantages on the step tree),
+  ``gigpo`` (episode group plus step groups by anchor state, verl-agent's step-level baseline);
 * shaping — ``tips``: turn rewards alpha [Phi(S_k) - Phi(S_{k-1})] from teacher potentials, then the outcome minus
   alpha Phi(S_M) on the last turn, placed on the last policy token of each turn (gae) or added to each segment's TD
   error (segment: the boundary critic keeps its Monte-Carlo target R, so V stays a success probability; the shaped
@@ -27,6 +28,7 @@ from agentcredit.credit import (
     critical_action_advantages,
     gae_advantages,
     gear_advantages,
+    gigpo_advantages,
     grpo_advantages,
     portool_advantages,
     segment_advantages,
@@ -231,6 +233,52 @@ def _critical(cfg: AlgorithmConfig, batch: TrainBatch, trees: list[RolloutTree])
     return Advantages(adv, loss_mask, stats=stats)
 
 
+def anchor_states(tree: RolloutTree, policy_nodes: list[int]) -> list[tuple[int, ...]]:
+    """GiGPO's anchor state of each step of a trajectory: every token of the context the step was sampled from.
+
+    verl-agent groups steps by the environment's observation; a text tool-use episode has no observation apart
+    from its context, so here two steps share an anchor exactly when they were sampled from the same token
+    sequence: the prompt for every first step of a group, then the steps after identical earlier actions (and
+    therefore identical tool results), whether the rollouts were independent or share a tree prefix. Tokens
+    rather than tree nodes, so independent rollouts that happened to write the same action still group.
+    """
+    out = []
+    for node in policy_nodes:
+        path, at = [], tree.parent(node)
+        while at >= 0:
+            path.append(at)
+            at = tree.parent(at)
+        out.append(tuple(tok for n in reversed(path) for tok in tree.segment(n).token_ids))
+    return out
+
+
+def _gigpo(cfg: AlgorithmConfig, batch: TrainBatch, trees: list[RolloutTree]) -> Advantages:
+    adv = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
+    trajectories = batch.trajectories
+    anchors = [anchor_states(trees[t.tree], t.policy_nodes) for t in trajectories]
+    steps = gigpo_advantages(
+        [t.reward for t in trajectories],
+        [t.tree for t in trajectories],
+        anchors,
+        gamma=cfg.gigpo.gamma,
+        step_weight=cfg.gigpo.step_weight,
+        eps=cfg.grpo_eps,
+        scale=cfg.gigpo.mode == "mean_std_norm",
+    )
+    groups: dict[tuple[int, tuple[int, ...]], int] = {}
+    for traj, values, states in zip(trajectories, steps, anchors, strict=True):
+        for (row, first, last), value in zip(segment_spans(batch, traj), values.tolist(), strict=True):
+            adv[row, first : last + 1] = value * batch.policy_mask[row, first : last + 1]
+        for anchor in states:
+            groups[(traj.tree, anchor)] = groups.get((traj.tree, anchor), 0) + 1
+    sizes = list(groups.values())
+    stats = {  # how often a step has company: with size 1 everywhere GiGPO is GRPO
+        "gigpo/step_groups": float(len(sizes)),
+        "gigpo/grouped_step_fraction": sum(s for s in sizes if s > 1) / max(sum(sizes), 1),
+    }
+    return Advantages(adv, batch.policy_mask.clone(), stats=stats)
+
+
 def _portool(cfg: AlgorithmConfig, batch: TrainBatch, trees: list[RolloutTree]) -> Advantages:
     adv = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
     p = cfg.portool
@@ -284,6 +332,8 @@ def compute_advantages(
         result = _critical(cfg, batch, trees)
     elif cfg.estimator == "portool":
         result = _portool(cfg, batch, trees)
+    elif cfg.estimator == "gigpo":
+        result = _gigpo(cfg, batch, trees)
     else:  # the config validator makes this unreachable
         raise ValueError(f"unknown estimator {cfg.estimator!r}")
     if cfg.shaping == "tips" and signals.potentials is not None and signals.alpha is not None:

@@ -21,7 +21,16 @@ CONTRACT = [
 
 
 def test_all_seven_presets():
-    assert set(PRESETS) == {"grpo", "ppo", "carl-segment", "carl-critical", "portool", "tips", "gear"}
+    assert set(PRESETS) == {
+        "grpo",
+        "ppo",
+        "carl-segment",
+        "carl-critical",
+        "portool",
+        "tips",
+        "gear",
+        "gigpo",
+    }
     for name, preset in PRESETS.items():
         assert preset.name == name
         assert preset.estimators and all(callable(f) for f in preset.estimators)

@@ -1,11 +1,12 @@
 from pathlib import Path
 
 import pytest
+import yaml
 
-from agentcredit.config import CONFIG_DIR, ConfigError, load_config, validate_config
+from agentcredit.config import CONFIG_DIR, ConfigError, load_config, preset_names, validate_config
 
-PRESETS = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
-METHODS = ["grpo", "ppo", "carl-segment", "carl-critical", "portool", "tips", "gear"]
+PRESETS = preset_names()
+METHODS = ["grpo", "ppo", "carl-segment", "carl-critical", "portool", "tips", "gear", "gigpo"]
 TASKS = ["arith-tools", "kb-multihop", "gsm8k", "hotpotqa"]
 
 
@@ -17,8 +18,28 @@ def test_every_method_has_a_preset_on_every_task():
 def test_presets_load_and_validate(preset):
     config = load_config(preset)
     assert config.method in METHODS
-    # every preset file says where its values come from
-    assert (CONFIG_DIR / f"{preset}.yaml").read_text().startswith("#")
+    # every preset file says where its values come from; a composed preset is its method and task files
+    file = CONFIG_DIR / f"{preset}.yaml"
+    if file.is_file():
+        assert file.read_text().startswith("#")
+        assert set(yaml.safe_load(file.read_text())) != {"base"}, "a base-only preset file is composed anyway"
+
+
+def test_a_composed_preset_is_its_method_then_its_task():
+    # no file: methods/grpo.yaml, then tasks/kb-multihop.yaml (whose protocol and caps win)
+    assert not (CONFIG_DIR / "grpo-kb-multihop.yaml").exists()
+    c = load_config("grpo-kb-multihop")
+    assert (c.method, c.task.name, c.protocol.name, c.rollout.max_turns, c.rollout.n) == (
+        "grpo",
+        "kb-multihop",
+        "tags",
+        6,
+        4,
+    )
+    # a file wins over composition (carl-critical on kb-multihop has its own protocol options)
+    assert load_config("carl-critical-kb-multihop").protocol.options["style"] == "asearcher"
+    with pytest.raises(ConfigError, match="presets: <method>-<task> with a method of"):
+        load_config("grpo-kb-multi")
 
 
 def test_paper_hyperparameters_of_carl_segment():

@@ -25,11 +25,13 @@ METHODS = {
     "tips": ("tips-arith-tools", []),
     "gear": ("gear-arith-tools", []),
     "portool": ("portool-arith-tools", ["rollout.n=3", "rollout.t_max=3"]),
+    "gigpo": ("gigpo-arith-tools", []),
     # compositions the maths allows (issue 6)
     "carl-segment+tips": ("carl-segment-arith-tools", ["algorithm.shaping=tips"]),
     "portool+gear": ("portool-arith-tools", ["algorithm.reweight=gear", "rollout.n=3", "rollout.t_max=3"]),
     "carl-critical+gear": ("carl-critical-arith-tools", ["algorithm.reweight=gear", "rollout.n=4"]),
     "grpo-on-critical-tree": ("carl-critical-arith-tools", ["algorithm.estimator=grpo", "rollout.n=4"]),
+    "gigpo-on-critical-tree": ("carl-critical-arith-tools", ["algorithm.estimator=gigpo", "rollout.n=4"]),
 }
 
 
