@@ -26,6 +26,7 @@ from agentcredit.credit import (  # noqa: E402
     critical_action_advantages,
     gae_advantages,
     gear_advantages,
+    gigpo_advantages,
     grpo_advantages,
     policy_loss,
     portool_advantages,
@@ -154,7 +155,8 @@ def build_batch(
             row_of.append((e, v))
     for (row, pos), value in (values_at or {}).items():
         fields[row]["values"][pos] = value
-    keep = ["uid", "response_mask", "old_log_probs", "entropy", "values", "rollout_log_probs", "extra_fields"]
+    keep = ["uid", "responses", "response_mask", "old_log_probs", "entropy", "values", "rollout_log_probs"]
+    keep.append("extra_fields")
     td = list_of_dict_to_tensordict([{k: f[k] for k in keep} for f in fields])
     proto = fields_to_dataproto(td)
     b = proto.batch
@@ -222,6 +224,29 @@ def test_grpo_equals_grpo_advantages():
     assert float(per_ep[0]) == pytest.approx((1 - 2 / 3) / (math.sqrt(1 / 3) + 1e-6), rel=1e-6)
     assert float(per_ep[5]) == 0.0
     assert res.metrics["agentcredit/episodes"] == 6
+
+
+def test_gigpo_equals_gigpo_advantages_on_the_same_anchors():
+    # the native trainer's anchor: the context before a step. In a verl row that is the prompt (one per uid) and
+    # the response tokens before the step, so every first step of a group shares one anchor and the later steps
+    # here (random, different tokens per episode) are alone in theirs.
+    eps = [search_ep("p0", 1.0), search_ep("p0", 0.0, 2), search_ep("p0", 1.0, 0), search_ep("p1", 1.0)]
+    b = build_batch(eps)
+    _, res = apply_to_dataproto(b.proto, settings("gigpo", gigpo={"gamma": 0.9, "step_weight": 0.5}))
+    records = b.proto.non_tensor_batch["agentcredit"]
+    policy = [[sp for sp in records[r]["spans"] if sp["role"] == "policy"] for r in range(len(eps))]
+    anchors = [["first"] + [f"ep{r}-{k}" for k in range(1, len(spans))] for r, spans in enumerate(policy)]
+    steps = gigpo_advantages(
+        [e.outcome for e in eps], [e.uid for e in eps], anchors, gamma=0.9, step_weight=0.5
+    )
+    expected = torch.zeros_like(b.mask, dtype=torch.float32)
+    for r, (spans, values) in enumerate(zip(policy, steps, strict=True)):
+        for sp, value in zip(spans, values.tolist(), strict=True):
+            expected[r, sp["start"] : sp["end"]] = value
+    torch.testing.assert_close(b.proto.batch["advantages"], expected * b.mask)
+    # p0's first steps differ from GRPO's advantage by the step part; the lone p1 episode gets 0
+    assert float(steps[0][0]) != float(steps[0][1]) and float(steps[3][0]) == 0.0
+    assert res.metrics["agentcredit/episodes"] == 4
 
 
 def test_carl_critical_star_tree_is_reward_minus_mean():

@@ -87,7 +87,7 @@ def test_inconsistent_settings_are_rejected(hydra_ctx):
         check_trainer_config(compose("ppo", overrides=["algorithm.use_kl_in_reward=true"]))
 
 
-@pytest.mark.parametrize("method", ["grpo", "gear", "carl-critical"])
+@pytest.mark.parametrize("method", ["grpo", "gear", "carl-critical", "gigpo"])
 def test_verls_own_validation_accepts_critic_free_configs(hydra_ctx, method, monkeypatch):
     """verl's validate_config on CPU (the critic methods need the model's files, the LoRA one vLLM)."""
     from verl.trainer.ppo.utils import need_critic, need_reference_policy

@@ -54,6 +54,7 @@ METHOD_CONFIGS = {
     "gear": "gear",
     "portool": "portool",
     "carl-critical": "carl_critical",
+    "gigpo": "gigpo",
 }
 
 

@@ -5,7 +5,7 @@ verl gives the trainer padded ``[B, T]`` response tensors (``response_mask``, ``
 this module turns them back into the episodes the credit functions of :mod:`agentcredit.credit` take and
 writes their answers onto the tokens. It never re-implements a formula: every number comes from
 ``grpo_advantages``, ``gae_advantages``, ``segment_advantages``, ``tips_turn_rewards``/``tips_token_rewards``,
-``gear_advantages`` or ``portool_advantages``.
+``gear_advantages``, ``portool_advantages`` or ``gigpo_advantages``.
 
 :func:`compute_advantages` is the pure core (tensors and records in, tensors out);
 :func:`apply_to_dataproto` is the thin wrapper over verl's ``DataProto`` that the trainer calls.
@@ -25,6 +25,7 @@ from agentcredit.credit import (
     critical_action_advantages,
     gae_advantages,
     gear_advantages,
+    gigpo_advantages,
     grpo_advantages,
     portool_advantages,
     segment_advantages,
@@ -155,6 +156,7 @@ def compute_advantages(
     old_log_probs: Tensor | None = None,
     rollout_log_probs: Tensor | None = None,
     entropy: Tensor | None = None,
+    responses: Tensor | None = None,
     previous_alpha: float | None = None,
     rows_per_episode: float | None = None,
 ) -> AdvantageResult:
@@ -167,6 +169,8 @@ def compute_advantages(
         uids: the prompt uid of every row (rows of one prompt form a GRPO group).
         values: ``[B, T]`` critic values, values[t] = V(state before response token t) (ppo, tips, carl-segment).
         old_log_probs, rollout_log_probs, entropy: ``[B, T]`` (gear).
+        responses: ``[B, T]`` response token ids (gigpo: a step's anchor state is the prompt, the same in a
+            group, plus the response tokens before it; the native trainer's ``anchor_states``).
         previous_alpha: TIPS batch_target mode: alpha to keep when no delta in this batch is non-zero.
         rows_per_episode: rows / trajectories of every verl mini-batch, padding rows included, when the trainer
             laid the batch out in mini-batches of whole episodes (:mod:`.minibatch`); None = this batch's
@@ -242,6 +246,28 @@ def compute_advantages(
                     alpha=g.alpha,
                     beta=g.beta,
                 ).to(dtype)
+        return AdvantageResult(advantages, advantages.clone(), metrics)
+
+    if method == "gigpo":
+        ids = need("responses", responses)
+        layout = []  # per episode: (row, its policy spans in order)
+        for ep in episodes:
+            row = _single_view(ep, method)
+            layout.append((row, [span for span in records[row].spans if span.role == "policy"]))
+        g = settings.gigpo
+        steps = gigpo_advantages(
+            [ep.record.outcome for ep in episodes],
+            [ep.uid for ep in episodes],
+            [[tuple(ids[row, : span.start].tolist()) for span in spans] for row, spans in layout],
+            gamma=g.gamma,
+            step_weight=g.step_weight,
+            eps=settings.grpo.eps,
+            scale=g.mode == "mean_std_norm",
+        )
+        for (row, spans), values in zip(layout, steps, strict=True):
+            for span, value in zip(spans, values.tolist(), strict=True):
+                advantages[row, span.start : span.end] = value
+            advantages[row] = torch.where(mask[row], advantages[row], 0.0)
         return AdvantageResult(advantages, advantages.clone(), metrics)
 
     if method == "carl-segment":
@@ -478,6 +504,7 @@ def apply_to_dataproto(
         old_log_probs=optional("old_log_probs"),
         rollout_log_probs=optional("rollout_log_probs"),
         entropy=optional("entropy"),
+        responses=optional("responses"),
         previous_alpha=previous_alpha,
         rows_per_episode=rows_per_episode,
     )

@@ -13,9 +13,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from agentcredit.config import GigpoConfig
+
 __all__ = ["METHODS", "AgentCreditSettings", "load_settings"]
 
-METHODS = ("grpo", "ppo", "carl-segment", "tips", "gear", "portool", "carl-critical")
+METHODS = ("grpo", "ppo", "carl-segment", "tips", "gear", "portool", "carl-critical", "gigpo")
 
 
 class _Section(BaseModel):
@@ -136,8 +138,8 @@ class PortoolSettings(_Section):
 
 
 class AgentCreditSettings(_Section):
-    method: Literal["grpo", "ppo", "carl-segment", "tips", "gear", "portool", "carl-critical"] = Field(
-        description="which credit method the trainer runs."
+    method: Literal["grpo", "ppo", "carl-segment", "tips", "gear", "portool", "carl-critical", "gigpo"] = (
+        Field(description="which credit method the trainer runs.")
     )
     protocol: str = Field(
         "tags", description="agentcredit protocol: tags (Search-R1), codefence (CARL), jsoncall."
@@ -159,6 +161,8 @@ class AgentCreditSettings(_Section):
     tips: TipsSettings = Field(default_factory=TipsSettings)
     gear: GearSettings = Field(default_factory=GearSettings)
     portool: PortoolSettings = Field(default_factory=PortoolSettings)
+    # the native trainer's section itself: one definition of GiGPO's settings for both trainers
+    gigpo: GigpoConfig = Field(default_factory=GigpoConfig)
 
 
 def _plain(config: Any) -> Any:
