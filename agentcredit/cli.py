@@ -188,6 +188,13 @@ def study(
     report_only: Annotated[
         bool, typer.Option("--report-only", help="Rewrite the report from the runs there.")
     ] = False,
+    publish: Annotated[
+        Path | None,
+        typer.Option(
+            "--publish",
+            help="Then copy the report, plots, held-out sets and per-run metrics (no models) to this folder.",
+        ),
+    ] = None,
 ) -> None:
     """Compare methods from one shared start over seeds on fixed held-out sets; ends in a report with verdicts."""
     from agentcredit.eval.study import Study, StudyError, load_study
@@ -200,10 +207,12 @@ def study(
         if report_only:
             paths = write_study_report(runner, study_dir / "report")
             typer.echo(f"report: {paths['markdown']}")
-            return
-        runner.prepare(resume=resume)
-        result = runner.run(only=only, max_runs=max_runs)
-        typer.echo(f"report: {result['markdown']} and {result['html']}")
+        else:
+            runner.prepare(resume=resume)
+            result = runner.run(only=only, max_runs=max_runs)
+            typer.echo(f"report: {result['markdown']} and {result['html']}")
+        if publish is not None:
+            typer.echo(f"published {len(runner.publish(publish))} files to {publish}")
     except (StudyError, FileNotFoundError, ValueError, ToolUnavailableError) as exc:
         _fail(exc)
 

@@ -607,6 +607,46 @@ class Study:
             )
         return True
 
+    def publish(self, dest: str | Path) -> list[Path]:
+        """Copy what a reader needs into ``dest`` (e.g. ``docs/results/<name>``), without any model.
+
+        The report with its plots, the study file as run, the held-out questions, the start's summaries and per
+        run its config, metrics and final summaries. Files already in ``dest`` that the study does not write (a
+        hand-written README) are left alone. Returns the files written.
+        """
+        import shutil
+
+        dest = Path(dest)
+        pairs = [(self.dir / "study.yaml", dest / "study-as-run.yaml")]
+        report = self.dir / "report"
+        pairs += [(f, dest / f.relative_to(report)) for f in sorted(report.rglob("*")) if f.is_file()]
+        pairs += [(f, dest / "heldout" / f.name) for f in sorted((self.dir / "heldout").glob("*.jsonl"))]
+        for name in (
+            "summary.json",
+            "heldout_start.json",
+            "sft-model/sft_summary.json",
+            "model/warmup_summary.json",
+        ):
+            pairs.append((self.start_dir / name, dest / "start" / Path(name).name))
+        runs = self.dir / "runs"
+        for run in sorted(p for p in runs.iterdir() if p.is_dir()) if runs.is_dir() else []:
+            for name in (
+                "config.yaml",
+                "metrics.jsonl",
+                "eval_summary.json",
+                "progress.json",
+                "done.json",
+                "failed.json",
+            ):
+                pairs.append((run / name, dest / "runs" / run.name / name))
+        written = []
+        for source, target in pairs:
+            if source.is_file():
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(source, target)
+                written.append(target)
+        return written
+
     def run(self, *, only: list[str] | None = None, max_runs: int | None = None) -> dict[str, Any]:
         """Build the start if needed, then every unfinished run this invocation can claim; then the report."""
         from agentcredit.eval.study_report import write_study_report

@@ -219,9 +219,31 @@ def test_study_runs_resumes_and_reports(tmp_path):
     html = (out / "report" / "report.html").read_text()
     assert "data:image/png;base64," in html
 
+    # --publish: what a reader needs, beside a hand-written README it leaves alone, and no model
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "README.md").write_text("by hand")
+    published = runner.invoke(
+        app, ["study", "--config", config, "--out", str(out), "--report-only", "--publish", str(docs)]
+    )
+    assert published.exit_code == 0, published.output
+    for name in (
+        "report.md",
+        "report.html",
+        "plots/curves_test.png",
+        "study-as-run.yaml",
+        "heldout/new.jsonl",
+    ):
+        assert (docs / name).is_file(), name
+    for name in ("summary.json", "sft_summary.json", "warmup_summary.json"):
+        assert (docs / "start" / name).is_file(), name
+    assert (docs / "runs" / "grpo-s1" / "done.json").is_file()
+    assert (docs / "README.md").read_text() == "by hand"
+    assert not list(docs.rglob("*.safetensors")) and not list(docs.rglob("*.pt"))
+
     # a changed budget cannot reuse these runs; a tampered held-out set is refused
     changed = write(tmp_path / "changed.yaml", tiny_study(steps=2))
-    with pytest.raises(StudyError, match="different study file"):
+    with pytest.raises(StudyError, match="was made with other settings"):
         Study(load_study(changed), out).prepare(resume=True)
     new_start = tiny_study()
     new_start["start"]["sft"]["epochs"] = 2
