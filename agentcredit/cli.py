@@ -320,7 +320,7 @@ app.add_typer(bench_app, name="bench")
 @bench_app.command("train")
 def bench_train_cmd(
     methods: Annotated[
-        list[str] | None, typer.Option("--methods", help="Methods to time (default: all seven).")
+        list[str] | None, typer.Option("--methods", help="Methods to time (default: all of them).")
     ] = None,
     steps: Annotated[int, typer.Option(min=1, help="Timed steps per method.")] = 2,
     warmup_steps: Annotated[int, typer.Option("--warmup", min=0, help="Untimed steps first.")] = 0,

@@ -493,11 +493,15 @@ def _stems(folder: str) -> list[str]:
 
 
 def _composed_preset(name: str) -> tuple[str, str] | None:
-    for method in _stems("methods"):
-        task = name.removeprefix(f"{method}-")
-        if task != name and task in _stems("tasks"):
-            return method, task
-    return None
+    tasks = _stems("tasks")
+    splits = [
+        (method, name.removeprefix(f"{method}-"))
+        for method in _stems("methods")
+        if name.startswith(f"{method}-") and name.removeprefix(f"{method}-") in tasks
+    ]
+    if len(splits) > 1:  # e.g. methods "a" and "a-b" with tasks "b-c" and "c": name the file to write instead
+        raise ConfigError(f"preset {name!r} is ambiguous: {splits}; write configs/{name}.yaml")
+    return splits[0] if splits else None
 
 
 def preset_names() -> list[str]:

@@ -4,10 +4,15 @@ Feng et al., *Group-in-Group Policy Optimization for LLM Agent Training* (NeurIP
 ``algorithm.adv_estimator=gigpo``). For episode i of group g (the episodes of one prompt) with T_i steps and
 outcome reward R_i at its last step::
 
-    A^E_i      = (R_i - mean_g R) / (std_g R + eps)                         episode level, GRPO's Eq. 3
-    G_{i,t}    = gamma^(T_i - 1 - t) R_i                                     discounted return of step t (Eq. 5)
+    A^E_i      = (R_i - mean_g R) / (std_g R + eps)                         episode level (GRPO)
+    G_{i,t}    = gamma^(T_i - 1 - t) R_i                                     discounted return of step t
     A^S_{i,t}  = (G_{i,t} - mean_S G) / (std_S G + eps),  S = {(j, u): g_j = g_i, s_{j,u} = s_{i,t}}
-    A_{i,t}    = A^E_i + w A^S_{i,t}                                         (Eq. 7, w = step_advantage_w)
+    A_{i,t}    = A^E_i + w A^S_{i,t}                                         (w = step_advantage_w)
+
+One difference from verl-agent's code, on purpose: its episode level (``episode_norm_reward`` with
+``compute_mean_std_cross_steps=True``) takes the mean and std over step rows, so a longer episode weighs more,
+and keeps the raw score of an episode group of one. Here the episode level is GRPO per episode, as written in the
+paper, and a group of one gets 0 (as every group estimator here, see :mod:`agentcredit.credit.grpo`).
 
 where s_{i,t} is the *anchor state* before step t: steps taken from the same state by episodes of one group form
 a step group. The caller chooses what a state is; the trainer uses the whole context before the step (see

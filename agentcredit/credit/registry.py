@@ -64,7 +64,11 @@ PRESETS: Mapping[str, CreditPreset] = MappingProxyType(
                 "gear", (grpo_advantages, gear_advantages), "seq-mean-token-mean", False, "GEAR Eqs. 2-6"
             ),
             CreditPreset(
-                "gigpo", (gigpo_advantages,), "token-mean", False, "GiGPO, Feng et al. 2025 Eqs. 5-7"
+                "gigpo",
+                (gigpo_advantages,),
+                "token-mean",
+                False,
+                "GiGPO, Feng et al. 2025 (verl-agent gigpo)",
             ),
         )
     }

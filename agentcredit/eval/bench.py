@@ -223,7 +223,7 @@ def bench_train(
     seed: int = 0,
     log: Log = print,
 ) -> dict[str, Any]:
-    """Benchmark ``methods`` (default: all seven); GRPO is the reference, measured first and again last."""
+    """Benchmark ``methods`` (default: every method of the registry); GRPO is the reference, measured first and again last."""
     from agentcredit.train.trainer import load_base_model
 
     methods = list(methods or METHODS)

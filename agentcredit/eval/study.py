@@ -335,26 +335,36 @@ class Study:
     def _check_runs(self, old: dict[str, Any]) -> None:
         """Refuse a study file under which an existing run would have computed something else.
 
-        The previous invocation's study file is in ``study.yaml``; a run made under it keeps its meaning if its
-        fingerprint (:meth:`StudySpec.run_fingerprint`) is the same under the new file. New arms and seeds are
-        welcome; a run whose arm the new file drops is kept on disk and left out of the report.
+        Each run records its fingerprint (:meth:`StudySpec.run_fingerprint`) in ``<run>/fingerprint`` when it is
+        first claimed; a run from before that file existed is judged by the previous invocation's study file
+        (``study.yaml``). A run keeps its meaning if that fingerprint equals the one under the new file. New arms
+        and seeds are welcome; a run whose arm or seed the new file drops is kept on disk and left out of the
+        report; a run whose settings nothing records is refused rather than guessed.
         """
         try:
             previous = StudySpec.model_validate(old.get("spec") or {})
         except ValidationError:
             previous = None
-        if previous is None:  # a marker from an older agentcredit: only the same study file may continue
-            if old.get("fingerprint") != self.spec.runs_fingerprint():
-                raise StudyError(
-                    f"{self.dir}: its runs were made with a different study file; use a new --out directory"
-                )
-            return
         for run_dir in sorted(p for p in (self.dir / "runs").iterdir() if p.is_dir()):
-            arm, _, seed = run_dir.name.rpartition("-s")
-            if not seed.isdigit() or previous.run_fingerprint(arm, int(seed)) is None:
+            arm, _, seed_text = run_dir.name.rpartition("-s")
+            try:
+                seed = int(seed_text)
+            except ValueError:
+                continue  # not a run directory of a study
+            now = self.spec.run_fingerprint(arm, seed)
+            if now is None or seed not in self.spec.seeds:
                 continue
-            now = self.spec.run_fingerprint(arm, int(seed))
-            if now is not None and now != previous.run_fingerprint(arm, int(seed)):
+            recorded_file = run_dir / "fingerprint"
+            if recorded_file.is_file():
+                recorded = recorded_file.read_text().strip()
+            else:
+                recorded = previous.run_fingerprint(arm, seed) if previous is not None else None
+            if recorded is None:
+                raise StudyError(
+                    f"{self.dir}: nothing records the settings run {run_dir.name} was made with; use a new --out "
+                    "directory, or remove that run"
+                )
+            if recorded != now:
                 raise StudyError(
                     f"{self.dir}: run {run_dir.name} was made with other settings (its arm, the common settings or "
                     "the budget changed); use a new --out directory, or add the change as a new arm"
@@ -553,6 +563,9 @@ class Study:
                 return False
             if (run_dir / "done.json").is_file() or (run_dir / "failed.json").is_file():
                 return True
+            fingerprint = run_dir / "fingerprint"
+            if not fingerprint.is_file():  # what this run computes; a later study file is checked against it
+                fingerprint.write_text(self.spec.run_fingerprint(arm.name, seed) + "\n")
             cfg = self.run_config(arm, seed)
             progress_path = run_dir / "progress.json"
             spent = json.loads(progress_path.read_text())["seconds"] if progress_path.is_file() else 0.0

@@ -12,7 +12,8 @@ quantile):
   ``not_lower`` / ``not_higher`` (non-inferiority with a margin m) are *reproduced* when the interval lies
   entirely above -m (below +m), *not reproduced* when it lies entirely below -m (above +m), else inconclusive.
   ``lower_spread`` (more stable across seeds) is Levene's test: each seed's absolute deviation from its arm's
-  mean, then the ``lower`` rule on the Welch interval of those deviations.
+  mean, then the ``lower`` rule on the Welch interval of those deviations; inconclusive with fewer than 3 seeds
+  an arm (two deviations from their own mean are always equal).
   With one seed per arm there is no interval and every verdict is inconclusive.
 * a claim's value per run is the final held-out evaluation, or (``source: training``) the mean of a training
   metric over the run's steps.
@@ -367,7 +368,9 @@ def write_study_report(study: Study, out_dir: str | Path) -> dict[str, Path]:
                 a = _values(finished.get(c.arm, {}), h, c.metric)
                 b = _values(finished.get(c.baseline, {}), h, c.metric)
             if c.direction == "lower_spread":
-                iv = welch_interval(absolute_deviations(a), absolute_deviations(b))
+                # two values per arm have equal deviations (zero variance): no interval, so no verdict below 3
+                enough = len(a) >= 3 and len(b) >= 3
+                iv = welch_interval(absolute_deviations(a), absolute_deviations(b)) if enough else None
                 compared = "absolute deviation from the arm's mean: "
             else:
                 iv, compared = welch_interval(a, b), ""

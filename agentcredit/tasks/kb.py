@@ -14,8 +14,9 @@ policy learned to read a retrieved passage or only the templates of its training
 Guarantees, checked by the tests:
 
 * every relation is functional (one founder, one CEO, one headquarters, one birthplace, one university,
-  one country, one capital; a person founds at most one company and runs at most one), so every question
-  has exactly one answer, and every invented word is used in one name only (generic words such as
+  one country, one capital; a person founds at most one company and runs at most one; in the novel region
+  one hometown, one band per musician, one lead vocalist (a member), one label, one studio town, one
+  province, one seat), so every question has exactly one answer, and every invented word is used in one name only (generic words such as
   "Labs" or "University" aside), so a name never matches another entity;
 * one passage per entity, titled with its name, states each of its relations in prose, plus distractor
   sentences (other figures, a regional office or a visit in another city) that a careless reader could
@@ -41,7 +42,7 @@ TASK = "kb-multihop"
 SPLITS = ("train", "test", "novel")
 HOPS = (1, 2, 3)
 
-# Entities per region. Seed 0 offers 648 / 852 / 750 train, 260 / 341 / 300 test and 155 / 273 / 312 novel
+# Entities per region. Seed 0 offers 648 / 852 / 750 train, 260 / 341 / 300 test and 173 / 199 / 175 novel
 # questions of 1 / 2 / 3 hops.
 REGION_SIZES: dict[str, dict[str, int]] = {
     "train": {"country": 6, "city": 30, "university": 12, "company": 60, "person": 150},
@@ -505,7 +506,7 @@ def _novel_passage(entity: Entity, world: World) -> list[str]:
 
 
 def kb_corpus(seed: int = 0) -> list[dict[str, str]]:
-    """The world of ``seed`` as passages ``{id, title, text}``, one per entity (both regions)."""
+    """The world of ``seed`` as passages ``{id, title, text}``, one per entity (every region)."""
     world = build_world(seed)
     return [
         {"id": f"kb{seed}-{i}", "title": e.name, "text": _passage_text(e, world)}

@@ -234,11 +234,12 @@ def _critical(cfg: AlgorithmConfig, batch: TrainBatch, trees: list[RolloutTree])
 
 
 def anchor_states(tree: RolloutTree, policy_nodes: list[int]) -> list[tuple[int, ...]]:
-    """GiGPO's anchor state of each step of a trajectory: every token of the context the step was sampled from.
+    """GiGPO's anchor state of each step of a trajectory: every token on the tree path before the step.
 
     verl-agent groups steps by the environment's observation; a text tool-use episode has no observation apart
-    from its context, so here two steps share an anchor exactly when they were sampled from the same token
-    sequence: the prompt for every first step of a group, then the steps after identical earlier actions (and
+    from its context, so here two steps share an anchor exactly when the same token sequence precedes them.
+    The path holds raw tool outputs even where replacement mode hid them from the policy; since the tools are
+    deterministic that groups exactly the steps whose visible contexts are equal: the prompt for every first step of a group, then the steps after identical earlier actions (and
     therefore identical tool results), whether the rollouts were independent or share a tree prefix. Tokens
     rather than tree nodes, so independent rollouts that happened to write the same action still group.
     """
