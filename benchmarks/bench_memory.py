@@ -39,9 +39,9 @@ SETTINGS = [
 def child(args: argparse.Namespace) -> dict:
     from agentcredit.config import load_config
     from agentcredit.environment import build_environment, load_examples
+    from agentcredit.models.loading import load_base_model
     from agentcredit.train.batch import build_batch
     from agentcredit.train.sft import demonstrations, sft
-    from agentcredit.train.trainer import load_base_model
 
     config = load_config("carl-segment-arith-tools", [f"model.name={args.model}"])
     model, tokenizer = load_base_model(config.model.name, config.model.dtype, seed=0)

@@ -51,7 +51,7 @@ def trl_grpo(
         raise SystemExit(
             f"bench_trl needs the 'compare' extra: pip install -e '.[compare]' ({exc})"
         ) from None
-    from agentcredit.train.trainer import load_base_model
+    from agentcredit.models.loading import load_base_model
 
     cfg = load_config("grpo-arith-tools")
     examples = load_examples(cfg, limit=prompts)

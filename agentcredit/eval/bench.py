@@ -224,7 +224,7 @@ def bench_train(
     log: Log = print,
 ) -> dict[str, Any]:
     """Benchmark ``methods`` (default: every method of the registry); GRPO is the reference, measured first and again last."""
-    from agentcredit.train.trainer import load_base_model
+    from agentcredit.models.loading import load_base_model
 
     methods = list(methods or METHODS)
     unknown = [m for m in methods if m not in METHODS]

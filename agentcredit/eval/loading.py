@@ -54,7 +54,7 @@ def value_head_from_state(state: dict[str, torch.Tensor], hidden_size: int, *, w
 
 
 def _hf_dir(path: Path, dtype: str, run_config: Config | None, source: str) -> LoadedPolicy:
-    from agentcredit.train.trainer import load_base_model
+    from agentcredit.models.loading import load_base_model
 
     model, tokenizer = load_base_model(str(path), dtype)
     head = None
@@ -107,7 +107,7 @@ def load_for_eval(spec: str | Path, *, dtype: str = "float32", seed: int = 0) ->
     from agentcredit.train.checkpoint import latest_checkpoint
 
     if str(spec) in BUILTIN_MODELS:
-        from agentcredit.train.trainer import load_base_model
+        from agentcredit.models.loading import load_base_model
 
         model, tokenizer = load_base_model(str(spec), dtype, seed=seed)
         model.eval()

@@ -422,8 +422,8 @@ class Study:
                 return json.loads(summary_path.read_text())
 
     def _build_start(self, summary_path: Path) -> dict[str, Any]:
+        from agentcredit.models.loading import load_base_model
         from agentcredit.train.run import run_sft, run_warmup
-        from agentcredit.train.trainer import load_base_model
 
         s = self.spec.start
         cfg = load_config(s.preset, [*self.spec.set, *s.set])

@@ -308,7 +308,7 @@ def bench_rollout(
     log: Log = print,
 ) -> dict[str, Any]:
     """Run the benchmark; returns a JSON-able dict (see the module docstring)."""
-    from agentcredit.train.trainer import load_base_model
+    from agentcredit.models.loading import load_base_model
 
     settings = settings or BenchSettings()
     if threads is not None:

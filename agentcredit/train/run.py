@@ -15,13 +15,8 @@ import torch
 from agentcredit.config import Config, ConfigError, dump_config, load_config
 from agentcredit.environment import build_environment, load_examples
 from agentcredit.eval.evaluate import evaluate, require_all_scored, rollout_caps
-from agentcredit.train.trainer import (
-    Trainer,
-    initial_value_head,
-    load_base_model,
-    load_policy,
-    seed_everything,
-)
+from agentcredit.models.loading import load_base_model
+from agentcredit.train.trainer import Trainer, initial_value_head, load_policy, seed_everything
 
 Log = Callable[[str], None]
 

@@ -32,6 +32,7 @@ from agentcredit.config import Config, dump_config
 from agentcredit.credit import aggregation_weights, policy_loss, policy_loss_stats, tips_batch_alpha
 from agentcredit.environment import Environment, build_environment, load_examples
 from agentcredit.models.heads import make_value_head
+from agentcredit.models.loading import load_base_model
 from agentcredit.models.scoring import score_tokens
 from agentcredit.rollout.tree import RolloutTree
 from agentcredit.tasks import Example
@@ -50,17 +51,6 @@ from agentcredit.train.signals import (
 
 
 # ------------------------------------------------------------------------------------------------ model setup
-def load_base_model(name: str, dtype: str = "float32", *, seed: int = 0) -> tuple[Any, Any]:
-    """``(model, tokenizer)``: 'embedded' (SmolLM2-135M), 'tiny' (a random tiny Llama, for tests) or a local path."""
-    if name == "tiny":
-        from agentcredit.models.tiny import tiny_llama
-
-        return tiny_llama(seed=seed, dtype=dtype, max_positions=8192)
-    from agentcredit.models.embedded import load_model
-
-    return load_model(name, dtype=dtype)
-
-
 def load_policy(cfg: Config, *, model: Any = None, tokenizer: Any = None) -> tuple[Any, Any]:
     """The trainable policy: the base model of ``model.name``, wrapped with LoRA adapters if asked."""
     if model is None:

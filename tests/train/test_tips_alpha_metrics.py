@@ -17,8 +17,9 @@ from train_helpers import EXAMPLES, SMALL
 
 from agentcredit.config import load_config
 from agentcredit.credit import tips_batch_alpha
+from agentcredit.models.loading import load_base_model
 from agentcredit.train.advantages import tips_stats
-from agentcredit.train.trainer import Trainer, load_base_model
+from agentcredit.train.trainer import Trainer
 
 TIPS_PRESETS = ["tips-arith-tools", "tips-gsm8k", "tips-hotpotqa", "tips-kb-multihop"]
 

@@ -18,12 +18,13 @@ from typer.testing import CliRunner
 from agentcredit.cli import app
 from agentcredit.config import load_config
 from agentcredit.environment import Environment, outcome_reward
+from agentcredit.models.loading import load_base_model
 from agentcredit.protocols import get_protocol
 from agentcredit.rollout.tree import RolloutTree, Segment
 from agentcredit.tools import python_sandbox as ps
 from agentcredit.tools.base import ToolRuntime, ToolUnavailableError, unavailable
 from agentcredit.train.sft import demonstrations, rejection_sample
-from agentcredit.train.trainer import Trainer, load_base_model
+from agentcredit.train.trainer import Trainer
 
 UNAVAILABLE = (
     "ERROR: the python sandbox is unavailable: bwrap: execvp /tmp/clone/.venv/bin/python: No such file"

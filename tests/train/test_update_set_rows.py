@@ -18,12 +18,13 @@ import torch
 from train_helpers import EXAMPLES, SMALL
 
 from agentcredit.config import load_config
+from agentcredit.models.loading import load_base_model
 from agentcredit.rollout.strategies import EntropyGuided
 from agentcredit.rollout.tree import RolloutTree, Segment
 from agentcredit.train.advantages import compute_advantages
 from agentcredit.train.batch import build_batch
 from agentcredit.train.signals import trained_row_chunks
-from agentcredit.train.trainer import Trainer, load_base_model
+from agentcredit.train.trainer import Trainer
 
 
 def one_row_per_microbatch(trainer: Trainer) -> None:

@@ -12,9 +12,9 @@ import torch
 
 from agentcredit.config import load_config
 from agentcredit.environment import build_environment
+from agentcredit.models.loading import load_base_model
 from agentcredit.tasks import Example
 from agentcredit.train.sft import demonstrations, sft
-from agentcredit.train.trainer import load_base_model
 
 EXAMPLES = [
     Example(
