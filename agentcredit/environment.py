@@ -172,7 +172,7 @@ def build_environment(config: Config) -> Environment:
     )
     tools = build_tools(config, config.protocol.name, corpus)
     if config.algorithm.estimator == "portool":
-        from agentcredit.eval.judge import build_judge
+        from agentcredit.tasks.judge import build_judge
 
         p = config.algorithm.portool
         reward: RewardFn = build_judge(p.judge, p.judge_model, metric=config.task.metric)

@@ -15,7 +15,7 @@ import re
 import threading
 from typing import Any
 
-from agentcredit.tasks import Example
+from agentcredit.tasks.example import Example
 from agentcredit.tasks.scoring import outcome_with_abstention
 
 LABEL_REWARD = {"true": 1.0, "false": -1.0, "unable_to_answer": 0.0}

@@ -1,7 +1,7 @@
 import pytest
 
-from agentcredit.eval.judge import LLMJudge, build_judge, parse_label, rule_judge
 from agentcredit.tasks import Example
+from agentcredit.tasks.judge import LLMJudge, build_judge, parse_label, rule_judge
 
 EX = Example("q", "What is the capital of France?", ["Paris"], "t", {"metric": "em"})
 
