@@ -524,16 +524,26 @@ class Trainer:
 
     # -------------------------------------------------------------- one step
     def train_step(self) -> StepResult:
-        cfg = self.cfg
-        timings: dict[str, float] = {}
+        """One step: sample the step's prompts, roll them out, then :meth:`learn` from the trees."""
         t0 = time.perf_counter()
-        examples = self.sampler.next(cfg.rollout.prompts_per_step)
+        examples = self.sampler.next(self.cfg.rollout.prompts_per_step)
         trees, rollout_stats = self.rollout(examples)
-        timings["time/rollout"] = time.perf_counter() - t0
+        rollout_time = time.perf_counter() - t0
+        result = self.learn(trees, examples)
+        kept = ("rollout/generated_tokens", "rollout/tokens_per_second")
+        result.metrics.update({k: v for k, v in rollout_stats.items() if k in kept})
+        result.metrics["time/rollout"] = rollout_time
+        result.metrics["time/step"] = time.perf_counter() - t0
+        return result
+
+    def learn(self, trees: list[RolloutTree], examples: list[Example]) -> StepResult:
+        """Everything a step does after its rollout: signals -> advantages -> update (tree ``i`` answers
+        ``examples[i]``). Deterministic given the trees, so tests can pin it on stored trees."""
+        timings: dict[str, float] = {}
         t1 = time.perf_counter()
         batch = build_batch(trees, pad_id=self.pad_id)
         signals = self.compute_signals(batch, trees, examples)
-        adv = compute_advantages(cfg.algorithm, batch, trees, signals)
+        adv = compute_advantages(self.cfg.algorithm, batch, trees, signals)
         batch.advantages, batch.loss_mask = adv.advantages, adv.loss_mask
         batch.returns, batch.value_mask = adv.returns, adv.value_mask
         timings["time/signals"] = time.perf_counter() - t1
@@ -541,7 +551,6 @@ class Trainer:
         update_stats = self.update(batch)
         timings["time/update"] = time.perf_counter() - t2
         self.step += 1
-        timings["time/step"] = time.perf_counter() - t0
         metrics = {
             **episode_metrics(trees, examples),
             **adv.stats,
@@ -549,14 +558,9 @@ class Trainer:
             "update/actions_updated_per_question": actions_per_question(batch, batch.loss_mask),
             **self._signal_metrics(batch, signals),
             **update_stats,
-            **{
-                k: v
-                for k, v in rollout_stats.items()
-                if k in ("rollout/generated_tokens", "rollout/tokens_per_second")
-            },
             **timings,
         }
-        if self.teacher is not None and self.step % cfg.algorithm.tips.refresh_every == 0:
+        if self.teacher is not None and self.step % self.cfg.algorithm.tips.refresh_every == 0:
             self.refresh_teacher()
         return StepResult(metrics, trees, batch, examples)
 

@@ -12,27 +12,10 @@ import math
 
 import pytest
 import torch
-from train_helpers import EXAMPLES, SMALL
+from train_helpers import EXAMPLES, METHODS, SMALL
 
 from agentcredit.config import load_config
 from agentcredit.train.trainer import Trainer
-
-METHODS = {
-    "grpo": ("grpo-arith-tools", []),
-    "ppo": ("ppo-arith-tools", []),
-    "carl-segment": ("carl-segment-arith-tools", ["optim.epochs=2"]),
-    "carl-critical": ("carl-critical-arith-tools", ["rollout.n=4"]),
-    "tips": ("tips-arith-tools", []),
-    "gear": ("gear-arith-tools", []),
-    "portool": ("portool-arith-tools", ["rollout.n=3", "rollout.t_max=3"]),
-    "gigpo": ("gigpo-arith-tools", []),
-    # compositions the maths allows (issue 6)
-    "carl-segment+tips": ("carl-segment-arith-tools", ["algorithm.shaping=tips"]),
-    "portool+gear": ("portool-arith-tools", ["algorithm.reweight=gear", "rollout.n=3", "rollout.t_max=3"]),
-    "carl-critical+gear": ("carl-critical-arith-tools", ["algorithm.reweight=gear", "rollout.n=4"]),
-    "grpo-on-critical-tree": ("carl-critical-arith-tools", ["algorithm.estimator=grpo", "rollout.n=4"]),
-    "gigpo-on-critical-tree": ("carl-critical-arith-tools", ["algorithm.estimator=gigpo", "rollout.n=4"]),
-}
 
 
 def make_trainer(name, model, tokenizer, extra=()):

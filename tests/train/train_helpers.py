@@ -48,6 +48,24 @@ SMALL = [
     "train.save_every=0",
 ]
 
+# method name -> (preset, overrides) for one training step on the tiny model
+METHODS = {
+    "grpo": ("grpo-arith-tools", []),
+    "ppo": ("ppo-arith-tools", []),
+    "carl-segment": ("carl-segment-arith-tools", ["optim.epochs=2"]),
+    "carl-critical": ("carl-critical-arith-tools", ["rollout.n=4"]),
+    "tips": ("tips-arith-tools", []),
+    "gear": ("gear-arith-tools", []),
+    "portool": ("portool-arith-tools", ["rollout.n=3", "rollout.t_max=3"]),
+    "gigpo": ("gigpo-arith-tools", []),
+    # compositions the maths allows (issue 6)
+    "carl-segment+tips": ("carl-segment-arith-tools", ["algorithm.shaping=tips"]),
+    "portool+gear": ("portool-arith-tools", ["algorithm.reweight=gear", "rollout.n=3", "rollout.t_max=3"]),
+    "carl-critical+gear": ("carl-critical-arith-tools", ["algorithm.reweight=gear", "rollout.n=4"]),
+    "grpo-on-critical-tree": ("carl-critical-arith-tools", ["algorithm.estimator=grpo", "rollout.n=4"]),
+    "gigpo-on-critical-tree": ("carl-critical-arith-tools", ["algorithm.estimator=gigpo", "rollout.n=4"]),
+}
+
 
 def fit_tiny(preset: str):
     torch.manual_seed(0)

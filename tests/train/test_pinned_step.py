@@ -1,0 +1,113 @@
+"""One learning step of every method, pinned to the numbers it gave before the issue-14 refactor (within 1e-6).
+
+The rollout is not part of the pin: ``data/pinned_steps.json`` stores each method's trees (sampled once, by the
+fitted tiny model, through the real engine, protocol and tools) and the step's losses, advantage statistics and
+signal metrics measured by :meth:`Trainer.learn` on those trees with a fresh tiny model (seeded, one thread).
+Sampling would turn a rounding difference between CPUs into different trees; learning from stored trees does
+not, so the pin checks the code path the refactor moves -- batch, signals, credit, loss, update -- and only it.
+
+Regenerate (only when a change is *meant* to alter a method's numbers, and say so in the commit):
+``.venv/bin/python tests/train/test_pinned_step.py``
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import torch
+from train_helpers import EXAMPLES, METHODS, SMALL
+
+from agentcredit.config import load_config
+from agentcredit.models.loading import load_base_model
+from agentcredit.rollout.tree import RolloutTree
+from agentcredit.train.trainer import Trainer
+
+PIN = Path(__file__).parent / "data" / "pinned_steps.json"
+TOLERANCE = 1e-6
+
+
+@contextmanager
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a fixed reduction order: the same sums on any core count
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def learn_metrics(name: str, trees: list[RolloutTree]) -> dict[str, float]:
+    """The pinned numbers of one :meth:`Trainer.learn` on ``trees`` with a fresh seeded tiny model."""
+    preset, overrides = METHODS[name]
+    config = load_config(preset, [*SMALL, *overrides])
+    model, tokenizer = load_base_model("tiny", seed=0)
+    examples = {e.id: e for e in EXAMPLES}
+    with one_thread():
+        trainer = Trainer(config, model=model, tokenizer=tokenizer, examples=list(EXAMPLES), log=False)
+        try:
+            result = trainer.learn(trees, [examples[t.prompt_id] for t in trees])
+        finally:
+            trainer.close()
+    metrics = {k: v for k, v in result.metrics.items() if not k.startswith("time/")}
+    adv = result.batch.advantages[result.batch.loss_mask]
+    metrics["pin/advantage_sum"] = float(adv.sum())
+    metrics["pin/advantage_abs_sum"] = float(adv.abs().sum())
+    metrics["pin/trained_tokens"] = float(result.batch.loss_mask.sum())
+    return metrics
+
+
+def _pinned() -> dict:
+    return json.loads(PIN.read_text())
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_learning_step_matches_its_pinned_numbers(name):
+    pinned = _pinned()[name]
+    trees = [RolloutTree.from_dict(t) for t in pinned["trees"]]
+    measured = learn_metrics(name, trees)
+    assert set(measured) == set(pinned["metrics"]), "the step's metrics changed names"
+    off = {
+        k: (measured[k], v)
+        for k, v in pinned["metrics"].items()
+        if not math.isclose(measured[k], v, rel_tol=TOLERANCE, abs_tol=TOLERANCE)
+    }
+    assert not off, f"{name}: (measured, pinned) differ beyond {TOLERANCE}: {off}"
+    assert pinned["metrics"]["adv/nonzero_frac"] > 0  # the stored trees give the method something to learn
+
+
+def regenerate() -> None:
+    """Sample each method's trees with the fitted tiny model (as test_trainer_steps does), then pin."""
+    import copy
+
+    from train_helpers import fit_tiny
+
+    fitted = {"codefence": fit_tiny("grpo-arith-tools"), "jsoncall": fit_tiny("portool-arith-tools")}
+    out = {}
+    for name, (preset, overrides) in METHODS.items():
+        model, tokenizer = fitted["jsoncall" if name.startswith("portool") else "codefence"]
+        config = load_config(preset, [*SMALL, *overrides])
+        trainer = Trainer(
+            config, model=copy.deepcopy(model), tokenizer=tokenizer, examples=list(EXAMPLES), log=False
+        )
+        try:
+            examples = trainer.sampler.next(config.rollout.prompts_per_step)
+            trees, _ = trainer.rollout(examples)
+        finally:
+            trainer.close()
+        for tree, example in zip(trees, examples, strict=True):
+            tree.prompt_id = example.id
+        out[name] = {"trees": [t.to_dict() for t in trees], "metrics": learn_metrics(name, trees)}
+        print(name, {k: round(v, 6) for k, v in out[name]["metrics"].items() if k.startswith("loss/")})
+    PIN.parent.mkdir(exist_ok=True)
+    PIN.write_text(json.dumps(out, sort_keys=True, separators=(",", ":")) + "\n")
+    print(f"wrote {PIN}")
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).parent))
+    regenerate()
