@@ -70,6 +70,7 @@ test-fast: setup-dev
 
 lint: setup-dev
 	$(VENV)/bin/ruff check agentcredit tests benchmarks
+	$(VENV)/bin/lint-imports --config pyproject.toml
 	$(VENV)/bin/ruff format --check agentcredit tests benchmarks
 
 format: setup-dev

@@ -47,7 +47,7 @@ def serve_search(
     ] = None,
 ) -> None:
     """Serve search over HTTP with Search-R1's retrieval-server API (POST /retrieve), for Search-R1 / verl."""
-    from agentcredit.tools.server import serve  # lazy: keeps `agentcredit --help` fast
+    from agentcredit.tools.search.server import serve  # lazy: keeps `agentcredit --help` fast
 
     if model is not None and not dense:
         raise typer.BadParameter("--model only applies with --dense", param_hint="--model")
@@ -94,7 +94,7 @@ def train(
 ) -> None:
     """Train a method (rollout -> credit assignment -> PPO update), then evaluate on the eval split."""
     from agentcredit.config import ConfigError
-    from agentcredit.train.run import config_for_resume, run_train
+    from agentcredit.experiment.run import config_for_resume, run_train
 
     try:
         cfg = config_for_resume(resume, set_ or []) if resume is not None else _config(config, set_)
@@ -119,7 +119,7 @@ def sft(
     ] = 0,
 ) -> None:
     """Supervised fine-tuning on demonstrations in the preset's protocol format."""
-    from agentcredit.train.run import run_sft
+    from agentcredit.experiment.run import run_sft
 
     try:
         run_sft(
@@ -149,7 +149,7 @@ def warmup(
     pairs: Annotated[int, typer.Option(min=4, help="(state, R) pairs per joint step (paper: 256).")] = 64,
 ) -> None:
     """carl-segment critic warm-up: tier labels, forced/no-tool buckets, critic training and the gate."""
-    from agentcredit.train.run import run_warmup
+    from agentcredit.experiment.run import run_warmup
     from agentcredit.train.warmup import WarmupSettings
 
     cfg = _config(config, set_)
@@ -197,8 +197,8 @@ def study(
     ] = None,
 ) -> None:
     """Compare methods from one shared start over seeds on fixed held-out sets; ends in a report with verdicts."""
-    from agentcredit.eval.study import Study, StudyError, load_study
-    from agentcredit.eval.study_report import write_study_report
+    from agentcredit.experiment.study import Study, StudyError, load_study
+    from agentcredit.experiment.study_report import write_study_report
 
     try:
         spec = load_study(config)
@@ -229,7 +229,7 @@ def demo(
     set_: SetOpt = None,
 ) -> None:
     """The main job on the embedded model: SFT, critic warm-up, evaluate, carl-segment, evaluate, the table."""
-    from agentcredit.train.run import run_demo
+    from agentcredit.experiment.run import run_demo
 
     try:
         run_demo(
@@ -335,8 +335,8 @@ def bench_train_cmd(
     """Seconds per training step and per phase for each method, and each one's ratio to GRPO (same run)."""
     import json
 
+    from agentcredit.bench.train import bench_train, format_bench_table
     from agentcredit.config import ConfigError
-    from agentcredit.eval.bench import bench_train, format_bench_table
 
     try:
         result = bench_train(
@@ -386,7 +386,7 @@ def bench_rollout_cmd(
     """Tokens/s of the batched engine vs a naive generate loop, and prefix reuse in tree rollouts."""
     import json
 
-    from agentcredit.rollout.bench import BenchSettings, bench_rollout, format_result
+    from agentcredit.bench.rollout import BenchSettings, bench_rollout, format_result
 
     settings = BenchSettings(
         prompts=prompts,

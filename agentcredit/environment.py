@@ -12,11 +12,11 @@ Tool results that are infrastructure failures anyway (the sandbox dies mid-run) 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentcredit.config import Config
 from agentcredit.protocols import get_protocol
@@ -24,6 +24,9 @@ from agentcredit.protocols.base import Protocol
 from agentcredit.tasks import Example, load_task, task_corpus
 from agentcredit.tasks.scoring import score
 from agentcredit.tools.base import ToolRuntime, ToolUnavailableError
+
+if TYPE_CHECKING:
+    from agentcredit.rollout.tree import RolloutTree
 
 # Outcome reward of one episode: (example, extracted final answer or None when the episode gave none) -> reward
 RewardFn = Callable[[Example, str | None], float]
@@ -64,7 +67,7 @@ def build_tools(config: Config, protocol_name: str, corpus: Path | None) -> Tool
     t = config.tools
     retriever = _load_corpus(corpus, dense=t.dense) if corpus is not None else None
     if protocol_name == "codefence":
-        from agentcredit.tools.python_sandbox import check_available, python_tool
+        from agentcredit.tools.sandbox import check_available, python_tool
 
         check_available()  # preflight: print(1) in the sandbox, once per process
         return ToolRuntime(
@@ -190,3 +193,44 @@ def load_examples(config: Config, *, split: str | None = None, limit: int | None
         seed=t.seed,
         **t.options,
     )
+
+
+def run_episodes(
+    model: Any,
+    tokenizer: Any,
+    env: Environment,
+    examples: Sequence[Example],
+    *,
+    samples: int = 1,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    max_new_tokens: int = 256,
+    max_episode_tokens: int = 1024,
+    max_turns: int | None = None,
+    max_batch: int = 64,
+    seed: int = 0,
+) -> list[RolloutTree]:
+    """Episodes of ``model`` on ``examples`` (greedy by default), one tree per question."""
+    import torch
+
+    from agentcredit.rollout.engine import EngineConfig, RolloutEngine
+    from agentcredit.rollout.sampling import SamplingParams
+    from agentcredit.rollout.strategies import independent
+
+    if samples > 1 and temperature == 0.0:
+        raise ValueError("samples > 1 with greedy decoding would repeat one episode; set a temperature")
+    config = EngineConfig(
+        sampling=SamplingParams(temperature=temperature, top_p=top_p),
+        max_segment_tokens=max_new_tokens,
+        max_episode_tokens=max_episode_tokens,
+        max_turns=max_turns,
+        seed=seed,
+        max_batch=max_batch,
+    )
+    engine = RolloutEngine.for_hf_model(model, tokenizer, env.protocol, env.tools, config)
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        trees = engine.run(list(examples), independent(samples), env.reward)
+    model.train(was_training)
+    return trees

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
-from agentcredit.eval.bench import bench_train
-from agentcredit.eval.flops import matmul_flops, phase_fractions
+from agentcredit.bench.flops import matmul_flops, phase_fractions
+from agentcredit.bench.train import bench_train
 
 
 def main() -> None:

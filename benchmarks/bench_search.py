@@ -85,7 +85,7 @@ def bench_bm25(corpus: Path, questions: list[str], repeats: int) -> None:
 
 
 def bench_dense(corpus: Path, questions: list[str]) -> None:
-    from agentcredit.tools.dense import DenseSearch, get_embedder
+    from agentcredit.tools.search.dense import DenseSearch, get_embedder
 
     start = time.perf_counter()
     get_embedder()

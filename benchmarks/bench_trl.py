@@ -33,9 +33,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from agentcredit.bench.train import bench_train, load_average
 from agentcredit.config import load_config
 from agentcredit.environment import build_environment, load_examples, outcome_reward
-from agentcredit.eval.bench import bench_train, load_average
 from agentcredit.tasks.scoring import extract_boxed
 
 

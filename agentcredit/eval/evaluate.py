@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from agentcredit.config import MICRO_BATCH_TOKENS
-from agentcredit.environment import Environment, example_metric, infra_failures
+from agentcredit.environment import Environment, example_metric, infra_failures, run_episodes
 from agentcredit.rollout.tree import RolloutTree
 from agentcredit.tasks import Example
 from agentcredit.tasks.scoring import exact_match, f1_score, score, substring_match
@@ -198,7 +198,7 @@ def critic_metrics(
 
     Episodes with infrastructure failures (``infra_failures``) are left out, as in :func:`summarize`.
     """
-    from agentcredit.eval.metrics import (
+    from agentcredit.credit.metrics import (
         auc,
         brier_score,
         calibration_error,
@@ -241,49 +241,6 @@ def critic_metrics(
     return out, table
 
 
-def run_episodes(
-    model: Any,
-    tokenizer: Any,
-    env: Environment,
-    examples: Sequence[Example],
-    *,
-    samples: int = 1,
-    temperature: float = 0.0,
-    top_p: float = 1.0,
-    max_new_tokens: int = 256,
-    max_episode_tokens: int = 1024,
-    max_turns: int | None = None,
-    max_batch: int = 64,
-    seed: int = 0,
-) -> list[RolloutTree]:
-    """Episodes of ``model`` on ``examples`` (greedy by default), one tree per question."""
-    import torch
-
-    from agentcredit.rollout.backend import HFBackend
-    from agentcredit.rollout.engine import EngineConfig, RolloutEngine
-    from agentcredit.rollout.sampling import SamplingParams
-    from agentcredit.rollout.strategies import independent
-
-    if samples > 1 and temperature == 0.0:
-        raise ValueError("samples > 1 with greedy decoding would repeat one episode; set a temperature")
-    config = EngineConfig(
-        sampling=SamplingParams(temperature=temperature, top_p=top_p),
-        max_segment_tokens=max_new_tokens,
-        max_episode_tokens=max_episode_tokens,
-        max_turns=max_turns,
-        seed=seed,
-        max_batch=max_batch,
-    )
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    engine = RolloutEngine(HFBackend(model, pad_token_id=pad), tokenizer, env.protocol, env.tools, config)
-    was_training = model.training
-    model.eval()
-    with torch.no_grad():
-        trees = engine.run(list(examples), independent(samples), env.reward)
-    model.train(was_training)
-    return trees
-
-
 def require_all_scored(summary: dict[str, float], what: str) -> None:
     """Stop when an evaluation left episodes out because a tool could not run (``infra_failures``).
 
@@ -300,7 +257,7 @@ def require_all_scored(summary: dict[str, float], what: str) -> None:
 
 
 def rollout_caps(config: Any) -> dict[str, int | None]:
-    """The engine caps of ``config.rollout`` as :func:`run_episodes` keywords: evaluation decodes under the same
+    """The engine caps of ``config.rollout`` as :func:`~agentcredit.environment.run_episodes` keywords: evaluation decodes under the same
     token and turn limits as training."""
     r = config.rollout
     return {
@@ -321,7 +278,7 @@ def evaluate(
     tiers: dict[str, str] | None = None,
     **kwargs: Any,
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
-    """``(summary, episode records)`` of ``model`` on ``examples``; kwargs go to :func:`run_episodes`.
+    """``(summary, episode records)`` of ``model`` on ``examples``; kwargs go to :func:`~agentcredit.environment.run_episodes`.
 
     With a ``value_head`` the records carry V at every boundary and the summary the :func:`critic_metrics`
     scalars (AUC of V(s_0) only when ``tiers`` are given).

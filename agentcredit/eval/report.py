@@ -182,7 +182,7 @@ def critic_points(run: RunData) -> tuple[list[float], list[float]] | None:
 
 def plot_calibration(runs: list[RunData], path: Path) -> Path | None:
     """Reliability diagram (10 equal-width bins of V(s_0)) for each run with critic values; None if none has."""
-    from agentcredit.eval.metrics import expected_calibration_error, reliability_table
+    from agentcredit.credit.metrics import expected_calibration_error, reliability_table
 
     data = [(run, critic_points(run)) for run in runs]
     data = [(run, pts) for run, pts in data if pts is not None]

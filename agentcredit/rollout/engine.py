@@ -293,6 +293,17 @@ class RolloutEngine:
         self.stats = EngineStats()
         self._calls = 0
 
+    @classmethod
+    def for_hf_model(
+        cls, model: Any, tokenizer: Any, protocol: Protocol, tools: ToolRuntime | None, config: EngineConfig
+    ) -> RolloutEngine:
+        """The engine on a Hugging Face causal LM (:class:`~agentcredit.rollout.backend.HFBackend`), padding with
+        the tokenizer's pad id (0 when it has none). Training, evaluation and the benchmarks all build it here."""
+        from agentcredit.rollout.backend import HFBackend
+
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        return cls(HFBackend(model, pad_token_id=pad), tokenizer, protocol, tools, config)
+
     # ------------------------------------------------------------------ public
     def run(
         self,

@@ -24,9 +24,13 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from agentcredit.rollout.engine import Job, JobResult, Plan, PlanContext, Strategy
 from agentcredit.rollout.tree import RolloutTree
+
+if TYPE_CHECKING:
+    from agentcredit.config import RolloutConfig
 
 # ---------------------------------------------------------------------------------------------------------
 # independent
@@ -354,3 +358,14 @@ __all__ = [
     "select_forks",
     "update_records",
 ]
+
+
+def from_rollout_config(rollout: RolloutConfig) -> Independent | EntropyGuided | PORTool:
+    """The strategy ``config.rollout`` names (``independent``, ``entropy_guided`` or ``portool``), with its sizes."""
+    if rollout.strategy == "independent":
+        return independent(rollout.n)
+    if rollout.strategy == "entropy_guided":
+        return entropy_guided(rollout.n0, rollout.n, rollout.t_max, random_fork=rollout.random_forks)
+    if rollout.strategy == "portool":
+        return portool(rollout.n, rollout.branch, rollout.t_max)
+    raise ValueError(f"rollout.strategy: unknown strategy {rollout.strategy!r}")

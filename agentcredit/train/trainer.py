@@ -240,7 +240,6 @@ class Trainer:
         return self.model
 
     def make_engine(self, *, temperature: float | None = None, seed: int | None = None):
-        from agentcredit.rollout.backend import HFBackend
         from agentcredit.rollout.engine import EngineConfig, RolloutEngine
         from agentcredit.rollout.sampling import SamplingParams
 
@@ -256,18 +255,14 @@ class Trainer:
             seed=self.cfg.train.seed * 1_000_003 + self.step if seed is None else seed,
             max_batch=r.max_batch,
         )
-        backend = HFBackend(self.rollout_model(), pad_token_id=self.pad_id)
-        return RolloutEngine(backend, self.tokenizer, self.env.protocol, self.env.tools, engine_cfg)
+        return RolloutEngine.for_hf_model(
+            self.rollout_model(), self.tokenizer, self.env.protocol, self.env.tools, engine_cfg
+        )
 
     def strategy(self):
-        from agentcredit.rollout import strategies
+        from agentcredit.rollout.strategies import from_rollout_config
 
-        r = self.cfg.rollout
-        if r.strategy == "independent":
-            return strategies.independent(r.n)
-        if r.strategy == "entropy_guided":
-            return strategies.entropy_guided(r.n0, r.n, r.t_max, random_fork=r.random_forks)
-        return strategies.portool(r.n, r.branch, r.t_max)
+        return from_rollout_config(self.cfg.rollout)
 
     @torch.no_grad()
     def rollout(self, examples: list[Example]) -> tuple[list[RolloutTree], dict[str, float]]:
@@ -696,7 +691,7 @@ class Trainer:
                     and self.step % cfg.dump_episodes_every == 0
                 ):
                     # per-token advantages of this step, for `agentcredit view`
-                    from agentcredit.eval.credit import write_credit_episodes
+                    from agentcredit.train.credit_records import write_credit_episodes
 
                     write_credit_episodes(
                         self.run_dir / "episodes" / f"step-{self.step:06d}.jsonl",

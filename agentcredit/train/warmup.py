@@ -31,9 +31,8 @@ from typing import Any
 import torch
 
 from agentcredit.config import MICRO_BATCH_TOKENS, Config
-from agentcredit.environment import build_environment, raise_on_infra_failures
-from agentcredit.eval.evaluate import run_episodes
-from agentcredit.eval.metrics import auc, explained_variance, sign_accuracy
+from agentcredit.credit.metrics import auc, explained_variance, sign_accuracy
+from agentcredit.environment import build_environment, raise_on_infra_failures, run_episodes
 from agentcredit.rollout.tree import RolloutTree, Segment
 from agentcredit.tasks import Example
 from agentcredit.tasks.scoring import normalize_answer

@@ -55,8 +55,10 @@ def test_contract_names_exported():
         assert hasattr(credit, name)
 
 
+# pure maths only: no engine, I/O or trainer (numpy for the critic-quality metrics of credit/metrics.py)
 ALLOWED_ROOTS = {
     "__future__",
+    "numpy",
     "collections",
     "dataclasses",
     "math",

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agentcredit.eval.bench import PhaseTokens, budget_overrides, non_embedding_parameters, reference_times
-from agentcredit.eval.flops import matmul_flops, phase_flops, phase_fractions
+from agentcredit.bench.flops import matmul_flops, phase_flops, phase_fractions
+from agentcredit.bench.train import PhaseTokens, budget_overrides, non_embedding_parameters, reference_times
 
 
 def test_budget_overrides_give_the_same_leaves_per_prompt():

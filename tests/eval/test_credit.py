@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 
-from agentcredit.eval.credit import credit_records, decode_tokens
 from agentcredit.tasks import Example
 from agentcredit.train.batch import build_batch
+from agentcredit.train.credit_records import credit_records, decode_tokens
 
 
 def _example() -> Example:

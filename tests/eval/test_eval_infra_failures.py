@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 from agentcredit.cli import app
 from agentcredit.eval.evaluate import critic_metrics, episode_records, summarize
 from agentcredit.tasks import Example
-from agentcredit.tools import python_sandbox as ps
 from agentcredit.tools.base import ToolUnavailableError
+from agentcredit.tools.sandbox import tool as ps
 
 EXAMPLE = Example(
     "q1", "Question: what is 12*7?", ["84"], "arith-tools", {"metric": "numeric", "tier": "hard"}

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentcredit.eval.metrics import (
+from agentcredit.credit.metrics import (
     auc,
     brier_score,
     calibration_error,

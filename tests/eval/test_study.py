@@ -11,7 +11,7 @@ import yaml
 from typer.testing import CliRunner
 
 from agentcredit.cli import app
-from agentcredit.eval.study import Study, StudyError, claim, load_study
+from agentcredit.experiment.study import Study, StudyError, claim, load_study
 
 TINY = [
     "model.name=tiny",
@@ -164,7 +164,7 @@ def test_a_claim_is_exclusive_across_processes(tmp_path):
         assert first
         with claim(lock) as second:
             assert not second  # held, even by another claim of this very process
-        child = "import sys; from pathlib import Path; from agentcredit.eval.study import claim\n"
+        child = "import sys; from pathlib import Path; from agentcredit.experiment.study import claim\n"
         child += "with claim(Path(sys.argv[1])) as mine: print(mine)"
         other = subprocess.run(
             [sys.executable, "-c", child, str(lock)], capture_output=True, text=True, check=True

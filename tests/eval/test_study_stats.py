@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agentcredit.eval.study_report import (
+from agentcredit.experiment.study_report import (
     absolute_deviations,
     mean_interval,
     t975,

@@ -10,7 +10,6 @@ import subprocess
 import pytest
 import torch
 
-from agentcredit.eval.credit import credit_records
 from agentcredit.eval.viewer import (
     advantage_colour,
     default_scale,
@@ -20,6 +19,7 @@ from agentcredit.eval.viewer import (
 )
 from agentcredit.tasks import Example
 from agentcredit.train.batch import build_batch
+from agentcredit.train.credit_records import credit_records
 
 
 def test_advantage_colour_by_hand():

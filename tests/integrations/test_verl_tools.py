@@ -12,7 +12,7 @@ from agentcredit.integrations.verl.settings import ToolSettings  # noqa: E402
 from agentcredit.integrations.verl.tools import RemoteRetriever, build_runtime, passage_from_document  # noqa: E402
 from agentcredit.tools.base import ToolCall  # noqa: E402
 from agentcredit.tools.search import BM25Search, passage_from_row  # noqa: E402
-from agentcredit.tools.server import SearchServer  # noqa: E402
+from agentcredit.tools.search.server import SearchServer  # noqa: E402
 
 pytestmark = pytest.mark.verl
 

@@ -225,7 +225,7 @@ warnings.simplefilter("ignore")
 import agentcredit
 from agentcredit.integrations.verl import config_dir
 from agentcredit.tasks import load_task, task_corpus
-from agentcredit.tools._suite_data import data_text
+from agentcredit.tools.suite.data import data_text
 helper = subprocess.run([sys.executable, "-m", "agentcredit.integrations.verl", "config-dir"],
                         capture_output=True, text=True, check=True).stdout.strip()
 print(json.dumps({

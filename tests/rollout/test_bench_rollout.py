@@ -7,8 +7,8 @@ import json
 
 from typer.testing import CliRunner
 
+from agentcredit.bench.rollout import BenchSettings, bench_rollout, format_result
 from agentcredit.cli import app
-from agentcredit.rollout.bench import BenchSettings, bench_rollout, format_result
 
 SMALL = BenchSettings(
     prompts=2, episodes=2, max_segment_tokens=12, max_episode_tokens=40, max_turns=2, tree_prompts=1

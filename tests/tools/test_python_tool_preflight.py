@@ -12,8 +12,8 @@ from dataclasses import asdict
 
 import pytest
 
-from agentcredit.tools import python_sandbox as ps
 from agentcredit.tools.base import ToolUnavailableError
+from agentcredit.tools.sandbox import tool as ps
 
 
 @pytest.fixture
@@ -34,7 +34,7 @@ def _preflight_message() -> str:
 
 
 def test_bench_rollout_runs_the_preflight(broken_sandbox):
-    from agentcredit.rollout.bench import build_task
+    from agentcredit.bench.rollout import build_task
 
     expected = _preflight_message()
     with pytest.raises(ToolUnavailableError) as caught:
@@ -56,12 +56,17 @@ def test_verl_agent_loop_tools_run_the_preflight(broken_sandbox):
 
 
 def test_both_call_the_shared_preflight(monkeypatch):
-    """They call python_sandbox.check_available itself (no copy of its logic), so its once-per-process cache holds."""
+    """They call agentcredit.tools.sandbox.check_available itself (no copy of its logic), so its once-per-process
+    cache holds."""
+    import agentcredit.tools.sandbox
+
     calls = []
-    monkeypatch.setattr(ps, "check_available", lambda isolation="auto": calls.append(isolation))
+    monkeypatch.setattr(
+        agentcredit.tools.sandbox, "check_available", lambda isolation="auto": calls.append(isolation)
+    )
+    from agentcredit.bench.rollout import build_task
     from agentcredit.integrations.verl.settings import ToolSettings
     from agentcredit.integrations.verl.tools import build_runtime
-    from agentcredit.rollout.bench import build_task
 
     build_task("arith-tools", 1)[2].close()
     build_runtime(ToolSettings(python=True)).close()

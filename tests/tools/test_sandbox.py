@@ -16,9 +16,8 @@ from dataclasses import asdict
 
 import pytest
 
-from agentcredit.tools import python_sandbox as ps
 from agentcredit.tools.base import ToolCall, ToolRuntime
-from agentcredit.tools.python_sandbox import (
+from agentcredit.tools.sandbox import (
     SandboxLimits,
     SandboxPool,
     SandboxResult,
@@ -26,6 +25,7 @@ from agentcredit.tools.python_sandbox import (
     run_python,
     tool_text,
 )
+from agentcredit.tools.sandbox import tool as ps
 
 # A uid range of the tests' own, so sandboxes that other programs run on this machine do not disturb the checks.
 TEST_UID_BASE, TEST_UID_COUNT = 1_996_000, 16
@@ -423,7 +423,7 @@ def test_broken_bubblewrap_is_detected_by_running_it(fresh_modes, monkeypatch, t
     fake.chmod(0o755)
     real_which = shutil.which
     monkeypatch.setattr(ps.shutil, "which", lambda name: str(fake) if name == "bwrap" else real_which(name))
-    monkeypatch.setattr("agentcredit.tools._sandbox_session.shutil.which", ps.shutil.which)
+    monkeypatch.setattr("agentcredit.tools.sandbox.session.shutil.which", ps.shutil.which)
     with pytest.raises(RuntimeError, match="does not work here: sandbox setup failed.*No permissions"):
         ps.sandbox_mode("bwrap")
 

@@ -27,8 +27,8 @@ from dataclasses import asdict, dataclass, field
 
 import pytest
 
-from agentcredit.tools import python_sandbox as ps
-from agentcredit.tools.python_sandbox import SandboxLimits, SandboxResult, run_python
+from agentcredit.tools.sandbox import SandboxLimits, SandboxResult, run_python
+from agentcredit.tools.sandbox import tool as ps
 
 TEST_UID_BASE, TEST_UID_COUNT = 1_997_000, 16  # a range of its own (see test_sandbox.py)
 TIMEOUT = 1.0

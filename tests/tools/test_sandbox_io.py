@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agentcredit.tools._sandbox_io import HEADER, FrameReader, OutputCapture, encode_frame
+from agentcredit.tools.sandbox.framing import HEADER, FrameReader, OutputCapture, encode_frame
 
 
 def frame(payload: bytes) -> bytes:

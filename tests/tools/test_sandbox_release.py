@@ -15,7 +15,7 @@ import subprocess
 
 import pytest
 
-from agentcredit.tools import _sandbox_procs as procs
+from agentcredit.tools.sandbox import procs
 
 UID_BASE = 1_996_000  # a range of its own, as in the other sandbox tests
 

@@ -12,9 +12,9 @@ from dataclasses import asdict
 
 import pytest
 
-from agentcredit.tools import python_sandbox as ps
 from agentcredit.tools.base import ToolCall, ToolRuntime, ToolUnavailableError
-from agentcredit.tools.python_sandbox import SandboxResult, python_tool
+from agentcredit.tools.sandbox import SandboxResult, python_tool
+from agentcredit.tools.sandbox import tool as ps
 from agentcredit.tools.search import BM25Search, Passage
 
 TEST_UID_BASE, TEST_UID_COUNT = 1_996_420, 8

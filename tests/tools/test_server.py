@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from agentcredit.cli import app
 from agentcredit.tools.search import BM25Search, format_passages, passage_from_row
-from agentcredit.tools.server import MAX_TOPK, SearchServer, is_loopback
+from agentcredit.tools.search.server import MAX_TOPK, SearchServer, is_loopback
 
 ROWS = [
     {"id": "p0", "title": "Kiss and Tell", "text": "Shirley Temple plays Corliss Archer."},
@@ -249,7 +249,7 @@ def test_cli_serves_over_http_end_to_end(tmp_path: Path) -> None:
 
 
 def test_cli_import_does_not_load_the_search_stack() -> None:
-    code = "import sys, agentcredit.cli; print(any(m in sys.modules for m in ('agentcredit.tools.server', 'bm25s')))"
+    code = "import sys, agentcredit.cli; print(any(m in sys.modules for m in ('agentcredit.tools.search.server', 'bm25s')))"
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout.strip()

@@ -12,8 +12,6 @@ from zoneinfo import ZoneInfo
 import jsonschema
 import pytest
 
-from agentcredit.tools._suite_data import haversine_km, load_json
-from agentcredit.tools._suite_sim import _diurnal, _is_open
 from agentcredit.tools.base import ToolCall
 from agentcredit.tools.search import BM25Search, passage_from_row
 from agentcredit.tools.suite import (
@@ -24,6 +22,8 @@ from agentcredit.tools.suite import (
     suite_schemas,
     validate_arguments,
 )
+from agentcredit.tools.suite.data import haversine_km, load_json
+from agentcredit.tools.suite.simulated import _diurnal, _is_open
 
 LA = ZoneInfo("America/Los_Angeles")
 PAPER_TOOLS = [

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentcredit.tools._suite_math import CalcError, evaluate, render
 from agentcredit.tools.suite import SuiteContext, build_suite
+from agentcredit.tools.suite.maths import CalcError, evaluate, render
 
 
 @pytest.fixture(scope="module")

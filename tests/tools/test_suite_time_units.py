@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentcredit.tools._suite_time import human_delta, parse_duration
 from agentcredit.tools.suite import SuiteContext, build_suite
+from agentcredit.tools.suite.timestamps import human_delta, parse_duration
 
 LA = ZoneInfo("America/Los_Angeles")
 

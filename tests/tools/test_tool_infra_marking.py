@@ -11,9 +11,9 @@ from dataclasses import asdict
 
 import pytest
 
-from agentcredit.tools import python_sandbox as ps
 from agentcredit.tools.base import ToolCall, ToolRuntime, ToolUnavailableError, unavailable
-from agentcredit.tools.python_sandbox import SandboxResult, check_available, python_tool, tool_text
+from agentcredit.tools.sandbox import SandboxResult, check_available, python_tool, tool_text
+from agentcredit.tools.sandbox import tool as ps
 from agentcredit.tools.search import BM25Search, Passage
 
 TEST_UID_BASE, TEST_UID_COUNT = 1_996_400, 8

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from agentcredit.train.run import DEMO_ROWS, run_demo
+from agentcredit.experiment.run import DEMO_ROWS, run_demo
 
 
 def test_demo_runs_every_stage_and_writes_its_report(tmp_path):

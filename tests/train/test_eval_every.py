@@ -7,7 +7,7 @@ import json
 from train_helpers import SMALL
 
 from agentcredit.config import load_config
-from agentcredit.train.run import run_train
+from agentcredit.experiment.run import run_train
 
 
 def test_eval_every_logs_held_out_metrics_at_those_steps(tmp_path):

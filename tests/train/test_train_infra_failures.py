@@ -21,8 +21,8 @@ from agentcredit.environment import Environment, outcome_reward
 from agentcredit.models.loading import load_base_model
 from agentcredit.protocols import get_protocol
 from agentcredit.rollout.tree import RolloutTree, Segment
-from agentcredit.tools import python_sandbox as ps
 from agentcredit.tools.base import ToolRuntime, ToolUnavailableError, unavailable
+from agentcredit.tools.sandbox import tool as ps
 from agentcredit.train.sft import demonstrations, rejection_sample
 from agentcredit.train.trainer import Trainer
 

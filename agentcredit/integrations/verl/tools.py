@@ -97,7 +97,7 @@ def build_runtime(settings: Any) -> ToolRuntime:
 
         tools["search"] = search
     if settings.python:
-        from agentcredit.tools.python_sandbox import check_available, python_tool
+        from agentcredit.tools.sandbox import check_available, python_tool
 
         check_available()  # the preflight of environment.build_tools: print(1) in the sandbox, once per process
         tools["python"] = python_tool(retriever, timeout=settings.python_timeout)

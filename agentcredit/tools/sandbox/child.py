@@ -1,7 +1,7 @@
 """The program that runs *inside* the sandbox: set up limits, then run one untrusted code block.
 
 The parent never imports this module; it reads this file's source and runs it with ``python -c SOURCE CONFIG``
-(see :mod:`agentcredit.tools.python_sandbox`), so it uses the standard library only and works whatever the
+(see :mod:`agentcredit.tools.sandbox`), so it uses the standard library only and works whatever the
 sandbox can see of the host's files. The order of the steps matters:
 
 1. read the code from stdin (then stdin becomes /dev/null, so ``input()`` gets EOF instead of hanging);

@@ -422,8 +422,8 @@ class Study:
                 return json.loads(summary_path.read_text())
 
     def _build_start(self, summary_path: Path) -> dict[str, Any]:
+        from agentcredit.experiment.run import run_sft, run_warmup
         from agentcredit.models.loading import load_base_model
-        from agentcredit.train.run import run_sft, run_warmup
 
         s = self.spec.start
         cfg = load_config(s.preset, [*self.spec.set, *s.set])
@@ -553,8 +553,8 @@ class Study:
 
     def run_one(self, arm: ArmSpec, seed: int, start: dict[str, Any]) -> bool:
         """Train (or continue) one run; False if another invocation holds it."""
+        from agentcredit.experiment.run import HeldoutEvaluation, write_episodes
         from agentcredit.train.checkpoint import latest_checkpoint
-        from agentcredit.train.run import HeldoutEvaluation, write_episodes
         from agentcredit.train.trainer import NonFiniteLoss, Trainer
 
         run_dir = self.run_dir(arm.name, seed)
@@ -662,7 +662,7 @@ class Study:
 
     def run(self, *, only: list[str] | None = None, max_runs: int | None = None) -> dict[str, Any]:
         """Build the start if needed, then every unfinished run this invocation can claim; then the report."""
-        from agentcredit.eval.study_report import write_study_report
+        from agentcredit.experiment.study_report import write_study_report
 
         start = self.build_start()
         done = 0

@@ -26,11 +26,11 @@ from typing import Any
 import jsonschema
 from jsonschema.exceptions import ValidationError, best_match
 
-from agentcredit.tools import _suite_math, _suite_sim, _suite_time, _suite_units
-from agentcredit.tools._suite_data import DEFAULT_NOW, SuiteContext, UserLocation, data_path, norm
-from agentcredit.tools._suite_schemas import TOOL_NAMES, TOOL_SPECS
 from agentcredit.tools.base import ToolFn, ToolRuntime
 from agentcredit.tools.search import BM25Search, Passage, Retriever, read_corpus
+from agentcredit.tools.suite import maths, simulated, timestamps, units
+from agentcredit.tools.suite.data import DEFAULT_NOW, SuiteContext, UserLocation, data_path, norm
+from agentcredit.tools.suite.schemas import TOOL_NAMES, TOOL_SPECS
 
 __all__ = [
     "DEFAULT_NOW",
@@ -194,7 +194,7 @@ def default_knowledge_retriever() -> BM25Search:
 
 
 def _calc(args: dict[str, Any], ctx: SuiteContext) -> Any:
-    return {"result": _suite_math.render(_suite_math.evaluate(args["expression"], seed=ctx.seed))}
+    return {"result": maths.render(maths.evaluate(args["expression"], seed=ctx.seed))}
 
 
 def _response_gen(args: dict[str, Any], ctx: SuiteContext) -> str:
@@ -239,22 +239,22 @@ def build_suite(
     else:
         retriever = search
     impls: dict[str, Impl] = {
-        "news_search": _suite_sim.news_search,
-        "weather_search": _suite_sim.weather_search,
-        "flights_search": _suite_sim.flights_search,
-        "stocks_search": _suite_sim.stocks_search,
-        "sports_search": _suite_sim.sports_search,
-        "maps_search": _suite_sim.maps_search,
-        "conversion_calculation": lambda a, c: _suite_units.convert(a),
+        "news_search": simulated.news_search,
+        "weather_search": simulated.weather_search,
+        "flights_search": simulated.flights_search,
+        "stocks_search": simulated.stocks_search,
+        "sports_search": simulated.sports_search,
+        "maps_search": simulated.maps_search,
+        "conversion_calculation": lambda a, c: units.convert(a),
         "math_calculation": _calc,
-        "get_current_context": _suite_time.get_current_context,
-        "timestamp_comparator": _suite_time.timestamp_comparator,
+        "get_current_context": timestamps.get_current_context,
+        "timestamp_comparator": timestamps.timestamp_comparator,
         "sort_list": _sort_list,
-        "holiday_search": _suite_sim.holiday_search,
+        "holiday_search": simulated.holiday_search,
         "knowledge_search": _knowledge_search(retriever, knowledge_k),
         "filter_list": _filter_list,
-        "timestamp_converter": _suite_time.timestamp_converter,
-        "timestamp_interval_calculator": _suite_time.timestamp_interval_calculator,
+        "timestamp_converter": timestamps.timestamp_converter,
+        "timestamp_interval_calculator": timestamps.timestamp_interval_calculator,
         "response_gen": _response_gen,
     }
     assert list(impls) == TOOL_NAMES, "every schema needs a backend and vice versa"

@@ -4,7 +4,7 @@ Peak: square ``n x n`` matmuls (2 n^3 FLOPs each) timed with torch on the thread
 the best of several trials is the ceiling (the machine may be shared, so the best trial is the least disturbed).
 
 Achieved: the usual transformer estimate, FLOPs ~ 2 N per token for a forward pass and 6 N per token for forward
-plus backward, with N the non-embedding parameters and the tokens counted by :class:`agentcredit.eval.bench.
+plus backward, with N the non-embedding parameters and the tokens counted by :class:`agentcredit.bench.train.
 PhaseTokens` (every position fed to a decoder). Rollout and signals are forward-only (2 N); the update runs
 forward + backward (6 N). Attention's own FLOPs (~ 2 n_layer n_ctx d per token) and the LM head, applied only
 where a log-prob is needed, are left out, so the fractions are slight underestimates.

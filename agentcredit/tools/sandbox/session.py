@@ -3,8 +3,8 @@
 :func:`run_sandboxed` is the whole life of a call: lease a uid, make the working directory, start the child
 (bubblewrap or plain), serve its stdin, stdout and control pipe from one ``selectors`` loop with a wall-clock
 deadline, kill everything it started, remove what it left, and turn what happened into a
-:class:`~agentcredit.tools._sandbox_config.SandboxResult`. The public API is in
-:mod:`agentcredit.tools.python_sandbox`.
+:class:`~agentcredit.tools.sandbox.config.SandboxResult`. The public API is in
+:mod:`agentcredit.tools.sandbox`.
 
 Everything that comes from the child is untrusted: the output is capped in memory and in total, the control
 pipe is parsed by a bounded reader, and a child that breaks the protocol loses its search channel, not the host.
@@ -27,8 +27,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from agentcredit.tools import _sandbox_procs as procs
-from agentcredit.tools._sandbox_config import (
+from agentcredit.tools.sandbox import procs
+from agentcredit.tools.sandbox.config import (
     ErrorKind,
     MiB,
     SandboxLimits,
@@ -37,11 +37,11 @@ from agentcredit.tools._sandbox_config import (
     SandboxSettings,
     SearchFn,
 )
-from agentcredit.tools._sandbox_io import FrameReader, OutputCapture, ProtocolError, encode_frame
+from agentcredit.tools.sandbox.framing import FrameReader, OutputCapture, ProtocolError, encode_frame
 
-logger = logging.getLogger("agentcredit.tools.python_sandbox")
+logger = logging.getLogger("agentcredit.tools.sandbox")
 
-_CHILD_SOURCE = Path(__file__).with_name("_sandbox_child.py").read_text(encoding="utf-8")
+_CHILD_SOURCE = Path(__file__).with_name("child.py").read_text(encoding="utf-8")
 # Compiled under the name "<sandbox>" (not "<string>") so tracebacks and faulthandler can tell its frames apart.
 _LAUNCHER = "import sys; exec(compile(sys.argv.pop(1), '<sandbox>', 'exec'))"
 _MAX_QUERY_CHARS = 4096

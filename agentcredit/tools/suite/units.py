@@ -10,7 +10,7 @@ import re
 import threading
 from typing import Any
 
-from agentcredit.tools._suite_data import load_json, norm
+from agentcredit.tools.suite.data import load_json, norm
 
 
 class ConversionError(ValueError):

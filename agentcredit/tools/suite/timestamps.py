@@ -12,7 +12,7 @@ from datetime import UTC, date, datetime, timedelta, timezone
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from agentcredit.tools._suite_data import SuiteContext, find_location, load_json, norm
+from agentcredit.tools.suite.data import SuiteContext, find_location, load_json, norm
 
 # Verbatim from the paper (Appendix F, Fig. 7/8): the interval calculator's error for an unsupported timestamp.
 INTERVAL_TIMESTAMP_ERROR = (

@@ -1,6 +1,6 @@
 """The sandbox's value types: limits, results, the isolation mode, and host-side settings.
 
-They live apart from :mod:`agentcredit.tools.python_sandbox` (which re-exports the public ones) so that the
+They live apart from :mod:`agentcredit.tools.sandbox` (which re-exports the public ones) so that the
 session code and the public API can share them without importing each other.
 """
 
@@ -110,7 +110,7 @@ class SandboxMode:
 
 @dataclass(frozen=True)
 class SandboxSettings:
-    """Host-side settings that are not resource limits; change them with ``python_sandbox.configure``."""
+    """Host-side settings that are not resource limits; change them with ``agentcredit.tools.sandbox.configure``."""
 
     python: str = field(default_factory=lambda: sys.executable)
     """The interpreter run inside the sandbox. In fallback mode its files must be readable by other users."""

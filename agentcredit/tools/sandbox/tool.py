@@ -19,7 +19,7 @@ Two isolation modes, chosen once per process (``docs/sandbox.md`` says exactly w
   and an empty network namespace where the kernel allows one (else a Python-level socket block).
 
 In both modes, when the host runs as root, the code runs under a dedicated unprivileged uid leased for the call
-(:mod:`agentcredit.tools._sandbox_procs`), which is what makes the process cap real and lets the parent kill every
+(:mod:`agentcredit.tools.sandbox.procs`), which is what makes the process cap real and lets the parent kill every
 process the code started, daemons included. The wrapper text around the output (carl-segment's ```output fence) is
 the protocol's job, not this module's.
 """
@@ -38,7 +38,8 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
-from agentcredit.tools._sandbox_config import (
+from agentcredit.tools.base import ToolFn, ToolUnavailableError, unavailable
+from agentcredit.tools.sandbox.config import (
     ErrorKind,
     Isolation,
     KiB,
@@ -49,8 +50,7 @@ from agentcredit.tools._sandbox_config import (
     SandboxSettings,
     SearchFn,
 )
-from agentcredit.tools._sandbox_session import run_sandboxed
-from agentcredit.tools.base import ToolFn, ToolUnavailableError, unavailable
+from agentcredit.tools.sandbox.session import run_sandboxed
 
 __all__ = [
     "ErrorKind",
@@ -235,7 +235,7 @@ def run_python(
 _checked: set[tuple[str, SandboxSettings]] = set()
 _FIX = (
     "To fix it: install bubblewrap (Debian package 'bubblewrap') where it can create namespaces, or point the "
-    "sandbox at an interpreter every user can read (python_sandbox.configure(python=...)); docs/sandbox.md "
+    "sandbox at an interpreter every user can read (agentcredit.tools.sandbox.configure(python=...)); docs/sandbox.md "
     "says what each isolation mode needs"
 )
 

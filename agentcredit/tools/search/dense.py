@@ -23,16 +23,16 @@ from typing import Any
 
 import numpy as np
 
-from agentcredit.tools.search import (
+from agentcredit.tools.search.base import (
     DEFAULT_TOPK,
     Hit,
     Passage,
-    _check_k,
-    _check_unique_ids,
-    _index_text,
-    _RetrieverBase,
+    RetrieverBase,
+    check_k,
+    check_unique_ids,
     corpus_fingerprint,
     default_cache_dir,
+    index_text,
     read_corpus,
 )
 
@@ -145,7 +145,7 @@ def embed(texts: Sequence[str], model_path: str | os.PathLike[str] | None = None
     )
 
 
-class DenseSearch(_RetrieverBase):
+class DenseSearch(RetrieverBase):
     """Cosine-similarity retrieval with the same interface as :class:`~agentcredit.tools.search.BM25Search`.
 
     Passage embeddings are cached as ``.npy`` under ``<cache_dir>/dense/``, keyed by the corpus fingerprint, the
@@ -169,7 +169,7 @@ class DenseSearch(_RetrieverBase):
             raise ValueError("DenseSearch needs at least one passage")
         if embedder is not None and model_path is not None:
             raise ValueError("pass either model_path or embedder, not both")
-        _check_unique_ids(passages)
+        check_unique_ids(passages)
         self.passages = list(passages)
         self._init_titles()
         self.embedder = (
@@ -197,7 +197,7 @@ class DenseSearch(_RetrieverBase):
         return cls(read_corpus(path), **kwargs)
 
     def _embed_corpus(self) -> np.ndarray:
-        return self.embedder.embed([self.passage_prefix + _index_text(p) for p in self.passages])
+        return self.embedder.embed([self.passage_prefix + index_text(p) for p in self.passages])
 
     def _load_or_embed(self, path: Path) -> np.ndarray:
         if path.is_file():
@@ -232,7 +232,7 @@ class DenseSearch(_RetrieverBase):
         for i, q in enumerate(queries):
             if not isinstance(q, str):
                 raise TypeError(f"queries[{i}] must be a string, got {type(q).__name__}")
-        k = _check_k(k)
+        k = check_k(k)
         live = [i for i, q in enumerate(queries) if q.strip()]
         out: list[list[Hit]] = [[] for _ in queries]
         if live:

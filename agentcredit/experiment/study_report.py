@@ -45,7 +45,7 @@ from agentcredit.eval.report import (
 )
 
 if TYPE_CHECKING:
-    from agentcredit.eval.study import Study
+    from agentcredit.experiment.study import Study
 
 # t_{0.975, df} for df = 1..30; beyond 30 the normal quantile is within 2%.
 _T975 = (

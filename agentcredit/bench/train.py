@@ -16,7 +16,7 @@ average at the start and end is recorded.
 
 Tokens per phase are counted by forward pre-hooks on the decoders of the policy, the KL reference and the TIPS
 teacher (every input position fed, padding included: that is the work done), so
-:mod:`agentcredit.eval.flops` can turn them into achieved FLOP/s.
+:mod:`agentcredit.bench.flops` can turn them into achieved FLOP/s.
 """
 
 from __future__ import annotations

@@ -15,7 +15,8 @@ from datetime import date, datetime, time, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from agentcredit.tools._suite_data import (
+from agentcredit.tools.search import BM25Search, read_corpus
+from agentcredit.tools.suite.data import (
     SuiteContext,
     data_path,
     find_location,
@@ -24,8 +25,7 @@ from agentcredit.tools._suite_data import (
     location_index,
     norm,
 )
-from agentcredit.tools._suite_time import TimeError, parse_comparator_timestamp
-from agentcredit.tools.search import BM25Search, read_corpus
+from agentcredit.tools.suite.timestamps import TimeError, parse_comparator_timestamp
 
 NO_DATA = {"result": "No data is available"}  # verbatim from the paper's sports_search example (§2.5.4)
 _ISO_HINT = "Expected ISO 8601 format YYYY-MM-DDThh:mm:ss (e.g., 2025-09-27T19:00:00) or YYYY-MM-DD"

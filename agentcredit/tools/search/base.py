@@ -1,52 +1,26 @@
-"""BM25 search over a JSONL passage corpus: carl-segment's ``search()``, Search-R1's retriever, PORTool's
-``knowledge_search``.
+"""What every retriever shares: passages and hits, reading a JSONL corpus, the text the model reads, and
+:class:`RetrieverBase` (validation, ranking, formatting, title lookup, the tool wrapper). BM25
+(:mod:`~agentcredit.tools.search.bm25`) and dense retrieval (:mod:`~agentcredit.tools.search.dense`) subclass it.
 
 Corpus rows are ``{"id", "title", "text"}`` (extra fields are kept as metadata) or Search-R1's
-``{"id", "contents"}`` where ``contents`` is ``"<title>"\\n<text>``. Scoring is ``bm25s`` with Lucene's BM25
-(idf = ln(1 + (N - df + 0.5) / (df + 0.5)), tf part = tf / (tf + k1 (1 - b + b |d| / avgdl))) and Pyserini's
-defaults k1 = 0.9, b = 0.4 (carl-segment spec A17). Text analysis follows Lucene's English analyzer: lower-case,
-word tokens, Lucene's 33 English stopwords, Porter stemming.
-
-The index is built once per corpus and cached on disk (``$AGENTCREDIT_HOME/index``, default
-``~/.cache/agentcredit/index``), keyed by a hash of the parsed corpus content and the analysis settings, so an
-edited corpus never reuses a stale index. Queries only read the index, so one instance serves many threads.
+``{"id", "contents"}`` where ``contents`` is ``"<title>"\\n<text>``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import os
-import re
-import shutil
-import threading
-import time
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
-import bm25s
 import numpy as np
-import Stemmer
-from bm25s.stopwords import STOPWORDS_EN
 
 from agentcredit.tools.base import ToolFn, unavailable
 
-log = logging.getLogger(__name__)
-
-# Pyserini's BM25 defaults, used by carl-segment (spec A17) and Search-R1's BM25 index.
-DEFAULT_K1 = 0.9
-DEFAULT_B = 0.4
 DEFAULT_TOPK = 3
-# Bump when the analysis or the on-disk layout changes, so old caches are never read.
-_INDEX_FORMAT = 1
-_TOKEN_PATTERN = re.compile(r"(?u)\b\w+\b")
-_STEMMER_ALGORITHM = (
-    "porter"  # Lucene's PorterStemFilter is Porter's original algorithm, not Snowball's "english"
-)
 
 FormatStyle = Literal["default", "search-r1", "verl"]
 
@@ -174,7 +148,7 @@ def corpus_fingerprint(passages: Sequence[Passage]) -> str:
     return digest.hexdigest()
 
 
-def _check_unique_ids(passages: Sequence[Passage]) -> None:
+def check_unique_ids(passages: Sequence[Passage]) -> None:
     seen: set[str] = set()
     for i, p in enumerate(passages):
         if p.id in seen:
@@ -237,7 +211,7 @@ class Retriever(Protocol):
     def by_title(self, title: str) -> list[Passage]: ...
 
 
-def _check_k(k: Any) -> int:
+def check_k(k: Any) -> int:
     if isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 1:
         raise ValueError(f"k must be a positive integer, got {k!r}")
     return int(k)
@@ -259,7 +233,7 @@ def top_k(scores: np.ndarray, k: int, *, positive_only: bool) -> list[tuple[int,
     return [(int(candidates[i]), float(cand_scores[i])) for i in order]
 
 
-class _RetrieverBase:
+class RetrieverBase:
     """Shared plumbing: validation, ranking, formatting and title lookup. Subclasses score one query."""
 
     passages: list[Passage]
@@ -288,7 +262,7 @@ class _RetrieverBase:
         """Top-k passages with scores, best first. An empty query or no matching term gives ``[]``."""
         if not isinstance(query, str):
             raise TypeError(f"query must be a string, got {type(query).__name__}")
-        k = _check_k(k)
+        k = check_k(k)
         if not query.strip():
             return []
         return self._rank(self._scores(query), k)
@@ -356,161 +330,5 @@ class _RetrieverBase:
         return tool
 
 
-class _Analyzer:
-    """Lucene-English-like analysis. PyStemmer objects are not thread-safe, so each thread gets its own."""
-
-    def __init__(self) -> None:
-        self._local = threading.local()
-        self._stop = frozenset(STOPWORDS_EN)
-
-    def _stemmer(self) -> Stemmer.Stemmer:
-        stemmer = getattr(self._local, "stemmer", None)
-        if stemmer is None:
-            stemmer = self._local.stemmer = Stemmer.Stemmer(_STEMMER_ALGORITHM)
-        return stemmer
-
-    def __call__(self, text: str) -> list[str]:
-        words = [w for w in _TOKEN_PATTERN.findall(text.lower()) if w not in self._stop]
-        return self._stemmer().stemWords(words) if words else []
-
-    @staticmethod
-    def settings() -> dict[str, Any]:
-        return {
-            "pattern": _TOKEN_PATTERN.pattern,
-            "stopwords": sorted(STOPWORDS_EN),
-            "stemmer": _STEMMER_ALGORITHM,
-            "lower": True,
-        }
-
-
-def _index_text(p: Passage) -> str:
+def index_text(p: Passage) -> str:
     return f"{p.title}\n{p.text}"
-
-
-class BM25Search(_RetrieverBase):
-    """BM25 over passages, built with ``bm25s`` and cached on disk.
-
-    >>> index = BM25Search.from_jsonl("corpus.jsonl")  # doctest: +SKIP
-    >>> print(index.search("who portrayed Corliss Archer", k=3))  # doctest: +SKIP
-    """
-
-    def __init__(
-        self,
-        passages: Sequence[Passage],
-        *,
-        k1: float = DEFAULT_K1,
-        b: float = DEFAULT_B,
-        cache_dir: str | os.PathLike[str] | None = None,
-        use_cache: bool = True,
-    ):
-        if not passages:
-            raise ValueError("BM25Search needs at least one passage")
-        if k1 < 0 or not 0 <= b <= 1:
-            raise ValueError(f"BM25 needs k1 >= 0 and 0 <= b <= 1, got k1={k1}, b={b}")
-        _check_unique_ids(passages)
-        self.passages = list(passages)
-        self.k1, self.b = float(k1), float(b)
-        self._analyzer = _Analyzer()
-        self._init_titles()
-        self.fingerprint = corpus_fingerprint(self.passages)
-        self.cache_path: Path | None = None
-        self.from_cache = False
-        start = time.perf_counter()
-        if use_cache:
-            self.cache_path = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-            self.cache_path = self.cache_path / f"bm25-{self._cache_key()[:32]}"
-            self._bm25 = self._load_or_build(self.cache_path)
-        else:
-            self._bm25 = self._build()
-        self.build_seconds = time.perf_counter() - start
-
-    @classmethod
-    def from_jsonl(
-        cls,
-        path: str | os.PathLike[str],
-        *,
-        k1: float = DEFAULT_K1,
-        b: float = DEFAULT_B,
-        cache_dir: str | os.PathLike[str] | None = None,
-        use_cache: bool = True,
-    ) -> BM25Search:
-        return cls(read_corpus(path), k1=k1, b=b, cache_dir=cache_dir, use_cache=use_cache)
-
-    # -- index lifecycle
-
-    def _cache_key(self) -> str:
-        settings = {
-            "format": _INDEX_FORMAT,
-            "corpus": self.fingerprint,
-            "k1": self.k1,
-            "b": self.b,
-            "method": "lucene",
-            "analysis": _Analyzer.settings(),
-        }
-        return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
-
-    def _build(self) -> bm25s.BM25:
-        tokens = [self._analyzer(_index_text(p)) for p in self.passages]
-        model = bm25s.BM25(k1=self.k1, b=self.b, method="lucene")
-        model.index(tokens, show_progress=False)
-        return model
-
-    def _load_or_build(self, path: Path) -> bm25s.BM25:
-        if (path / "meta.json").is_file():
-            try:
-                model = bm25s.BM25.load(str(path), show_progress=False)
-                meta = json.loads((path / "meta.json").read_text())
-                if model.scores["num_docs"] == len(self.passages) and meta.get("corpus") == self.fingerprint:
-                    self.from_cache = True
-                    return model
-                log.warning("index cache %s does not match the corpus; rebuilding it", path)
-            except (OSError, ValueError, KeyError) as exc:
-                log.warning("index cache %s is unreadable (%s); rebuilding it", path, exc)
-            shutil.rmtree(path, ignore_errors=True)
-        model = self._build()
-        self._save(model, path)
-        return model
-
-    def _save(self, model: bm25s.BM25, path: Path) -> None:
-        # Write into a private temporary directory, then rename: a concurrent reader never sees half an index,
-        # and when two processes build the same index at once the loser just discards its copy.
-        tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            model.save(str(tmp), show_progress=False)
-            meta = {"corpus": self.fingerprint, "passages": len(self.passages), "k1": self.k1, "b": self.b}
-            (tmp / "meta.json").write_text(json.dumps(meta))
-            try:
-                os.rename(tmp, path)
-            except OSError:
-                if not (path / "meta.json").is_file():
-                    raise
-        except OSError as exc:
-            log.warning("could not write the index cache to %s (%s); continuing without a cache", path, exc)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-
-    # -- scoring
-
-    def _scores(self, query: str) -> np.ndarray | None:
-        ids = self._bm25.get_tokens_ids(self._analyzer(query))
-        if not ids:
-            return None
-        return self._bm25.get_scores_from_ids(ids)
-
-
-def load_retriever(
-    corpus: str | os.PathLike[str],
-    *,
-    dense: bool = False,
-    model_path: str | os.PathLike[str] | None = None,
-    cache_dir: str | os.PathLike[str] | None = None,
-) -> _RetrieverBase:
-    """BM25 (default) or dense retrieval over a JSONL corpus; the dense import stays lazy."""
-    if dense:
-        from agentcredit.tools.dense import DenseSearch
-
-        return DenseSearch.from_jsonl(corpus, model_path=model_path, cache_dir=cache_dir)
-    if model_path is not None:
-        raise ValueError("model_path only applies to dense retrieval (dense=True)")
-    return BM25Search.from_jsonl(corpus, cache_dir=cache_dir)

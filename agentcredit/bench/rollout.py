@@ -91,7 +91,7 @@ def build_task(
         corpus = task_corpus(task)
         tools = ToolRuntime({"search": load_retriever(corpus).as_tool(3)})
     else:
-        from agentcredit.tools.python_sandbox import check_available, python_tool
+        from agentcredit.tools.sandbox import check_available, python_tool
 
         check_available()  # the preflight of environment.build_tools: print(1) in the sandbox, once per process
         tools = ToolRuntime({"python": python_tool()})
@@ -214,7 +214,6 @@ def _engine(
     *,
     reuse_prefix: bool = True,
 ) -> Any:
-    from agentcredit.rollout.backend import HFBackend
     from agentcredit.rollout.engine import EngineConfig, RolloutEngine
 
     config = EngineConfig(
@@ -226,8 +225,7 @@ def _engine(
         max_batch=max(64, settings.prompts * settings.episodes),
         reuse_prefix=reuse_prefix,
     )
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    return RolloutEngine(HFBackend(model, pad_token_id=pad), tokenizer, protocol, tools, config)
+    return RolloutEngine.for_hf_model(model, tokenizer, protocol, tools, config)
 
 
 def _strategy(name: str, episodes: int) -> Any:
