@@ -40,9 +40,9 @@ PRESETS: Mapping[str, CreditPreset] = MappingProxyType(
     {
         p.name: p
         for p in (
-            CreditPreset(
-                "grpo", (grpo_advantages,), "seq-mean-token-mean", False, "GRPO, Shao et al. 2024 Eq. 3"
-            ),
+            # token-mean, verl's default, is what agentcredit's grpo trains with (configs/methods/grpo.yaml); the
+            # paper's Eq. 3 is seq-mean-token-mean, available as algorithm.loss_agg=seq-mean-token-mean.
+            CreditPreset("grpo", (grpo_advantages,), "token-mean", False, "GRPO, Shao et al. 2024 Eq. 3"),
             CreditPreset("ppo", (gae_advantages,), "token-mean", True, "PPO + GAE, verl multi-turn GAE"),
             CreditPreset(
                 "carl-segment", (segment_advantages,), "segment-mean", True, "carl-segment Eqs. 1, 3, 6"

@@ -78,8 +78,8 @@ def _checkpoint_config(ckpt: Path) -> Path:
 
 def _checkpoint(ckpt: Path) -> LoadedPolicy:
     from agentcredit.models.heads import make_value_head
+    from agentcredit.models.loading import load_policy
     from agentcredit.train.checkpoint import load_checkpoint
-    from agentcredit.train.trainer import load_policy
 
     cfg = load_config(_checkpoint_config(ckpt))
     state = load_checkpoint(ckpt)

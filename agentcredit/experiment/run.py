@@ -15,8 +15,10 @@ import torch
 from agentcredit.config import Config, ConfigError, dump_config, load_config
 from agentcredit.environment import build_environment, load_examples
 from agentcredit.eval.evaluate import evaluate, require_all_scored, rollout_caps
-from agentcredit.models.loading import load_base_model
-from agentcredit.train.trainer import Trainer, initial_value_head, load_policy, seed_everything
+from agentcredit.models.heads import initial_value_head
+from agentcredit.models.loading import load_base_model, load_policy
+from agentcredit.train.rng import seed_everything
+from agentcredit.train.trainer import Trainer
 
 Log = Callable[[str], None]
 

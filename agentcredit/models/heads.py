@@ -11,8 +11,14 @@ Both heads read the final-layer hidden state (after the model's final norm) and 
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from agentcredit.config import Config
 
 
 class TokenValueHead(nn.Module):
@@ -48,3 +54,15 @@ def make_value_head(kind: str, hidden_size: int) -> nn.Module | None:
     if kind == "boundary":
         return BoundaryValueHead(hidden_size)
     raise ValueError(f"value head kind must be 'none', 'token' or 'boundary', got {kind!r}")
+
+
+def initial_value_head(cfg: Config, hidden_size: int):
+    """The value head of ``algorithm.critic``; a warmed-up one is loaded from ``<model dir>/value_head.pt``."""
+    head = make_value_head(cfg.algorithm.critic, hidden_size)
+    saved = Path(cfg.model.name) / "value_head.pt"
+    if head is not None and cfg.model.name not in ("embedded", "tiny") and saved.is_file():
+        try:
+            head.load_state_dict(torch.load(saved, map_location="cpu"))
+        except RuntimeError as exc:
+            raise ValueError(f"{saved}: does not fit a {cfg.algorithm.critic!r} value head ({exc})") from None
+    return head

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+import copy
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from agentcredit.config import Config
 
 
 def load_base_model(name: str, dtype: str = "float32", *, seed: int = 0) -> tuple[Any, Any]:
@@ -14,3 +20,35 @@ def load_base_model(name: str, dtype: str = "float32", *, seed: int = 0) -> tupl
     from agentcredit.models.embedded import load_model
 
     return load_model(name, dtype=dtype)
+
+
+def load_policy(cfg: Config, *, model: Any = None, tokenizer: Any = None) -> tuple[Any, Any]:
+    """The trainable policy: the base model of ``model.name``, wrapped with LoRA adapters if asked."""
+    if model is None:
+        model, tokenizer = load_base_model(cfg.model.name, cfg.model.dtype, seed=cfg.train.seed)
+    if cfg.model.lora.enabled:
+        from peft import LoraConfig, get_peft_model
+
+        lora = cfg.model.lora
+        model = get_peft_model(
+            model,
+            LoraConfig(
+                r=lora.r,
+                lora_alpha=lora.alpha,
+                lora_dropout=lora.dropout,
+                target_modules=lora.target_modules,
+                task_type="CAUSAL_LM",
+            ),
+        )
+    if cfg.model.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    return model, tokenizer
+
+
+def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A no-grad snapshot (the KL reference, TIPS's teacher)."""
+    snapshot = copy.deepcopy(model)
+    snapshot.eval()
+    for p in snapshot.parameters():
+        p.requires_grad_(False)
+    return snapshot

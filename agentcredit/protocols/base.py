@@ -89,16 +89,6 @@ class EpisodeState:
     def last(self) -> Turn | None:
         return self.turns[-1] if self.turns else None
 
-    def fork(self) -> EpisodeState:
-        """An independent copy for a tree rollout branching here (the lists and ``extra`` are copied).
-
-        Protocols replace ``extra`` values instead of mutating them in place, so a shallow copy of ``extra``
-        is enough; recorded turns are shared and never changed after the episode moved past them.
-        """
-        return EpisodeState(
-            self.question, list(self.turns), list(self.texts), self.n_tool_calls, dict(self.extra)
-        )
-
 
 class Protocol(ABC):
     """Base class of the text formats (``codefence``, ``tags``, ``jsoncall``)."""

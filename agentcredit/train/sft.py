@@ -29,8 +29,8 @@ from agentcredit.tasks import Example
 from agentcredit.tools.base import ToolUnavailableError
 from agentcredit.train.batch import build_batch
 from agentcredit.train.demos import scripted_policy
+from agentcredit.train.optim import adamw
 from agentcredit.train.signals import row_chunks
-from agentcredit.train.trainer import adamw
 
 
 def demonstrations(

@@ -37,8 +37,8 @@ from agentcredit.rollout.tree import RolloutTree, Segment
 from agentcredit.tasks import Example
 from agentcredit.tasks.scoring import normalize_answer
 from agentcredit.train.batch import build_batch, segment_spans
+from agentcredit.train.optim import adamw
 from agentcredit.train.signals import values_at
-from agentcredit.train.trainer import adamw
 
 GATE = {
     "auc": (0.70, 0.80),

@@ -84,3 +84,14 @@ def test_credit_modules_are_pure():
                 assert name.split(".")[0] in ALLOWED_ROOTS, f"{path.name} imports {name}"
                 if name.startswith("agentcredit"):
                     assert name.startswith("agentcredit.credit"), f"{path.name} imports {name}"
+
+
+def test_method_configs_agree_with_the_registry():
+    """The registry and the method presets used to disagree (grpo: seq-mean-token-mean vs token-mean, issue 14);
+    the settings the trainer really uses must be what the registry declares."""
+    from agentcredit.config import load_config
+
+    for name, preset in PRESETS.items():
+        a = load_config(f"{name}-arith-tools").algorithm
+        assert a.loss_agg == preset.loss_agg, name
+        assert (a.critic != "none") == preset.needs_critic, name

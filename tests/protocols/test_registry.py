@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 from protocol_helpers import run_episode
 
@@ -149,7 +151,7 @@ def test_engine_flow_from_the_base_docstring():
 
 
 def test_forked_states_are_independent():
-    """A tree rollout forks a state between segments; each branch must evolve on its own."""
+    """A tree rollout forks a state between segments (the engine deep-copies it); each branch evolves on its own."""
     protocol = get_protocol("tags", style="asearcher")
     state = protocol.new_episode("q?")
     text = "<access>https://page</access>"
@@ -157,7 +159,7 @@ def test_forked_states_are_independent():
     protocol.record(state, turn, text)
     page = "A" * 25_000 + "B" * 25_000 + "C"
     protocol.observation(state, turn, [ToolResult("access", page)])
-    branch = state.fork()
+    branch = copy.deepcopy(state)
     for st in (state, branch):
         read = protocol.read_segment(st, "Page 1.</think>", "stop")
         protocol.record(st, read, "Page 1.</think>")

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from agentcredit.credit.registry import PRESETS
+
 __all__ = [
     "AGENT_LOOP_NAME",
     "ESTIMATOR_NAMES",
@@ -46,16 +48,7 @@ ESTIMATOR_NAMES = ("agentcredit_grpo", "agentcredit_drgrpo")
 #: The key of ``AgentLoopOutput.extra_fields`` that carries agentcredit's per-row record.
 EXTRA_KEY = "agentcredit"
 #: Method preset -> Hydra config name under :func:`config_dir`.
-METHOD_CONFIGS = {
-    "grpo": "grpo",
-    "ppo": "ppo",
-    "carl-segment": "carl_segment",
-    "tips": "tips",
-    "gear": "gear",
-    "portool": "portool",
-    "carl-critical": "carl_critical",
-    "gigpo": "gigpo",
-}
+METHOD_CONFIGS = {name: name.replace("-", "_") for name in PRESETS}
 
 
 def config_dir() -> Path:

@@ -14,10 +14,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agentcredit.config import GigpoConfig
+from agentcredit.credit.registry import PRESETS
 
 __all__ = ["METHODS", "AgentCreditSettings", "load_settings"]
 
-METHODS = ("grpo", "ppo", "carl-segment", "tips", "gear", "portool", "carl-critical", "gigpo")
+METHODS = tuple(PRESETS)  # every method the credit registry declares
 
 
 class _Section(BaseModel):
@@ -138,9 +139,7 @@ class PortoolSettings(_Section):
 
 
 class AgentCreditSettings(_Section):
-    method: Literal["grpo", "ppo", "carl-segment", "tips", "gear", "portool", "carl-critical", "gigpo"] = (
-        Field(description="which credit method the trainer runs.")
-    )
+    method: Literal[METHODS] = Field(description="which credit method the trainer runs.")  # type: ignore[valid-type]
     protocol: str = Field(
         "tags", description="agentcredit protocol: tags (Search-R1), codefence (CARL), jsoncall."
     )

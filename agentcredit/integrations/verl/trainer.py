@@ -25,6 +25,7 @@ from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_
 from verl.trainer.ppo.v1 import PPOTrainerSync, register_trainer
 from verl.workers.utils.padding import response_to_nested
 
+from agentcredit.credit.registry import PRESETS
 from agentcredit.integrations.verl import EXTRA_KEY, TRAINER_NAME
 from agentcredit.integrations.verl.advantages import apply_to_dataproto
 from agentcredit.integrations.verl.minibatch import MinibatchPlan, plan_minibatches
@@ -37,7 +38,7 @@ logger = logging.getLogger(__name__)
 #: verl's name for the synchronous V1 mode, the one PPOTrainerSync (and so this trainer) runs.
 SYNC_MODE = "sync"
 #: Methods whose advantages need critic values.
-CRITIC_METHODS = frozenset({"ppo", "tips", "carl-segment"})
+CRITIC_METHODS = frozenset(name for name, preset in PRESETS.items() if preset.needs_critic)
 
 
 def check_trainer_config(config: DictConfig) -> AgentCreditSettings:
