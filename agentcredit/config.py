@@ -41,7 +41,7 @@ class LoraConfig(Section):
     alpha: int = Field(8, ge=1, description="LoRA alpha (portool paper: 8).")
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="LoRA dropout.")
     target_modules: list[str] | Literal["all-linear"] = Field(
-        "all-linear", description="Modules that get adapters (portool spec §4.2: all linear layers)."
+        "all-linear", description="Modules that get adapters (portool.md §4.2: all linear layers)."
     )
 
 
@@ -108,7 +108,7 @@ class ToolsConfig(Section):
     corpus: str | None = Field(None, description="Search corpus JSONL; default: the task's own corpus.")
     dense: bool = Field(False, description="Dense retrieval (all-MiniLM-L6-v2) instead of BM25.")
     sandbox_timeout: float = Field(
-        5.0, gt=0, description="Python sandbox wall-clock timeout in seconds (spec A26: 5-10)."
+        5.0, gt=0, description="Python sandbox wall-clock timeout in seconds (carl-segment.md A26: 5-10)."
     )
     max_workers: int = Field(4, ge=1, description="Concurrent tool calls.")
     suite_tools: list[str] | None = Field(
@@ -130,7 +130,7 @@ class RolloutConfig(Section):
     n0: int = Field(
         1, ge=1, description="entropy_guided: initial full episodes N0 (carl-critical: 8, lite: 1)."
     )
-    branch: int = Field(2, ge=1, description="portool: duplication factor f (spec §4.2: 2).")
+    branch: int = Field(2, ge=1, description="portool: duplication factor f (portool.md §4.2: 2).")
     t_max: int = Field(
         6, ge=1, description="portool / entropy_guided: max tool-call steps per episode (portool: 6)."
     )
@@ -173,21 +173,23 @@ class TipsConfig(Section):
 
 
 class GearConfig(Section):
-    lambda_kl: float = Field(0.1, description="Normalised rKL threshold that opens a segment (paper: 0.1).")
-    lambda_h: float = Field(1.5, description="Entropy multiplier that closes a segment (paper: 1.5).")
-    alpha: float = Field(0.2, description="Modulation range (paper: 0.2).")
+    lambda_kl: float = Field(
+        0.1, ge=0.0, le=1.0, description="Normalised rKL threshold that opens a segment (paper: 0.1)."
+    )
+    lambda_h: float = Field(1.5, gt=0.0, description="Entropy multiplier that closes a segment (paper: 1.5).")
+    alpha: float = Field(0.2, ge=0.0, description="Modulation range (paper: 0.2).")
     beta: float | None = Field(None, description="Offset; None = 1 - 0.5 alpha (paper: 0.9).")
     template: str = Field(
         "{user}\n\nHere is a reference solution:\n{ground_truth}\n\n"
         "After understanding the reference solution, please try to solve this problem using your own approach below:",
-        description="Answer-conditioned teacher prompt (spec §2.2, OPSD style); placeholders {user}, {ground_truth}.",
+        description="Answer-conditioned teacher prompt (gear.md §2.2, OPSD style); placeholders {user}, {ground_truth}.",
     )
 
 
 class PortoolConfig(Section):
     gamma: float = Field(0.95, ge=0.0, le=1.0, description="Step-reward decay gamma (paper: 0.95).")
     w1: float = Field(1.0, description="Weight of the trajectory-relative advantage (paper: 1).")
-    root_is_fork: bool = Field(True, description="Count the root as a fork in N_forks (spec §3.6).")
+    root_is_fork: bool = Field(True, description="Count the root as a fork in N_forks (portool.md §3.6).")
     judge: Literal["rule", "llm"] = Field(
         "rule", description="Outcome judge: rule-based EM/F1 (default) or a local LLM."
     )
@@ -209,7 +211,7 @@ class GigpoConfig(Section):
 class CriticalConfig(Section):
     update_rule: Literal["multi_child", "forked_parent", "inherit"] = Field(
         "multi_child",
-        description="Update set (Eq. 13 literal: multi_child; spec A1: forked_parent; ablation #3: inherit).",
+        description="Update set (Eq. 13 literal: multi_child; carl-critical-actions.md A1: forked_parent; ablation #3: inherit).",
     )
 
 
@@ -268,7 +270,7 @@ class AlgorithmConfig(Section):
         if self.shaping == "tips" and self.estimator not in ("gae", "segment"):
             raise ValueError(
                 "algorithm.shaping='tips' needs a critic-based estimator ('gae' or 'segment'): under group-normalised "
-                "estimators the potential-based shaping cancels (TIPS spec §3.9)"
+                "estimators the potential-based shaping cancels (tips.md §3.9)"
             )
         return self
 

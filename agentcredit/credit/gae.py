@@ -3,7 +3,7 @@
 Generalised advantage estimation (Schulman et al. 2016, Eqs. 11-16) run over the *policy* tokens of each row
 only. In row b, the positions with ``mask == 1`` form, in order, the sequence i = 1..n; observation tokens
 (tool output written by the environment) and padding are skipped, exactly like verl's multi-turn GAE
-(TIPS spec Sec. 3.6)::
+(tips.md Sec. 3.6)::
 
     delta_i = r_i + gamma * V_{i+1} - V_i          V_{n+1} = 0 (after the last policy token)
     A_i     = delta_i + gamma * lam * A_{i+1}      A_{n+1} = 0
@@ -13,7 +13,7 @@ so V_{i+1} is the value at the *next policy token*, however many observation tok
 with ``mask == 0`` get 0 in both outputs, and rewards placed on them are ignored (put turn rewards on the last
 policy token of the turn). With ``gamma = lam = 1`` and ``V = 0``, ``A`` is the reward-to-go over the policy
 tokens. The paper defaults (TIPS Table 10, Search-R1 PPO with its outcome reward) are ``gamma = lam = 1``;
-Search-R1's and CARL's PPO baselines use ``lam = 0.95`` (carl-segment spec Table 5).
+Search-R1's and CARL's PPO baselines use ``lam = 0.95`` (carl-segment.md Table 5).
 
 No advantage whitening here: that is a separate, optional step of the trainer.
 """

@@ -9,7 +9,7 @@ For each episode i of group g (the episodes sampled for one prompt)::
 ``std_g`` is the unbiased sample standard deviation (``torch.std``, n - 1 in the denominator), as in verl's
 ``compute_grpo_outcome_advantage``. A group of one episode, or a group whose rewards are all equal, gets 0:
 there is nothing to compare with (verl's singleton rule of mean 0 / std 1 would instead return the raw reward,
-which the specs reject, PORTool spec Sec. 3.5). The advantage is broadcast to every policy token of the
+which the specs reject, portool.md Sec. 3.5). The advantage is broadcast to every policy token of the
 episode by the caller.
 """
 

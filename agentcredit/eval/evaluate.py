@@ -103,7 +103,7 @@ def summarize(records: Sequence[dict[str, Any]], *, tiers: dict[str, str] | None
 
     Tier groupings are reported side by side: the task's own (``info['tier']``, arith-tools: easy / hard), the
     hop count (``info['hops']``: ``hop1``, ``hop2``, ...) and ``tiers``, a map example id -> label (carl-segment's "tier1"/"tier2" from :func:`tier_labels`). For each
-    tier: accuracy, EM, tool-call rate (fraction of episodes with >= 1 call, spec §6), calls per episode.
+    tier: accuracy, EM, tool-call rate (fraction of episodes with >= 1 call, carl-segment.md §6), calls per episode.
 
     Episodes with infrastructure failures (a tool that could not run) are counted as ``infra_failures`` and left
     out of everything else; ``episodes`` counts the scored ones.
@@ -190,7 +190,7 @@ def critic_metrics(
 
     * ``critic/auc_v_s0``: ROC-AUC of V(s_0) with Tier 2 as the positive class, one score per question (the mean
       over its episodes; greedy evaluation has one). Needs ``tiers``.
-    * ``critic/ece`` (conf_b = mean V in the bin, spec [R]) and ``critic/ece_midpoint`` (conf_b = bin midpoint,
+    * ``critic/ece`` (conf_b = mean V in the bin, carl-segment.md [R]) and ``critic/ece_midpoint`` (conf_b = bin midpoint,
       the paper's Tab. 11 variant), ``critic/brier``, the reliability table: V(s_0) of every episode against its
       0/1 outcome. A token critic (PPO/TIPS) is unbounded, so its V is clipped to [0, 1] for these three (the
       outcome reward of these tasks lies in [0, 1]); ``critic/clipped_fraction`` says how often that bit.

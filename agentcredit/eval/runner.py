@@ -27,7 +27,7 @@ class EvalOptions:
     samples: int = 1
     temperature: float = 0.0
     tiers: bool = False  # carl-segment Tier 1 / Tier 2 labels (5 no-tool samples per question)
-    tier_samples: int = 5  # spec §4.1: 5
+    tier_samples: int = 5  # carl-segment.md §4.1: 5
     seed: int = 0
 
     def __post_init__(self) -> None:

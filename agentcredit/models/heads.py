@@ -36,9 +36,9 @@ class TokenValueHead(nn.Module):
 class BoundaryValueHead(nn.Module):
     def __init__(self, hidden_size: int):
         super().__init__()
-        self.fc1 = nn.Linear(hidden_size, hidden_size)  # default nn.Linear init (spec §3.4 [R])
+        self.fc1 = nn.Linear(hidden_size, hidden_size)  # default nn.Linear init (carl-segment.md §3.4 [R])
         self.fc2 = nn.Linear(hidden_size, 1)
-        nn.init.zeros_(self.fc2.weight)  # V = sigmoid(0) = 0.5 at init (spec §3.4 [I])
+        nn.init.zeros_(self.fc2.weight)  # V = sigmoid(0) = 0.5 at init (carl-segment.md §3.4 [I])
         nn.init.zeros_(self.fc2.bias)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:

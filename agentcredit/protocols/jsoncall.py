@@ -452,7 +452,7 @@ class JsonCallProtocol(Protocol):
         )
 
     def render_answer(self, answer: str) -> str:
-        # a complete (minimal) final step: the paper's format needs both blocks (spec §2.3)
+        # a complete (minimal) final step: the paper's format needs both blocks (portool.md §2.3)
         call = [{"name": RESPONSE_GEN, "arguments": {"response": answer}}]
         return f"<think></think>\n<tool_call>{json.dumps(call)}</tool_call>"
 

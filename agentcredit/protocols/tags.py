@@ -421,7 +421,7 @@ class TagsProtocol(Protocol):
         return extract_tagged(text, "answer")
 
     def render_answer(self, answer: str) -> str:
-        # TIPS spec §2.7: the teacher scores "<answer>" + a + "</answer>" (tags included)
+        # tips.md §2.7: the teacher scores "<answer>" + a + "</answer>" (tags included)
         return f"<answer>{answer}</answer>"
 
 

@@ -382,7 +382,7 @@ def load_deepresearcher(root: Path, split: str = "test") -> list[Example]:
 def finance_question(text: str, table: str, question: str, earlier: list[str] | None = None) -> str:
     """The question as the model sees it: report text, the pipe-separated table, then the question.
 
-    carl-segment puts FinQA's table inline in the user turn (spec A2, A17); ConvFinQA's earlier
+    carl-segment puts FinQA's table inline in the user turn (carl-segment.md A2, A17); ConvFinQA's earlier
     conversation turns come before the final question because it refers back to them.
     """
     parts = [f"Report text:\n{collapse_whitespace(text)}", f"Table:\n{table.strip()}"]

@@ -1,4 +1,4 @@
-"""PORTool's outcome judge: true (+1) / false (-1) / unable to answer (0), pluggable (portool spec §3.1, §5.2).
+"""PORTool's outcome judge: true (+1) / false (-1) / unable to answer (0), pluggable (portool.md §3.1, §5.2).
 
 * :func:`rule_judge` (default): EM / F1 / numeric match against the gold answers; an abstaining answer ("I cannot
   find ...") is "unable to answer"; no answer at all is unfinished (-1).
@@ -87,7 +87,7 @@ class LLMJudge:
 
     def __call__(self, example: Example, answer: str | None) -> float:
         if answer is None:
-            return -1.0  # unfinished: no response to judge (spec §4.2)
+            return -1.0  # unfinished: no response to judge (portool.md §4.2)
         label = parse_label(self.reply(example, answer))
         if label is None:
             self.fallbacks += 1

@@ -5,7 +5,7 @@ Every scorer takes a prediction (``None`` when the model gave no answer: it scor
 
 * :func:`exact_match` / :func:`f1_score`: SQuAD-style normalisation, as Search-R1, TIPS and carl-segment
   use it (tips.md section 5; carl-segment.md section 6.4). F1 is the bag-of-tokens F1.
-* :func:`substring_match`: carl-segment's eval-time rule (paper section 4.1, spec section 6.4 and A16).
+* :func:`substring_match`: carl-segment's eval-time rule (paper section 4.1, carl-segment.md §6.4 and A16).
 * :func:`set_f1_score` and :func:`passes_action_format`: carl-critical's reward, i.e. ASearcher's
   set-based F1 and per-action format gate (carl-critical-actions.md section 2.5).
 * :func:`numeric_match`: GSM8K (absolute tolerance 1e-6) and FinQA-style (relative tolerance 1e-2 and
@@ -176,7 +176,7 @@ def _set_f1(prediction: str, gold: str) -> float:
 
 
 def set_f1_score(prediction: str | None, golds: Golds, *, aug_golds: Golds | None = None) -> float:
-    """carl-critical's answer reward: ASearcher's set-based F1, max over golds (spec section 2.5).
+    """carl-critical's answer reward: ASearcher's set-based F1, max over golds (carl-critical-actions.md §2.5).
 
     Tokens are the *set* of whitespace words after ASearcher's normalisation (lower-case, every punctuation
     character becomes a space, "True"/"False" become "yes"/"no"); an empty side scores 0. With
@@ -192,7 +192,7 @@ def set_f1_score(prediction: str | None, golds: Golds, *, aug_golds: Golds | Non
 
 
 def passes_action_format(action: str) -> bool:
-    """carl-critical's per-action format check (ASearcher's ``correct_format_fn``, spec section 2.5).
+    """carl-critical's per-action format check (ASearcher's ``correct_format_fn``, carl-critical-actions.md §2.5).
 
     Balanced ``<search>``/``<access>``/``<answer>`` tags, at most one of them opened, at most one
     ``</think>``, and no "Assistant"/"assistant" (a sign the model started a new chat turn). The outcome

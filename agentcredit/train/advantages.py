@@ -132,7 +132,7 @@ def _turn_rewards(cfg: AlgorithmConfig, batch: TrainBatch, signals: Signals) -> 
 
 
 def tips_stats(potentials: list[list[float]], alpha: float) -> dict[str, float]:
-    """The scale of a batch's TIPS potentials, logged every step (spec §9.1 logging, a subset).
+    """The scale of a batch's TIPS potentials, logged every step (tips.md §9.1 logging, a subset).
 
     ``potentials[j]`` is ``[Phi(S_0), ..., Phi(S_M)]`` of trajectory j. Summed answer log-probs are tens of nats
     on a small model, so these show whether the shaping (alpha |dPhi|, the paper's target ~0.2) or the terminal
@@ -187,7 +187,7 @@ def _segment(cfg: AlgorithmConfig, batch: TrainBatch, signals: Signals) -> Advan
             sel = batch.policy_mask[r] & (batch.segment_ids[r] == node)
             adv[r, sel] = a
             value_mask[r, first] = True
-            returns[r, first] = traj.reward  # Monte-Carlo target at every boundary (spec §3.5)
+            returns[r, first] = traj.reward  # Monte-Carlo target at every boundary (carl-segment.md §3.5)
     return Advantages(adv, batch.policy_mask.clone(), returns=returns, value_mask=value_mask)
 
 
@@ -221,7 +221,7 @@ def _critical(cfg: AlgorithmConfig, batch: TrainBatch, trees: list[RolloutTree])
         stats["critical/actions_updated"] += len(selected)
         rows = [r for traj in batch.trajectories if traj.tree == t for r in traj.rows]
         _broadcast_nodes(batch, rows, node_adv, adv)
-        # each selected action enters the update once, in the first row that holds it (spec §3.7)
+        # each selected action enters the update once, in the first row that holds it (carl-critical-actions.md §3.7)
         for node in sorted(selected):
             for r in rows:
                 sel = batch.policy_mask[r] & (batch.segment_ids[r] == node)

@@ -159,7 +159,7 @@ def tips_potentials(
     autocast: bool = False,
     max_tokens: int = MICRO_BATCH_TOKENS,
 ) -> list[list[float]]:
-    """Phi at the start state of every policy segment of every trajectory (TIPS spec §2.7).
+    """Phi at the start state of every policy segment of every trajectory (tips.md §2.7).
 
     The context is the exact token ids the segment was generated from (the canonical construction [R]: for
     segment 0 the prompt, later the state right after an observation); the continuation is each de-duplicated gold
@@ -199,7 +199,7 @@ def gear_teacher_prompt(
     *,
     student_prompt: str | None = None,
 ) -> str:
-    """GEAR's answer-conditioned teacher prompt: the student's prompt with the ground truth inserted (spec §2.2).
+    """GEAR's answer-conditioned teacher prompt: the student's prompt with the ground truth inserted (gear.md §2.2).
 
     The student's prompt is built by the protocol (``protocol.prompt``; pass the rollout's own prompt text as
     ``student_prompt`` to reuse it), so the teacher's prompt is the same text with one span rewritten as
@@ -248,7 +248,7 @@ def teacher_logprobs(
 
     ``prompt_lengths[r]`` is the length of row r's original prompt (the tree root), ``teacher_prompts[r]`` the
     answer-conditioned prompt ids; the rest of the row (the student's own tokens and observations) is kept as is
-    (spec §2.2: one teacher-forced pass, no generation, no tool re-runs).
+    (gear.md §2.2: one teacher-forced pass, no generation, no tool re-runs).
     """
     N, L = batch.input_ids.shape
     out = torch.zeros(N, L)

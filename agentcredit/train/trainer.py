@@ -256,7 +256,7 @@ class Trainer:
         self, batch: TrainBatch, trees: list[RolloutTree], by_tree: dict[int, Example], temp: float
     ):
         """Answer-conditioned teacher: the same weights, the student's prompt (as the protocol built it) with the
-        gold answer inserted (spec §2.2; :func:`agentcredit.train.signals.gear_teacher_prompt`)."""
+        gold answer inserted (gear.md §2.2; :func:`agentcredit.train.signals.gear_teacher_prompt`)."""
         template = self.cfg.algorithm.gear.template
         protocol = self.env.protocol
         prompts: dict[int, list[int]] = {}

@@ -5,7 +5,7 @@
 2. Controlled rollouts of the base model under forced tool use (prompt 2, or prompt 4 for multi-hop tasks) and
    without tools (prompt 1): with the tier this gives four buckets (§4.2).
 3. Pairs (boundary state, R): every boundary b_k of every trajectory, transient ones included, re-rendered with the
-   PPO system prompt (spec A14, "canonicalize") so V(s_0) is a per-question competence estimate.
+   PPO system prompt (carl-segment.md A14, "canonicalize") so V(s_0) is a per-question competence estimate.
 4. Critic training: MSE to R, batches drawn uniformly across the four buckets, the value head at its learning rate
    and the backbone 10x lower, the LM head (and tied input embeddings) frozen, no policy loss (§4.3, A9).
    On a CPU this runs in two phases. First ``head_epochs`` full-batch epochs of the head alone on boundary
@@ -128,7 +128,7 @@ def tier_labels(
 
 
 def canonical(tree: RolloutTree, prompt_ids: list[int], prompt_text: str) -> RolloutTree:
-    """The same episode with its prompt replaced by ``prompt_ids`` (spec A14)."""
+    """The same episode with its prompt replaced by ``prompt_ids`` (carl-segment.md A14)."""
     out = RolloutTree(
         Segment(prompt_ids, prompt_text, role="prompt", kind="prompt"),
         prompt_id=tree.prompt_id,

@@ -99,3 +99,17 @@ def test_verls_own_validation_accepts_critic_free_configs(hydra_ctx, method, mon
     assert not need_critic(cfg), f"{method} should run without a critic"
     # raises on any inconsistency verl itself checks (batch sizes, micro batches, rollout n, ...)
     validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+
+
+def test_method_settings_are_the_native_ones(hydra_ctx):
+    """GEAR's section is the native GearConfig (its teacher template once), and TIPS's alpha target follows the
+    paper in both trainers (issue 14: the two sides' settings had drifted apart)."""
+    from agentcredit.config import GearConfig, load_config
+    from agentcredit.integrations.verl.settings import GearSettings
+
+    assert issubclass(GearSettings, GearConfig)
+    gear = check_trainer_config(compose("gear"))
+    native_gear = load_config("gear-arith-tools").algorithm.gear
+    assert gear.gear.template == native_gear.template and gear.gear.lambda_kl == native_gear.lambda_kl
+    tips = check_trainer_config(compose("tips"))
+    assert tips.tips.target_mean_abs == load_config("tips-arith-tools").algorithm.tips.target_mean_abs == 0.2

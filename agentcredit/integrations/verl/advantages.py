@@ -291,7 +291,7 @@ def compute_advantages(
                     a = a / (span.end - span.start) * per_episode
                 advantages[row, span.start : span.end] = a
             for row in ep.rows:
-                # Monte-Carlo critic target R at every policy token (spec §3.5 regresses V(b_k) on R).
+                # Monte-Carlo critic target R at every policy token (carl-segment.md §3.5 regresses V(b_k) on R).
                 returns[row] = torch.where(mask[row], float(ep.record.outcome), 0.0)
         metrics["agentcredit/segments_per_episode"] = (
             sum(len(e.record.segment_kinds) for e in episodes) / n_eps

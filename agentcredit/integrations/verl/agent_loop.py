@@ -81,7 +81,7 @@ def sample_fields(kwargs: dict[str, Any]) -> tuple[list[dict[str, Any]], str, li
 def teacher_messages(
     messages: list[dict[str, Any]], ground_truth: str, template: str
 ) -> list[dict[str, Any]]:
-    """GEAR's answer-conditioned prompt: the last user message rewritten with ``template`` (spec §2.2)."""
+    """GEAR's answer-conditioned prompt: the last user message rewritten with ``template`` (gear.md §2.2)."""
     out = [dict(m) for m in messages]
     for m in reversed(out):
         if m.get("role") == "user":
@@ -222,7 +222,7 @@ class AgentCreditAgentLoop(AgentLoopBase):
             view.token_ids[len(prompt_ids) :] for view in episode.tree.training_views(episode.leaf)
         ]
         if s.method == "gear":
-            t_messages = teacher_messages(messages, golds[0], s.gear.teacher_template)
+            t_messages = teacher_messages(messages, golds[0], s.gear.template)
             t_prompt = await loop.run_in_executor(
                 None, lambda: self.continuous_token_builder.build_initial_tokens(t_messages)
             )

@@ -338,7 +338,7 @@ def continuation_logprobs(
 
 
 def dedup_aliases(golds: Sequence[str], cap: int) -> list[str]:
-    """Stripped, de-duplicated, non-empty aliases, at most ``cap`` (TIPS spec §8 items 3 and 11)."""
+    """Stripped, de-duplicated, non-empty aliases, at most ``cap`` (tips.md §8 items 3 and 11)."""
     out: list[str] = []
     for g in golds:
         g = str(g).strip()

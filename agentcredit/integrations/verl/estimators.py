@@ -6,7 +6,7 @@ agent loop's ``extra_fields`` never reach it. So only outcome-group methods fit:
 
 * ``agentcredit_grpo``: :func:`agentcredit.credit.grpo_advantages` on R = the row's summed token rewards.
   Unlike verl's built-in ``grpo``, a group of one episode gets 0 (verl's singleton rule would return the raw
-  reward; PORTool spec §3.5 rejects it).
+  reward; portool.md §3.5 rejects it).
 * ``agentcredit_drgrpo``: the same without the std division (Dr.GRPO). It is also what carl-critical's tree
   advantage reduces to on verl's independent rollouts (a star tree: A = R - mean R).
 

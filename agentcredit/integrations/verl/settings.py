@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from agentcredit.config import GigpoConfig
+from agentcredit.config import GearConfig, GigpoConfig
 from agentcredit.credit.registry import PRESETS
 
 __all__ = ["METHODS", "AgentCreditSettings", "load_settings"]
@@ -83,8 +83,9 @@ class TipsSettings(_Section):
     alpha: float = Field(
         0.2, ge=0, description="the fixed alpha, and the first batch's alpha if no delta is non-zero."
     )
+    # the paper's 0.2 wins over the released code's 0.11, as in the native trainer (configs/methods/tips.yaml)
     target_mean_abs: float = Field(
-        0.11, gt=0, description="batch_target: mean |alpha dPhi| (code 0.11, paper rule 0.2)."
+        0.2, gt=0, description="batch_target: mean |alpha dPhi| (paper rule 0.2; released code 0.11)."
     )
     reduce: Literal["sum", "mean"] = Field(
         "sum", description="per-alias log-prob: sum (paper Eq. 16) or mean (code)."
@@ -97,7 +98,7 @@ class TipsSettings(_Section):
         description="continuation scored at each boundary (code: tags, no spaces).",
     )
     max_aliases: int = Field(
-        16, ge=1, description="cap on de-duplicated gold aliases per question (spec §8.11)."
+        16, ge=1, description="cap on de-duplicated gold aliases per question (tips.md §8.11)."
     )
     no_tool_shaping: Literal["paper", "none"] = Field(
         "paper", description="M = 0 episodes: paper or code quirk."
@@ -107,22 +108,16 @@ class TipsSettings(_Section):
     )
 
 
-class GearSettings(_Section):
-    lambda_kl: float = Field(0.1, ge=0, le=1, description="trigger threshold on normalised rKL (paper 0.1).")
-    lambda_h: float = Field(1.5, gt=0, description="entropy termination multiplier (paper 1.5).")
-    alpha: float = Field(0.2, ge=0, description="modulation range (paper 0.2).")
-    beta: float | None = Field(None, description="modulation offset; None = 1 - alpha / 2 (paper 0.9).")
+class GearSettings(GearConfig):
+    """The native ``algorithm.gear`` section (GEAR's settings and teacher template are defined once, in
+    :class:`agentcredit.config.GearConfig`), plus where verl reads the student's log-probs."""
+
     student_logprobs: Literal["rollout", "old"] = Field(
         "rollout",
         description=(
             "student log-probs: 'rollout' (the inference engine, the same engine that scores the teacher, so the "
             "rKL has no precision mismatch; needs rollout.calculate_log_probs=True) or 'old' (training engine)."
         ),
-    )
-    teacher_template: str = Field(
-        "{user}\n\nHere is a reference solution:\n{ground_truth}\n\nAfter understanding the reference solution, "
-        "please try to solve this problem using your own approach below:",
-        description="last user message of the answer-conditioned teacher prompt (spec §2.2, OPSD style).",
     )
 
 
@@ -131,7 +126,7 @@ class PortoolSettings(_Section):
         0.95, ge=0, le=1, description="decay of the outcome term in step rewards (paper 0.95)."
     )
     w1: float = Field(1.0, description="weight of the trajectory-relative term (paper 1).")
-    root_is_fork: bool = Field(True, description="count the root in N_forks (spec §3.9).")
+    root_is_fork: bool = Field(True, description="count the root in N_forks (portool.md §3.9).")
     format_reward_key: str = Field(
         "format_reward",
         description="turn.info key holding the rescaled formatting reward R_fm in [-0.25, 0.25].",

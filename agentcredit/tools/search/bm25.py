@@ -2,7 +2,7 @@
 ``knowledge_search``.
 
 Scoring is ``bm25s`` with Lucene's BM25 (idf = ln(1 + (N - df + 0.5) / (df + 0.5)), tf part = tf / (tf + k1 (1 -
-b + b |d| / avgdl))) and Pyserini's defaults k1 = 0.9, b = 0.4 (carl-segment spec A17). Text analysis follows
+b + b |d| / avgdl))) and Pyserini's defaults k1 = 0.9, b = 0.4 (carl-segment.md A17). Text analysis follows
 Lucene's English analyzer: lower-case, word tokens, Lucene's 33 English stopwords, Porter stemming.
 
 The index is built once per corpus and cached on disk (``$AGENTCREDIT_HOME/index``, default
