@@ -42,17 +42,7 @@ from agentcredit.train.batch import (
     segment_spans,
     trajectory_tokens,
 )
-
-
-@dataclass
-class Signals:
-    """Per-batch quantities computed with the pre-update weights (no gradient)."""
-
-    values: torch.Tensor | None = None  # [N, L] critic: V of the state before each token
-    potentials: list[list[float]] | None = None  # per trajectory: Phi at each policy segment's start state
-    teacher_logp: torch.Tensor | None = None  # [N, L] GEAR answer-conditioned teacher log-probs
-    entropy: torch.Tensor | None = None  # [N, L] student entropies (GEAR)
-    alpha: float | None = None  # TIPS shaping scale used for this batch
+from agentcredit.train.signals import Signals
 
 
 @dataclass

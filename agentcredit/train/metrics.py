@@ -7,8 +7,8 @@ import numpy as np
 from agentcredit.environment import outcome_reward
 from agentcredit.rollout.tree import RolloutTree
 from agentcredit.tasks import Example
-from agentcredit.train.advantages import Signals
 from agentcredit.train.batch import TrainBatch
+from agentcredit.train.signals import Signals
 
 
 def episode_metrics(trees: list[RolloutTree], examples: list[Example]) -> dict[str, float]:

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -20,6 +21,18 @@ from agentcredit.config import MICRO_BATCH_TOKENS
 from agentcredit.credit import tips_potential
 from agentcredit.models.scoring import score_tokens
 from agentcredit.train.batch import TrainBatch, segment_spans
+
+
+@dataclass
+class Signals:
+    """Per-batch quantities computed with the pre-update weights (no gradient) that the advantages need beyond the
+    batch's own old log-probs, entropies and reference log-probs; produced by the functions below."""
+
+    values: torch.Tensor | None = None  # [N, L] critic: V of the state before each token
+    potentials: list[list[float]] | None = None  # per trajectory: Phi at each policy segment's start state
+    teacher_logp: torch.Tensor | None = None  # [N, L] GEAR answer-conditioned teacher log-probs
+    entropy: torch.Tensor | None = None  # [N, L] student entropies (GEAR)
+    alpha: float | None = None  # TIPS shaping scale used for this batch
 
 
 def row_chunks(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:

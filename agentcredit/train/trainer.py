@@ -35,7 +35,7 @@ from agentcredit.models.loading import frozen_copy, load_policy
 from agentcredit.models.scoring import score_tokens
 from agentcredit.rollout.tree import RolloutTree
 from agentcredit.tasks import Example
-from agentcredit.train.advantages import Signals, compute_advantages
+from agentcredit.train.advantages import compute_advantages
 from agentcredit.train.batch import TrainBatch, actions_per_question, build_batch
 from agentcredit.train.checkpoint import load_checkpoint, save_checkpoint
 from agentcredit.train.logging import MetricsLogger, line_buffered_stdout, live_console, progress_line
@@ -44,6 +44,7 @@ from agentcredit.train.metrics import episode_metrics, signal_metrics
 from agentcredit.train.optim import adamw
 from agentcredit.train.rng import PromptSampler, rng_state, seed_everything, set_rng_state
 from agentcredit.train.signals import (
+    Signals,
     gear_teacher_prompt,
     score_batch,
     teacher_logprobs,

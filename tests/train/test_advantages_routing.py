@@ -15,8 +15,9 @@ from agentcredit.credit import (
     tips_turn_rewards,
 )
 from agentcredit.rollout.tree import RolloutTree, Segment
-from agentcredit.train.advantages import Signals, compute_advantages, step_tree
+from agentcredit.train.advantages import compute_advantages, step_tree
 from agentcredit.train.batch import build_batch, segment_spans
+from agentcredit.train.signals import Signals
 
 
 def pol(ids, kind="step", fmt=0.0):

@@ -8,8 +8,9 @@ import pytest
 from agentcredit.config import load_config
 from agentcredit.credit import gigpo_advantages
 from agentcredit.rollout.tree import RolloutTree, Segment
-from agentcredit.train.advantages import Signals, anchor_states, compute_advantages
+from agentcredit.train.advantages import anchor_states, compute_advantages
 from agentcredit.train.batch import build_batch
+from agentcredit.train.signals import Signals
 
 
 def pol(ids):
