@@ -323,3 +323,43 @@ def values_at(
             for c in positions[r]:
                 out[(r, c)] = scores.values[k, c]
     return out
+
+
+def gear_teacher_logprobs(
+    model: nn.Module,
+    tokenizer: Any,
+    protocol: Any,
+    batch: TrainBatch,
+    trees: Sequence[Any],
+    examples: dict[int, Any],
+    template: str,
+    *,
+    temperature: float = 1.0,
+    autocast: bool = False,
+    max_tokens: int = MICRO_BATCH_TOKENS,
+) -> torch.Tensor:
+    """GEAR's signal: the answer-conditioned teacher's log-probs of every student token.
+
+    The teacher is the same weights on the student's prompt (as the protocol built it, ``trees[t].segment(0)``)
+    with the gold answer, and the worked solution when the example has one, inserted (gear.md §2.2;
+    :func:`gear_teacher_prompt`). ``examples[t]`` is the question of tree ``t``.
+    """
+    prompts: dict[int, list[int]] = {}
+    for t, example in examples.items():
+        truth = protocol.render_answer(example.answers[0])
+        if example.info.get("solution"):
+            truth = f"{example.info['solution']}\n{truth}"
+        text = gear_teacher_prompt(
+            protocol, tokenizer, example.question, truth, template, student_prompt=trees[t].segment(0).text
+        )
+        prompts[t] = tokenizer(text, add_special_tokens=False)["input_ids"]
+    row_tree = [batch.trajectories[int(j)].tree for j in batch.row_traj]
+    return teacher_logprobs(
+        model,
+        batch,
+        [len(trees[t].segment(0)) for t in row_tree],
+        [prompts[t] for t in row_tree],
+        temperature=temperature,
+        autocast=autocast,
+        max_tokens=max_tokens,
+    )

@@ -45,9 +45,8 @@ from agentcredit.train.optim import adamw
 from agentcredit.train.rng import PromptSampler, rng_state, seed_everything, set_rng_state
 from agentcredit.train.signals import (
     Signals,
-    gear_teacher_prompt,
+    gear_teacher_logprobs,
     score_batch,
-    teacher_logprobs,
     tips_potentials,
     trained_row_chunks,
 )
@@ -241,7 +240,18 @@ class Trainer:
             )
             signals.alpha = self._tips_alpha(signals.potentials)
         if a.reweight == "gear":
-            signals.teacher_logp = self._gear_teacher(batch, trees, by_tree, temp)
+            signals.teacher_logp = gear_teacher_logprobs(
+                self.model,
+                self.tokenizer,
+                self.env.protocol,
+                batch,
+                trees,
+                by_tree,
+                a.gear.template,
+                temperature=temp,
+                autocast=autocast,
+                max_tokens=cfg.train.micro_batch_tokens,
+            )
         return signals
 
     def _tips_alpha(self, potentials: list[list[float]]) -> float:
@@ -252,40 +262,6 @@ class Trainer:
             if alpha is not None:  # no non-zero delta in this batch: keep the previous alpha (released code)
                 self.tips_alpha = alpha
         return self.tips_alpha
-
-    def _gear_teacher(
-        self, batch: TrainBatch, trees: list[RolloutTree], by_tree: dict[int, Example], temp: float
-    ):
-        """Answer-conditioned teacher: the same weights, the student's prompt (as the protocol built it) with the
-        gold answer inserted (gear.md §2.2; :func:`agentcredit.train.signals.gear_teacher_prompt`)."""
-        template = self.cfg.algorithm.gear.template
-        protocol = self.env.protocol
-        prompts: dict[int, list[int]] = {}
-        for t, example in by_tree.items():
-            truth = protocol.render_answer(example.answers[0])
-            if example.info.get("solution"):
-                truth = f"{example.info['solution']}\n{truth}"
-            text = gear_teacher_prompt(
-                protocol,
-                self.tokenizer,
-                example.question,
-                truth,
-                template,
-                student_prompt=trees[t].segment(0).text,
-            )
-            prompts[t] = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        row_tree = [batch.trajectories[int(j)].tree for j in batch.row_traj]
-        prompt_lengths = [len(trees[t].segment(0)) for t in row_tree]
-        teacher_prompts = [prompts[t] for t in row_tree]
-        return teacher_logprobs(
-            self.model,
-            batch,
-            prompt_lengths,
-            teacher_prompts,
-            temperature=temp,
-            autocast=self.cfg.model.autocast_bf16,
-            max_tokens=self.cfg.train.micro_batch_tokens,
-        )
 
     # -------------------------------------------------------------- update
     def update(self, batch: TrainBatch) -> dict[str, float]:

@@ -11,8 +11,6 @@ and the tokens the teacher scores are exactly the student's tokens.
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 
@@ -23,7 +21,6 @@ from agentcredit.protocols import get_protocol
 from agentcredit.rollout.tree import RolloutTree, Segment
 from agentcredit.tasks import Example
 from agentcredit.train import signals
-from agentcredit.train import trainer as trainer_module
 from agentcredit.train.batch import build_batch
 
 STYLES = {
@@ -72,11 +69,11 @@ def test_teacher_prompt_is_the_students_with_the_answer_inserted(style, tokenize
         captured["prompt_lengths"], captured["teacher_prompts"] = list(prompt_lengths), list(teacher_prompts)
         return torch.zeros(batch.input_ids.shape)
 
-    monkeypatch.setattr(trainer_module, "teacher_logprobs", fake_teacher_logprobs)
-    owner = SimpleNamespace(
-        cfg=config, env=SimpleNamespace(protocol=protocol), tokenizer=tokenizer, model=None
+    real_teacher_logprobs = signals.teacher_logprobs
+    monkeypatch.setattr(signals, "teacher_logprobs", fake_teacher_logprobs)
+    signals.gear_teacher_logprobs(
+        None, tokenizer, protocol, batch, [tree], {0: example}, config.algorithm.gear.template
     )
-    trainer_module.Trainer._gear_teacher(owner, batch, [tree], {0: example}, 1.0)
     teacher_ids = captured["teacher_prompts"][0]
     student_ids = tree.segment(0).token_ids
     assert captured["prompt_lengths"] == [len(student_ids)]
@@ -106,7 +103,7 @@ def test_teacher_prompt_is_the_students_with_the_answer_inserted(style, tokenize
         return TokenScores(zeros, None, None)
 
     monkeypatch.setattr(signals, "score_tokens", fake_score_tokens)
-    signals.teacher_logprobs(
+    real_teacher_logprobs(
         None, batch, captured["prompt_lengths"], captured["teacher_prompts"], pad_id=tokenizer.pad_token_id
     )
     ids, want = seen["ids"][0], seen["want"][0]
