@@ -93,7 +93,7 @@ class PhaseTokens:
                 finally:
                     self.phase = None
 
-            setattr(trainer, name, wrapped)  # instance attribute: train_step calls self.<name>
+            setattr(trainer, name, wrapped)  # instance attribute: learn() calls self.<name>
 
     def reset(self) -> None:
         self.tokens = dict.fromkeys(PHASES, 0)

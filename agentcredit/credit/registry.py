@@ -2,7 +2,8 @@
 
 Like verl's advantage-estimator registry, but a preset may chain estimators (``gear`` reweights a GRPO
 advantage; ``tips`` shapes rewards that masked GAE then turns into advantages), so each entry lists them in the
-order they are applied. ``loss_agg`` is the ``policy_loss`` aggregation the method's paper writes, and
+order they are applied. ``loss_agg`` is the ``policy_loss`` aggregation the method's preset trains with (the paper's, except where a
+comment says otherwise; ``tests/credit/test_credit_registry.py`` ties every preset to it), and
 ``needs_critic`` says whether the method reads a value head.
 """
 

@@ -77,8 +77,8 @@ class EpisodeState:
     turns: list[Turn] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)  # generated text of each policy segment
     n_tool_calls: int = 0
-    # Protocol-private scratch space. Protocols replace its values and never mutate them in place, so that
-    # fork() can copy it shallowly.
+    # Protocol-private scratch space. Protocols replace its values and never mutate them in place (the engine
+    # deep-copies a state when a tree forks, so either way no branch sees another's changes).
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property

@@ -41,7 +41,7 @@ FORCED_TOOL_PROMPT = (
     "then provide your answer inside \\boxed{}."
 )
 #: Prompt 3, "Optional tool use (Tier 2)": prompt 2 with "You may optionally use" for "You must use" (the
-#: paper states the substitution; spec 2.3 spells it out). The default for PPO and evaluation (spec A1).
+#: paper states the substitution; carl-segment.md §2.3 spells it out). The default for PPO and evaluation (carl-segment.md A1).
 OPTIONAL_TOOL_PROMPT = (
     "You may optionally use a Python code block to help answer this question. Use search(query) for retrieval "
     "or write arithmetic code. After seeing tool output, write a <context> block extracting the relevant "
@@ -139,7 +139,7 @@ class CodeFenceProtocol(Protocol):
     """carl-segment's format: Python code fences, raw stdout, ``<context>`` extraction, ``\\boxed{}`` answer.
 
     Args:
-        prompt: which of the four system prompts of spec 2.3 to use: ``optional`` (default, spec A1, for PPO
+        prompt: which of the four system prompts of carl-segment.md §2.3 to use: ``optional`` (default, A1, for PPO
             and evaluation), ``forced``, ``multihop`` (warm-up, A32) or ``no_tool``.
         system_prompt: a custom system prompt instead of the four (then ``prompt`` is ignored).
         replacement: remove the raw tool output from the context after the assimilate (paper default, Eq. 9).

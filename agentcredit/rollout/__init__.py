@@ -33,6 +33,7 @@ _LAZY = {
     "PORTool": "strategies",
     "dup_and_samp": "strategies",
     "entropy_guided": "strategies",
+    "from_rollout_config": "strategies",
     "independent": "strategies",
     "merge_identical_siblings": "strategies",
     "portool": "strategies",

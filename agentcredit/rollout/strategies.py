@@ -4,7 +4,7 @@
 * :func:`entropy_guided` ``(n0, n, t_max)``: carl-critical's uncertainty-guided progressive forking
   (carl-critical-actions.md 3.5-3.6, Algorithm 1): n0 episodes, then n forks, one at a time per prompt, each
   from the state of lowest action density n(s) / H(s), i.e. the largest H(s) / n(s); at most t_max actions
-  per episode (spec 2.1, T_max).
+  per episode (carl-critical-actions.md §2.1, T_max).
 * :func:`portool` ``(n, f, t_max)``: PORTool's tree rollout (portool.md 2.7-2.8, Algorithm 1): n first steps,
   then per depth DupAndSamp keeps exactly n - n_c unfinished paths; dropped paths are pruned.
 
@@ -12,7 +12,7 @@ A plan is a generator (see :class:`~agentcredit.rollout.engine.Strategy`): it yi
 results, and may return a replacement tree. The selection rules are pure functions (:func:`select_forks`,
 :func:`dup_and_samp`, :func:`merge_identical_siblings`) so they can be tested by hand. Plans of different
 prompts run concurrently in one engine batch; within a prompt, entropy-guided forks are sequential (each fork
-sees the entropies of the previous ones, note (iv) of the spec).
+sees the entropies of the previous ones, note (iv) of carl-critical-actions.md §3.6).
 
 Tree vocabulary used here: a *state* is a node a policy segment was generated from (the prompt, an
 observation, or a policy node followed directly by another policy segment); an *action* is a policy segment,
@@ -86,7 +86,7 @@ def update_records(records: dict[int, ForkRecord], tree: RolloutTree, new_nodes:
     """Add the actions among ``new_nodes`` to the records of their states (a new state gets (h, 1)).
 
     The root visited n0 times in phase 1 ends up as one record with n = n0 and H = the mean of the n0
-    first-action entropies (spec 3.6 note (ii)).
+    first-action entropies (carl-critical-actions.md §3.6 note (ii)).
     """
     for node in new_nodes:
         seg = tree.segment(node)
@@ -205,10 +205,10 @@ def entropy_guided(
     """carl-critical Algorithm 1: n0 episodes, then n forks from the largest H(s)/n(s) (tree: n0 + n leaves).
 
     ``t_max``: at most this many actions per episode, counted from the root, so a fork continues a path only
-    up to the same cap (spec 2.1: an episode ends at an answer or at T_max; paper: 10 for the 4B runs, else
+    up to the same cap (carl-critical-actions.md §2.1: an episode ends at an answer or at T_max; paper: 10 for the 4B runs, else
     32); None or a larger value = the engine's turn cap. States at depth t_max are never forked.
     ``random_fork``: the random-forking ablation. ``forks_per_round > 1``: a documented speed deviation
-    (spec 3.6 note (iv)), off by default: k forks per round with virtual counts, instead of one at a time.
+    (carl-critical-actions.md §3.6 note (iv)), off by default: k forks per round with virtual counts, instead of one at a time.
     """
     return EntropyGuided(n0, n, t_max=t_max, random_fork=random_fork, forks_per_round=forks_per_round)
 
@@ -219,7 +219,7 @@ def entropy_guided(
 
 def dup_and_samp(n_paths: int, f: int, n_select: int, rng: random.Random) -> list[int]:
     """DupAndSamp (portool Algorithm 1): copy each of ``n_paths`` paths ``f`` times, draw ``n_select`` copies
-    uniformly without replacement (spec [R]: Algorithm 1's select-then-generate); return copies per path."""
+    uniformly without replacement (portool.md [R]: Algorithm 1's select-then-generate); return copies per path."""
     if n_paths < 0 or f < 1 or not 0 <= n_select <= n_paths * f:
         raise ValueError(f"dup_and_samp: need 0 <= n_select <= n_paths * f, got {n_paths=} {f=} {n_select=}")
     counts = [0] * n_paths
@@ -280,9 +280,9 @@ class PORTool(Strategy):
 
 
 def portool(n: int, f: int = 2, t_max: int | None = None, *, merge_identical: bool = True) -> PORTool:
-    """PORTool Algorithm 1 with n trajectories and branching factor f (spec default f = 2), depth cap t_max
-    (None: the engine's turn cap; spec [R] 6). ``merge_identical`` merges byte-identical sibling steps
-    (spec 2.8 step 3, default on).
+    """PORTool Algorithm 1 with n trajectories and branching factor f (portool.md default f = 2), depth cap t_max
+    (None: the engine's turn cap; portool.md [R] 6). ``merge_identical`` merges byte-identical sibling steps
+    (portool.md §2.8 step 3, default on).
 
     The returned tree is pruned to the n kept trajectories: its n leaves, in node order, are the trajectories
     (``tree.info["trajectories"]``), and every node's ``info["traj_ids"]`` is m(v), the trajectories through it.
@@ -316,7 +316,7 @@ def merge_identical_siblings(tree: RolloutTree) -> tuple[RolloutTree, dict[int, 
     """A tree where sibling steps with identical tokens and observations are one node (portool 2.8 step 3).
 
     Returns the new tree and the map old id -> new id. Merging is applied top-down, so the children of merged
-    nodes are compared with each other too. Leaves are never merged (a deviation from spec 2.8 (4), which
+    nodes are compared with each other too. Leaves are never merged (a deviation from portool.md §2.8 (4), which
     allows |m(leaf)| > 1): every leaf stays one of the n trajectories with its own outcome reward, which is
     what the tree contract and ``agentcredit.credit.portool`` (m(v) = the leaves under v) rely on.
     """
@@ -352,6 +352,7 @@ __all__ = [
     "action_entropy",
     "dup_and_samp",
     "entropy_guided",
+    "from_rollout_config",
     "independent",
     "merge_identical_siblings",
     "portool",

@@ -408,7 +408,10 @@ class Trainer:
         kept = ("rollout/generated_tokens", "rollout/tokens_per_second")
         result.metrics.update({k: v for k, v in rollout_stats.items() if k in kept})
         result.metrics["time/rollout"] = rollout_time
-        result.metrics["time/step"] = time.perf_counter() - t0
+        # rollout + signals + update, as before learn() was split out (not the metric bookkeeping after them)
+        result.metrics["time/step"] = (
+            rollout_time + result.metrics["time/signals"] + result.metrics["time/update"]
+        )
         return result
 
     def learn(self, trees: list[RolloutTree], examples: list[Example]) -> StepResult:

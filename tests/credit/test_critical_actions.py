@@ -45,7 +45,7 @@ def test_inherit_rule_eq16():
 
 
 def test_inherit_below_single_child_root_is_zero():
-    # root -> 1 -> {2, 3}: the root edge has no siblings and no incoming edge (spec A13)
+    # root -> 1 -> {2, 3}: the root edge has no siblings and no incoming edge (carl-critical-actions.md A13)
     _, adv, _ = critical_action_advantages([-1, 0, 1, 1], {2: 1.0, 3: 0.0}, rule="inherit")
     assert adv[1] == 0.0 and adv[2] == 0.5 and adv[3] == -0.5
 

@@ -57,7 +57,7 @@ def test_explained_variance_and_sign_accuracy():
         auc([0.1], [1, 0])
 
 
-# carl-segment Tab. 11 (spec §7.6): observed success rate and count per V(s0) decile, and the paper's ECE.
+# carl-segment Tab. 11 (carl-segment.md §7.6): observed success rate and count per V(s0) decile, and the paper's ECE.
 TAB11 = {
     "7B curated": (
         [0.120, 0.182, 0.281, 0.319, 0.381, 0.590, 0.680, 0.686, 0.817, 0.918],
@@ -94,7 +94,7 @@ TAB11 = {
 
 @pytest.mark.parametrize("name", sorted(TAB11))
 def test_midpoint_ece_reproduces_paper_table_11(name):
-    # spec §6 [I]: with conf_b = bin midpoint the paper's six ECE values come out exactly (to 4 decimals)
+    # carl-segment.md §6 [I]: with conf_b = bin midpoint the paper's six ECE values come out exactly (to 4 decimals)
     observed, counts, paper = TAB11[name]
     rows = [
         {"low": b / 10, "high": (b + 1) / 10, "count": n, "observed": o, "predicted": float("nan")}

@@ -311,7 +311,7 @@ def _carl_eps():
 
 
 def test_carl_segment_worked_example_across_views():
-    """carl-segment spec §3.2 worked example: V = (0.40, 0.70, 0.50), R = 1 -> (+0.30, -0.20, +0.50)."""
+    """carl-segment.md §3.2 worked example: V = (0.40, 0.70, 0.50), R = 1 -> (+0.30, -0.20, +0.50)."""
     eps = _carl_eps()
     # rows: 0 = ep0 view 0 (invoke + raw + assimilate), 1 = ep0 view 1 (invoke + assimilate + commit), 2 = ep1
     values_at = {(0, 0): 0.40, (0, 9): 0.70, (1, 8): 0.50, (2, 0): 0.60}

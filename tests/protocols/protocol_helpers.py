@@ -21,7 +21,7 @@ from agentcredit.protocols.base import EpisodeState, Observation, Protocol, Turn
 from agentcredit.tools.base import ToolResult, ToolRuntime
 
 SHARED = Path(__file__).resolve().parents[3] / "shared"  # ../shared beside the repository (CI has it too)
-SPECS = SHARED / "specs"
+SPECS = Path(__file__).resolve().parents[2] / "docs" / "specs"  # the specs ship with the repository
 SEEDS = SHARED / "seeds"
 
 

@@ -40,7 +40,6 @@ def _spec_prompts() -> list[str]:
     return re.findall(r"   ```\n   (.*?)\n   ```", section, re.S)
 
 
-@pytest.mark.skipif(not SPECS.exists(), reason="needs ../shared/specs")
 def test_system_prompts_are_verbatim_from_the_spec():
     assert _spec_prompts() == [NO_TOOL_PROMPT, FORCED_TOOL_PROMPT, OPTIONAL_TOOL_PROMPT, MULTIHOP_TOOL_PROMPT]
 

@@ -77,7 +77,6 @@ def _spec_prompt() -> str:
     return re.search(r"```\n(.*?)\n```", section, re.S).group(1)
 
 
-@pytest.mark.skipif(not SPECS.exists(), reason="needs ../shared/specs")
 def test_system_prompt_is_verbatim_from_the_spec():
     assert _spec_prompt() == PORTOOL_SYSTEM_PROMPT_TEMPLATE
 

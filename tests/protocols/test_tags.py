@@ -228,7 +228,6 @@ def _spec_tips_blocks() -> list[str]:
     return re.findall(r"```\n(.*?)\n```", section, re.S)
 
 
-@pytest.mark.skipif(not SPECS.exists(), reason="needs ../shared/specs")
 def test_tips_prompts_are_verbatim_from_the_spec():
     system, user = _spec_tips_blocks()
     assert system == TIPS_SYSTEM_PROMPT

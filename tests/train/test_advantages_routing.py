@@ -76,7 +76,7 @@ def test_segment_estimator_on_replacement_views_matches_the_credit_function():
         values[r, first] = v
     cfg = AlgorithmConfig(estimator="segment", critic="boundary", lam=0.0)
     out = compute_advantages(cfg, batch, trees, Signals(values=values))
-    expected = segment_advantages([0.4, 0.7, 0.5], 1.0)  # +0.3, -0.2, +0.5 (spec §3.2)
+    expected = segment_advantages([0.4, 0.7, 0.5], 1.0)  # +0.3, -0.2, +0.5 (carl-segment.md §3.2)
     for (r, _, _), node, a in zip(spans, batch.trajectories[0].policy_nodes, expected, strict=True):
         sel = batch.policy_mask[r] & (batch.segment_ids[r] == node)
         assert torch.allclose(out.advantages[r, sel], torch.tensor(a, dtype=torch.float32))
