@@ -32,7 +32,13 @@ from agentcredit.credit.portool import (
     portool_advantages,
 )
 from agentcredit.credit.registry import PRESETS, CreditPreset, get_preset
-from agentcredit.credit.tips import tips_batch_alpha, tips_potential, tips_token_rewards, tips_turn_rewards
+from agentcredit.credit.tips import (
+    tips_batch_alpha,
+    tips_potential,
+    tips_step_alpha,
+    tips_token_rewards,
+    tips_turn_rewards,
+)
 
 __all__ = [
     # the eight functions of the public contract
@@ -55,6 +61,7 @@ __all__ = [
     "W2_MODES",
     "tips_potential",
     "tips_batch_alpha",
+    "tips_step_alpha",
     "tips_token_rewards",
     "gear_details",
     "GearDetails",

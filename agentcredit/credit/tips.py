@@ -32,7 +32,7 @@ from torch import Tensor
 
 from agentcredit.credit._validate import as_int, as_mask, choice, finite_float, float_list
 
-__all__ = ["tips_turn_rewards", "tips_potential", "tips_batch_alpha", "tips_token_rewards"]
+__all__ = ["tips_turn_rewards", "tips_potential", "tips_batch_alpha", "tips_step_alpha", "tips_token_rewards"]
 
 
 def tips_turn_rewards(
@@ -131,6 +131,32 @@ def tips_batch_alpha(
     if not big:
         return None
     return target / (math.fsum(big) / len(big))
+
+
+def tips_step_alpha(
+    potentials: Sequence[Sequence[float]],
+    *,
+    mode: str,
+    alpha: float,
+    target_mean_abs: float,
+    previous: float | None = None,
+) -> float:
+    """The alpha one batch is shaped with, in either trainer.
+
+    ``mode="fixed"``: ``alpha`` (the paper). ``mode="batch_target"``: :func:`tips_batch_alpha` over the batch's
+    turn deltas Phi(S_k) - Phi(S_{k-1}) (``potentials`` holds Phi at each policy segment's start, per
+    trajectory); a batch without a non-zero delta keeps ``previous``, or ``alpha`` when there is none yet (the
+    released code's start value).
+    """
+    if mode == "fixed":
+        return float(alpha)
+    if mode != "batch_target":
+        raise ValueError(f"tips alpha mode must be 'fixed' or 'batch_target', got {mode!r}")
+    deltas = [p[k] - p[k - 1] for p in potentials for k in range(1, len(p))]
+    batch = tips_batch_alpha(deltas, target_mean_abs=target_mean_abs)
+    if batch is not None:
+        return batch
+    return float(previous) if previous is not None else float(alpha)
 
 
 def tips_token_rewards(

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from agentcredit.config import Config, dump_config
-from agentcredit.credit import aggregation_weights, policy_loss, policy_loss_stats, tips_batch_alpha
+from agentcredit.credit import aggregation_weights, policy_loss, policy_loss_stats, tips_step_alpha
 from agentcredit.environment import Environment, build_environment, load_examples
 from agentcredit.models.heads import initial_value_head
 from agentcredit.models.loading import frozen_copy, load_policy
@@ -238,7 +238,15 @@ class Trainer:
                 autocast=autocast,
                 max_tokens=cfg.train.micro_batch_tokens,
             )
-            signals.alpha = self._tips_alpha(signals.potentials)
+            t = a.tips
+            self.tips_alpha = tips_step_alpha(
+                signals.potentials,
+                mode=t.alpha_mode,
+                alpha=t.alpha,
+                target_mean_abs=t.target_mean_abs,
+                previous=self.tips_alpha,
+            )
+            signals.alpha = self.tips_alpha
         if a.reweight == "gear":
             signals.teacher_logp = gear_teacher_logprobs(
                 self.model,
@@ -253,15 +261,6 @@ class Trainer:
                 max_tokens=cfg.train.micro_batch_tokens,
             )
         return signals
-
-    def _tips_alpha(self, potentials: list[list[float]]) -> float:
-        t = self.cfg.algorithm.tips
-        if t.alpha_mode == "batch_target":
-            deltas = [p[k] - p[k - 1] for p in potentials for k in range(1, len(p))]
-            alpha = tips_batch_alpha(deltas, target_mean_abs=t.target_mean_abs)
-            if alpha is not None:  # no non-zero delta in this batch: keep the previous alpha (released code)
-                self.tips_alpha = alpha
-        return self.tips_alpha
 
     # -------------------------------------------------------------- update
     def update(self, batch: TrainBatch) -> dict[str, float]:

@@ -124,3 +124,18 @@ def test_token_rewards_placement():
 def test_bad_input(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_step_alpha_by_hand():
+    """One routine for both trainers (issue 14: it was written twice). Deltas 1, 2, -1: mean |dPhi| = 4/3."""
+    from agentcredit.credit import tips_step_alpha
+
+    potentials = [[0.0, 1.0, 3.0], [2.0, 1.0]]
+    kw = dict(alpha=0.02, target_mean_abs=0.2)
+    assert tips_step_alpha(potentials, mode="batch_target", **kw) == pytest.approx(0.15)
+    assert tips_step_alpha(potentials, mode="fixed", previous=0.5, **kw) == 0.02
+    # no tool turn in the batch: keep the previous batch's alpha, or start from alpha
+    assert tips_step_alpha([[1.0], [2.0]], mode="batch_target", previous=0.07, **kw) == 0.07
+    assert tips_step_alpha([[1.0], [2.0]], mode="batch_target", **kw) == 0.02
+    with pytest.raises(ValueError, match="alpha mode"):
+        tips_step_alpha(potentials, mode="adaptive", **kw)

@@ -29,7 +29,7 @@ from agentcredit.credit import (
     grpo_advantages,
     portool_advantages,
     segment_advantages,
-    tips_batch_alpha,
+    tips_step_alpha,
     tips_token_rewards,
     tips_turn_rewards,
 )
@@ -355,12 +355,13 @@ def _tips_alpha(
             )
         phi0.append(phi[0])
         deltas.extend(phi[k] - phi[k - 1] for k in range(1, len(phi)))
-    if t.alpha_mode == "fixed":
-        alpha = t.alpha
-    else:
-        alpha = tips_batch_alpha(deltas, target_mean_abs=t.target_mean_abs)
-        if alpha is None:
-            alpha = previous_alpha if previous_alpha is not None else t.alpha
+    alpha = tips_step_alpha(
+        [ep.record.potentials for ep in episodes],
+        mode=t.alpha_mode,
+        alpha=t.alpha,
+        target_mean_abs=t.target_mean_abs,
+        previous=previous_alpha,
+    )
     metrics = {
         "agentcredit/tips_alpha": float(alpha),
         "agentcredit/tips_phi0_mean": sum(phi0) / len(phi0) if phi0 else 0.0,
