@@ -22,7 +22,7 @@ from agentcredit.config import Config
 from agentcredit.protocols import get_protocol
 from agentcredit.protocols.base import Protocol
 from agentcredit.tasks import Example, load_task, task_corpus
-from agentcredit.tasks.scoring import score
+from agentcredit.tasks.scoring import answer_reward
 from agentcredit.tools.base import ToolRuntime, ToolUnavailableError
 
 if TYPE_CHECKING:
@@ -53,10 +53,10 @@ def example_metric(example: Example, override: str = "auto") -> str:
 def outcome_reward(
     example: Example, answer: str | None, *, metric: str = "auto", format_bonus: float = 0.0
 ) -> float:
-    """Score in [0, 1] (+ a format bonus when an answer was extracted, TIPS's training reward)."""
-    if answer is None:
-        return 0.0
-    return score(answer, example.answers, metric=example_metric(example, metric)) + format_bonus
+    """:func:`~agentcredit.tasks.scoring.answer_reward` with the example's scoring rule."""
+    return answer_reward(
+        answer, example.answers, metric=example_metric(example, metric), format_bonus=format_bonus
+    )
 
 
 def build_tools(config: Config, protocol_name: str, corpus: Path | None) -> ToolRuntime:

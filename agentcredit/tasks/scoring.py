@@ -410,6 +410,16 @@ def score(prediction: str | None, golds: Golds, *, metric: str = "em") -> float:
     return fn(prediction, golds)
 
 
+def answer_reward(
+    prediction: str | None, golds: Golds, *, metric: str = "em", format_bonus: float = 0.0
+) -> float:
+    """The outcome reward of an episode in both trainers: ``score(prediction, golds, metric)`` in [0, 1], plus
+    ``format_bonus`` when an answer was given (TIPS's released training reward: EM + 0.2); 0 with no answer."""
+    if prediction is None:
+        return 0.0
+    return score(prediction, golds, metric=metric) + format_bonus
+
+
 def outcome_with_abstention(
     prediction: str | None,
     golds: Golds,

@@ -332,3 +332,13 @@ def test_scorers_never_crash_on_model_text(text):
         assert 0.0 <= score(text, "42", metric=metric) <= 1.0
     assert isinstance(is_abstention(text), bool)
     assert isinstance(passes_action_format(text), bool)
+
+
+def test_answer_reward_is_the_metric_plus_the_format_bonus():
+    """Both trainers' outcome reward (issue 14: it was written twice): no answer 0, else metric + bonus."""
+    from agentcredit.tasks.scoring import answer_reward
+
+    assert answer_reward(None, ["Paris"], format_bonus=0.2) == 0.0
+    assert answer_reward("Paris", ["Paris"], format_bonus=0.2) == 1.2
+    assert answer_reward("Rome", ["Paris"], format_bonus=0.2) == 0.2
+    assert answer_reward("60450", ["60,450"], metric="numeric") == 1.0

@@ -33,7 +33,7 @@ from agentcredit.integrations.verl.episode import (
 from agentcredit.integrations.verl.settings import AgentCreditSettings, load_settings
 from agentcredit.integrations.verl.tools import build_runtime
 from agentcredit.protocols import get_protocol
-from agentcredit.tasks.scoring import outcome_with_abstention, score
+from agentcredit.tasks.scoring import answer_reward, outcome_with_abstention
 from agentcredit.tools.base import ToolCall, ToolResult, ToolRuntime
 
 __all__ = [
@@ -94,9 +94,7 @@ def episode_outcome(settings: AgentCreditSettings, answer: str | None, golds: li
     """The outcome reward: the task metric (plus the optional format bonus), or PORTool's +1 / 0 / -1."""
     if settings.method == "portool":
         return outcome_with_abstention(answer, golds, metric=settings.reward_metric)
-    if answer is None:
-        return 0.0
-    return score(answer, golds, metric=settings.reward_metric) + settings.format_bonus
+    return answer_reward(answer, golds, metric=settings.reward_metric, format_bonus=settings.format_bonus)
 
 
 def episode_request_id(full_determinism: bool, priority: Any = None) -> str:
