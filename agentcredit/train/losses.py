@@ -1,13 +1,21 @@
-"""Loss terms beside the policy surrogate: KL to the reference, entropy, value losses.
+"""The training objective: :func:`total_loss` (one sum for every method) and its terms beside the policy
+surrogate: KL to the reference, entropy, value losses.
 
-All terms are per-token tensors reduced with the same per-token weights as the policy loss (carl-segment spec
+All terms are per-token tensors reduced with the same per-token weights as the policy loss (carl-segment.md
 A12: KL and entropy use the loss aggregation of the policy term), so a minibatch split into microbatches sums to
 exactly the loss of the whole minibatch.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import torch
+
+from agentcredit.credit import policy_loss
+
+if TYPE_CHECKING:
+    from agentcredit.config import AlgorithmConfig
 
 
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> torch.Tensor:
@@ -59,3 +67,57 @@ def value_weights(value_mask: torch.Tensor, row_traj: torch.Tensor, kind: str) -
         denom = per_traj[row_traj].clamp(min=1.0)[:, None] * n_traj
         return mask / denom
     raise ValueError(f"value loss kind must be 'token' or 'boundary', got {kind!r}")
+
+
+def total_loss(
+    scores: Any,
+    batch: Any,
+    weights: torch.Tensor,
+    value_weights: torch.Tensor | None,
+    cfg: AlgorithmConfig,
+    *,
+    train_policy: bool = True,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The loss of one microbatch and its parts (for logging): every method's objective is this one sum.
+
+    ``policy_loss`` (PPO clip, dual clip, aggregated by ``weights``) + ``kl_coef`` KL(pi || pi_ref) -
+    ``entropy_coef`` H, when the policy trains (not during the critic warm-up), + ``value_coef`` L_V when a
+    critic is trained (``value_weights`` given): the clipped token value loss for ``critic="token"``, plain MSE
+    to the Monte-Carlo return at every boundary for carl-segment's boundary critic (carl-segment.md §3.5).
+    ``scores`` holds the new log-probs, entropies and values; ``batch`` the old log-probs, advantages, masks,
+    reference log-probs, returns and old values of the same rows.
+    """
+    loss = torch.zeros((), device=batch.input_ids.device)
+    parts: dict[str, float] = {}
+    if train_policy:
+        pg = policy_loss(
+            scores.logprobs,
+            batch.old_logp,
+            batch.advantages,
+            batch.loss_mask,
+            clip_eps=cfg.clip_eps,
+            dual_clip=cfg.clip_ratio_c,
+            weights=weights,
+        )
+        loss = loss + pg
+        parts["loss/policy"] = float(pg.detach())
+        if cfg.kl_coef > 0:
+            kl = (
+                kl_penalty(scores.logprobs, batch.ref_logp, cfg.kl_estimator) * weights * batch.loss_mask
+            ).sum()
+            loss = loss + cfg.kl_coef * kl
+            parts["loss/kl"] = float(kl.detach())
+        if cfg.entropy_coef > 0:
+            ent = (scores.entropies * weights * batch.loss_mask).sum()
+            loss = loss - cfg.entropy_coef * ent
+            parts["loss/entropy"] = float(ent.detach())
+    if value_weights is not None:
+        if cfg.critic == "token":
+            vloss = token_value_loss(
+                scores.values, batch.returns, value_weights, old_values=batch.old_values, clip=cfg.value_clip
+            )
+        else:
+            vloss = ((scores.values - batch.returns) ** 2 * value_weights).sum()
+        loss = loss + cfg.value_coef * vloss
+        parts["loss/value"] = float(vloss.detach())
+    return loss, parts

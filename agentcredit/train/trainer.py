@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from agentcredit.config import Config, dump_config
-from agentcredit.credit import aggregation_weights, policy_loss, policy_loss_stats, tips_step_alpha
+from agentcredit.credit import aggregation_weights, policy_loss_stats, tips_step_alpha
 from agentcredit.environment import Environment, build_environment, load_examples
 from agentcredit.models.heads import initial_value_head
 from agentcredit.models.loading import frozen_copy, load_policy
@@ -39,7 +39,7 @@ from agentcredit.train.advantages import compute_advantages
 from agentcredit.train.batch import TrainBatch, actions_per_question, build_batch
 from agentcredit.train.checkpoint import load_checkpoint, save_checkpoint
 from agentcredit.train.logging import MetricsLogger, line_buffered_stdout, live_console, progress_line
-from agentcredit.train.losses import kl_penalty, token_value_loss, value_weights
+from agentcredit.train.losses import total_loss, value_weights
 from agentcredit.train.metrics import episode_metrics, signal_metrics
 from agentcredit.train.optim import adamw
 from agentcredit.train.rng import PromptSampler, rng_state, seed_everything, set_rng_state
@@ -331,37 +331,16 @@ class Trainer:
             )
             if not torch.isfinite(scores.logprobs[sub.loss_mask]).all():
                 return self._skip_nonfinite()  # a diverged forward pass (the inputs themselves are checked)
-            loss = torch.zeros((), device=sub.input_ids.device)
-            if not critic_only:
-                pg = policy_loss(
-                    scores.logprobs,
-                    sub.old_logp,
-                    sub.advantages,
-                    sub.loss_mask,
-                    clip_eps=a.clip_eps,
-                    dual_clip=a.clip_ratio_c,
-                    weights=w,
-                )
-                loss = loss + pg
-                totals["loss/policy"] += float(pg.detach())
-                if a.kl_coef > 0:
-                    kl = (kl_penalty(scores.logprobs, sub.ref_logp, a.kl_estimator) * w * sub.loss_mask).sum()
-                    loss = loss + a.kl_coef * kl
-                    totals["loss/kl"] += float(kl.detach())
-                if a.entropy_coef > 0:
-                    ent = (scores.entropies * w * sub.loss_mask).sum()
-                    loss = loss - a.entropy_coef * ent
-                    totals["loss/entropy"] += float(ent.detach())
-            if critic:
-                vw = v_weights[rows][:, :width]
-                if a.critic == "token":
-                    vloss = token_value_loss(
-                        scores.values, sub.returns, vw, old_values=sub.old_values, clip=a.value_clip
-                    )
-                else:  # carl-segment §3.5: plain MSE to the Monte-Carlo return at every boundary
-                    vloss = ((scores.values - sub.returns) ** 2 * vw).sum()
-                loss = loss + a.value_coef * vloss
-                totals["loss/value"] += float(vloss.detach())
+            loss, parts = total_loss(
+                scores,
+                sub,
+                w,
+                v_weights[rows][:, :width] if critic else None,
+                a,
+                train_policy=not critic_only,
+            )
+            for name, value in parts.items():
+                totals[name] += value
             if not torch.isfinite(loss):
                 return self._skip_nonfinite()
             loss.backward()
