@@ -624,7 +624,7 @@ class Study:
         """Copy what a reader needs into ``dest`` (e.g. ``docs/results/<name>``), without any model.
 
         The report with its plots, the study file as run, the held-out questions, the start's summaries and per
-        run its config, metrics and final summaries. Files already in ``dest`` that the study does not write (a
+        ended run its config, metrics and final summaries. Files already in ``dest`` that the study does not write (a
         hand-written README) are left alone. Returns the files written.
         """
         import shutil
@@ -642,7 +642,13 @@ class Study:
         ):
             pairs.append((self.start_dir / name, dest / "start" / Path(name).name))
         runs = self.dir / "runs"
-        for run in sorted(p for p in runs.iterdir() if p.is_dir()) if runs.is_dir() else []:
+        # a run still in progress is left out: its files change until it ends, and the report does not count it
+        ended = [
+            p
+            for p in (runs.iterdir() if runs.is_dir() else [])
+            if (p / "done.json").is_file() or (p / "failed.json").is_file()
+        ]
+        for run in sorted(ended):
             for name in (
                 "config.yaml",
                 "metrics.jsonl",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -239,6 +240,9 @@ def test_study_runs_resumes_and_reports(tmp_path):
     docs = tmp_path / "docs"
     docs.mkdir()
     (docs / "README.md").write_text("by hand")
+    in_progress = out / "runs" / "grpo-s2"  # a run another process is still training
+    in_progress.mkdir()
+    (in_progress / "config.yaml").write_text("partial")
     published = runner.invoke(
         app, ["study", "--config", config, "--out", str(out), "--report-only", "--publish", str(docs)]
     )
@@ -254,6 +258,8 @@ def test_study_runs_resumes_and_reports(tmp_path):
     for name in ("summary.json", "sft_summary.json", "warmup_summary.json"):
         assert (docs / "start" / name).is_file(), name
     assert (docs / "runs" / "grpo-s1" / "done.json").is_file()
+    assert not (docs / "runs" / "grpo-s2").exists()  # not ended: left out
+    shutil.rmtree(in_progress)
     assert (docs / "README.md").read_text() == "by hand"
     assert not list(docs.rglob("*.safetensors")) and not list(docs.rglob("*.pt"))
 
