@@ -7,42 +7,5 @@ library only), ``framing`` (the parent-child wire format) and ``procs`` (uid lea
 
 from __future__ import annotations
 
-from agentcredit.tools.sandbox.tool import (
-    ErrorKind,
-    Isolation,
-    KiB,
-    MiB,
-    SandboxLimits,
-    SandboxMode,
-    SandboxPool,
-    SandboxResult,
-    SandboxSettings,
-    SearchFn,
-    check_available,
-    configure,
-    python_tool,
-    run_python,
-    sandbox_mode,
-    settings,
-    tool_text,
-)
-
-__all__ = [
-    "ErrorKind",
-    "Isolation",
-    "KiB",
-    "MiB",
-    "SandboxLimits",
-    "SandboxMode",
-    "SandboxPool",
-    "SandboxResult",
-    "SandboxSettings",
-    "SearchFn",
-    "check_available",
-    "configure",
-    "python_tool",
-    "run_python",
-    "sandbox_mode",
-    "settings",
-    "tool_text",
-]
+from agentcredit.tools.sandbox.tool import *  # noqa: F403 (the public names are the module's own __all__)
+from agentcredit.tools.sandbox.tool import __all__  # noqa: F401

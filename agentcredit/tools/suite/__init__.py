@@ -7,24 +7,5 @@ and ``data`` (fixture loading and the suite's context).
 
 from __future__ import annotations
 
-from agentcredit.tools.suite.runtime import (
-    DEFAULT_NOW,
-    TOOL_NAMES,
-    SuiteContext,
-    UserLocation,
-    build_suite,
-    suite_runtime,
-    suite_schemas,
-    validate_arguments,
-)
-
-__all__ = [
-    "DEFAULT_NOW",
-    "TOOL_NAMES",
-    "SuiteContext",
-    "UserLocation",
-    "build_suite",
-    "suite_runtime",
-    "suite_schemas",
-    "validate_arguments",
-]
+from agentcredit.tools.suite.runtime import *  # noqa: F403 (the public names are the module's own __all__)
+from agentcredit.tools.suite.runtime import __all__  # noqa: F401
