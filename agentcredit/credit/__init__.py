@@ -19,6 +19,18 @@ from agentcredit.credit.carl_critical import (
     critical_action_outcome_advantages,
 )
 from agentcredit.credit.carl_segment import segment_advantages
+from agentcredit.credit.estimators import (
+    ESTIMATORS,
+    DecisionTree,
+    Episode,
+    EpisodeBatch,
+    Estimate,
+    Estimator,
+    Step,
+    chain_trees,
+    gear_reweight,
+    tips_step_rewards,
+)
 from agentcredit.credit.gae import gae_advantages
 from agentcredit.credit.gear import SEGMENTATIONS, GearDetails, gear_advantages, gear_details
 from agentcredit.credit.gigpo import gigpo_advantages
@@ -69,6 +81,17 @@ __all__ = [
     "policy_loss_stats",
     "aggregation_weights",
     "LOSS_AGGREGATIONS",
+    # the estimators both trainers call, on the neutral per-episode layout
+    "ESTIMATORS",
+    "Estimator",
+    "Estimate",
+    "EpisodeBatch",
+    "Episode",
+    "Step",
+    "DecisionTree",
+    "chain_trees",
+    "tips_step_rewards",
+    "gear_reweight",
     # registry
     "CreditPreset",
     "PRESETS",

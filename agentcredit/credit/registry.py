@@ -1,27 +1,20 @@
-"""Preset name -> the credit estimator(s) a method uses, and how its loss aggregates.
+"""Method name -> the parts of :mod:`agentcredit.credit.estimators` it is made of, and how its loss aggregates.
 
-Like verl's advantage-estimator registry, but a preset may chain estimators (``gear`` reweights a GRPO
-advantage; ``tips`` shapes rewards that masked GAE then turns into advantages), so each entry lists them in the
-order they are applied. ``loss_agg`` is the ``policy_loss`` aggregation the method's preset trains with (the paper's, except where a
-comment says otherwise; ``tests/credit/test_credit_registry.py`` ties every preset to it), and
-``needs_critic`` says whether the method reads a value head.
+Like verl's advantage-estimator registry, but a method may compose parts: ``gear`` reweights GRPO's advantage,
+``tips`` shapes rewards that GAE then turns into advantages. Every list of methods (the verl adapter's, the
+benchmarks', the tests') is derived from :data:`PRESETS`, and ``tests/credit/test_credit_registry.py`` ties
+every method preset of ``configs/methods/`` to its entry. ``loss_agg`` is the ``policy_loss`` aggregation the
+method trains with (the paper's, except where a comment says otherwise).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
+from typing import Literal
 
-from agentcredit.credit.carl_critical import critical_action_advantages
-from agentcredit.credit.carl_segment import segment_advantages
-from agentcredit.credit.gae import gae_advantages
-from agentcredit.credit.gear import gear_advantages
-from agentcredit.credit.gigpo import gigpo_advantages
-from agentcredit.credit.grpo import grpo_advantages
-from agentcredit.credit.portool import portool_advantages
-from agentcredit.credit.tips import tips_turn_rewards
+from agentcredit.credit.estimators import ESTIMATORS
 
 __all__ = ["CreditPreset", "PRESETS", "get_preset"]
 
@@ -31,10 +24,15 @@ class CreditPreset:
     """How one method turns a rollout into advantages."""
 
     name: str
-    estimators: tuple[Callable[..., Any], ...]  # applied in this order
+    estimator: str  # a key of ESTIMATORS
     loss_agg: str  # a policy_loss aggregation
-    needs_critic: bool
     source: str  # where the formulas come from
+    shaping: Literal["none", "tips"] = "none"  # estimators.tips_step_rewards before the estimator
+    reweight: Literal["none", "gear"] = "none"  # estimators.gear_reweight after it
+
+    @property
+    def needs_critic(self) -> bool:
+        return ESTIMATORS[self.estimator].needs_critic
 
 
 PRESETS: Mapping[str, CreditPreset] = MappingProxyType(
@@ -43,34 +41,14 @@ PRESETS: Mapping[str, CreditPreset] = MappingProxyType(
         for p in (
             # token-mean, verl's default, is what agentcredit's grpo trains with (configs/methods/grpo.yaml); the
             # paper's Eq. 3 is seq-mean-token-mean, available as algorithm.loss_agg=seq-mean-token-mean.
-            CreditPreset("grpo", (grpo_advantages,), "token-mean", False, "GRPO, Shao et al. 2024 Eq. 3"),
-            CreditPreset("ppo", (gae_advantages,), "token-mean", True, "PPO + GAE, verl multi-turn GAE"),
-            CreditPreset(
-                "carl-segment", (segment_advantages,), "segment-mean", True, "carl-segment Eqs. 1, 3, 6"
-            ),
-            CreditPreset(
-                "carl-critical",
-                (critical_action_advantages,),
-                "token-mean",
-                False,
-                "carl-critical Eqs. 9-13, 2",
-            ),
-            CreditPreset(
-                "portool", (portool_advantages,), "seq-mean-token-mean", False, "PORTool Eqs. 1-3, Thm 3.1"
-            ),
-            CreditPreset(
-                "tips", (tips_turn_rewards, gae_advantages), "token-mean", True, "TIPS Eqs. 17-20, Table 10"
-            ),
-            CreditPreset(
-                "gear", (grpo_advantages, gear_advantages), "seq-mean-token-mean", False, "GEAR Eqs. 2-6"
-            ),
-            CreditPreset(
-                "gigpo",
-                (gigpo_advantages,),
-                "token-mean",
-                False,
-                "GiGPO, Feng et al. 2025 (verl-agent gigpo)",
-            ),
+            CreditPreset("grpo", "grpo", "token-mean", "GRPO, Shao et al. 2024 Eq. 3"),
+            CreditPreset("ppo", "gae", "token-mean", "PPO + GAE, verl multi-turn GAE"),
+            CreditPreset("carl-segment", "segment", "segment-mean", "carl-segment Eqs. 1, 3, 6"),
+            CreditPreset("carl-critical", "critical", "token-mean", "carl-critical Eqs. 9-13, 2"),
+            CreditPreset("portool", "portool", "seq-mean-token-mean", "PORTool Eqs. 1-3, Thm 3.1"),
+            CreditPreset("tips", "gae", "token-mean", "TIPS Eqs. 17-20, Table 10", shaping="tips"),
+            CreditPreset("gear", "grpo", "seq-mean-token-mean", "GEAR Eqs. 2-6", reweight="gear"),
+            CreditPreset("gigpo", "gigpo", "token-mean", "GiGPO, Feng et al. 2025 (verl-agent gigpo)"),
         )
     }
 )

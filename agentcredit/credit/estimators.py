@@ -1,0 +1,451 @@
+"""The credit estimators, each declared once, computed from a neutral per-episode layout both trainers build.
+
+The native trainer (:mod:`agentcredit.train.advantages`) lays out its rollout trees, the verl adapter
+(:mod:`agentcredit.integrations.verl.advantages`) lays out verl's rows; both build an :class:`EpisodeBatch` and
+call the same parts, in this order:
+
+1. shaping (optional) — :func:`tips_step_rewards` puts TIPS turn rewards on the steps;
+2. the estimator — the :data:`ESTIMATORS` entry a method's preset names (:mod:`agentcredit.credit.registry`);
+3. reweighting (optional) — :func:`gear_reweight` multiplies the estimator's advantages by GEAR's weight.
+
+What stays with each trainer is what differs between them: where a critic target goes (verl's value loss reads
+every response token), advantage whitening, and how a loss aggregation is expressed. An entry only routes data:
+every number comes from a credit function of this package.
+
+**Layout.** Token coordinates are ``(row, column)`` of the caller's ``[N, L]`` tensors. An :class:`Episode`
+lists its policy segments ("steps") in temporal order, each trained at the columns ``[start, end)`` of one row;
+the episode's trained tokens are its steps' tokens, in step order (this is what lets carl-segment's replacement
+mode spread an episode over several rows). Steps carry a node id in their group's :class:`DecisionTree`
+(node 0 is the prompt): episodes that share a tree prefix share the node, and independent episodes are chains
+under the prompt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+import torch
+from torch import Tensor
+
+from agentcredit.credit.carl_critical import critical_action_advantages
+from agentcredit.credit.carl_segment import segment_advantages
+from agentcredit.credit.gae import gae_advantages
+from agentcredit.credit.gear import gear_advantages
+from agentcredit.credit.gigpo import gigpo_advantages
+from agentcredit.credit.grpo import grpo_advantages
+from agentcredit.credit.portool import portool_advantages
+from agentcredit.credit.tips import tips_turn_rewards
+
+__all__ = [
+    "ESTIMATORS",
+    "DecisionTree",
+    "Episode",
+    "EpisodeBatch",
+    "Estimate",
+    "Estimator",
+    "Step",
+    "chain_trees",
+    "gear_reweight",
+    "tips_step_rewards",
+]
+
+
+@dataclass(frozen=True)
+class Step:
+    """One policy segment of an episode, trained at columns ``[start, end)`` of batch row ``row``."""
+
+    row: int
+    start: int
+    end: int
+    node: int = 0  # its node in the group's decision tree (carl-critical, portool)
+    anchor: tuple[Hashable, ...] = ()  # gigpo: the tokens before the step
+    format_reward: float = 0.0  # portool: the protocol's formatting reward R_fm
+
+    @property
+    def length(self) -> int:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class Episode:
+    """One episode: its group (prompt), outcome reward and steps in temporal order."""
+
+    group: Hashable
+    reward: float
+    steps: tuple[Step, ...]
+    # TIPS: the steps that end tool turns k = 1..M; None = every step but the last (each is followed by a tool
+    # output in the native protocols)
+    turn_ends: tuple[int, ...] | None = None
+    potentials: tuple[float, ...] | None = None  # TIPS: Phi(S_0), ..., Phi(S_M)
+
+    def tool_turn_ends(self) -> tuple[int, ...]:
+        return tuple(range(len(self.steps) - 1)) if self.turn_ends is None else self.turn_ends
+
+
+@dataclass(frozen=True)
+class DecisionTree:
+    """A group's steps as a tree: ``parents[i]`` is the parent of node i, -1 for node 0 (the prompt)."""
+
+    parents: tuple[int, ...]
+    fork_counts: Mapping[int, int] | None = None  # carl-critical's forked_parent rule: forks per node
+
+
+@dataclass
+class EpisodeBatch:
+    """A batch of episodes and the per-token signals the estimators may read (``[N, L]``, None = absent)."""
+
+    shape: tuple[int, int]
+    episodes: list[Episode]
+    trees: Mapping[Hashable, DecisionTree] = field(default_factory=dict)
+    values: Tensor | None = None  # V(state before token)
+    student_logp: Tensor | None = None  # GEAR: the sampled tokens' log-probs
+    teacher_logp: Tensor | None = (
+        None  # GEAR: the same tokens' log-probs under the answer-conditioned context
+    )
+    entropy: Tensor | None = None  # GEAR: the student's entropy
+    # per episode, per step: the reward placed on the step's last token; None = the outcome on the last step
+    step_rewards: list[list[float]] | None = None
+    dtype: torch.dtype = torch.float32
+
+    def need(self, name: str, method: str) -> Tensor:
+        tensor = getattr(self, name)
+        if tensor is None:
+            raise ValueError(f"{method} needs `{name}` per token, and the trainer did not provide it")
+        if tuple(tensor.shape) != tuple(self.shape):
+            raise ValueError(f"`{name}` has shape {tuple(tensor.shape)}, expected {tuple(self.shape)}")
+        return tensor
+
+    def tree(self, group: Hashable, method: str) -> DecisionTree:
+        try:
+            return self.trees[group]
+        except KeyError:
+            raise ValueError(f"{method} needs the decision tree of group {group!r}") from None
+
+    def zeros(self, dtype: torch.dtype | None = None) -> Tensor:
+        return torch.zeros(self.shape, dtype=dtype or self.dtype)
+
+    def trained_mask(self) -> Tensor:
+        mask = torch.zeros(self.shape, dtype=torch.bool)
+        for ep in self.episodes:
+            for s in ep.steps:
+                mask[s.row, s.start : s.end] = True
+        return mask
+
+    def rewards_per_step(self) -> list[list[float]]:
+        if self.step_rewards is not None:
+            return self.step_rewards
+        return [[0.0] * (len(ep.steps) - 1) + [ep.reward] for ep in self.episodes]
+
+    def token_index(self) -> list[tuple[Tensor, Tensor]]:
+        """Per episode: (rows, cols) of its trained tokens in temporal order."""
+        out = []
+        for ep in self.episodes:
+            rows = [torch.full((s.length,), s.row, dtype=torch.long) for s in ep.steps]
+            cols = [torch.arange(s.start, s.end, dtype=torch.long) for s in ep.steps]
+            out.append((torch.cat(rows), torch.cat(cols)))
+        return out
+
+    def gather(self, tokens: Tensor, index: list[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
+        """``[N, L]`` -> ``[episodes, T]`` along each episode's trained tokens, and the mask of real entries."""
+        width = max((len(r) for r, _ in index), default=1)
+        out = torch.zeros(len(index), width, dtype=tokens.dtype)
+        mask = torch.zeros(len(index), width, dtype=torch.bool)
+        for j, (r, c) in enumerate(index):
+            out[j, : len(r)] = tokens[r, c]
+            mask[j, : len(r)] = True
+        return out, mask
+
+    def scatter(self, per_episode: Tensor, index: list[tuple[Tensor, Tensor]]) -> Tensor:
+        """Inverse of :meth:`gather` (0 off the trained tokens)."""
+        out = torch.zeros(self.shape, dtype=per_episode.dtype)
+        for j, (r, c) in enumerate(index):
+            out[r, c] = per_episode[j, : len(r)]
+        return out
+
+    def paint_steps(self, per_step: Sequence[Sequence[float]], out: Tensor) -> Tensor:
+        """Write one value per step onto the step's tokens."""
+        for ep, values in zip(self.episodes, per_step, strict=True):
+            if len(values) != len(ep.steps):
+                raise ValueError(f"{len(values)} step values for an episode of {len(ep.steps)} steps")
+            for s, v in zip(ep.steps, values, strict=True):
+                out[s.row, s.start : s.end] = v
+        return out
+
+
+@dataclass
+class Estimate:
+    """Per-token advantages, the tokens that enter the loss, and (critic methods) the value targets."""
+
+    advantages: Tensor
+    loss_mask: Tensor
+    returns: Tensor | None = None
+    value_mask: Tensor | None = None
+    stats: dict[str, float] = field(default_factory=dict)
+
+
+def chain_trees(episodes: Sequence[Episode]) -> tuple[list[Episode], dict[Hashable, DecisionTree]]:
+    """Independent episodes as a decision tree per group: each episode a chain of its steps under the prompt.
+
+    Returns the episodes with their steps' node ids set, and the trees. This is what a trainer that samples
+    episodes independently (verl) passes to carl-critical and PORTool: the prompt is then the only fork.
+    """
+    parents: dict[Hashable, list[int]] = {}
+    out = []
+    for ep in episodes:
+        tree = parents.setdefault(ep.group, [-1])
+        steps, parent = [], 0
+        for s in ep.steps:
+            tree.append(parent)
+            parent = len(tree) - 1
+            steps.append(Step(s.row, s.start, s.end, parent, s.anchor, s.format_reward))
+        out.append(Episode(ep.group, ep.reward, tuple(steps), ep.turn_ends, ep.potentials))
+    return out, {g: DecisionTree(tuple(p)) for g, p in parents.items()}
+
+
+# ------------------------------------------------------------------------------------------------ shaping
+def tips_step_rewards(
+    batch: EpisodeBatch,
+    *,
+    alpha: float,
+    no_tool_shaping: str = "paper",
+    terminal_potential: str = "zero",
+) -> list[list[float]]:
+    """TIPS turn rewards per step: turn k's on the step that ends it, the final reward on the last step.
+
+    ``alpha [Phi(S_k) - Phi(S_{k-1})]`` for k = 1..M, then the outcome minus ``alpha Phi(S_M)`` (Eqs. 17-20).
+    Assign the result to ``batch.step_rewards``; GAE then reads it off the steps' last tokens and carl-segment
+    adds it to each segment's TD error.
+    """
+    out = []
+    for j, ep in enumerate(batch.episodes):
+        ends = ep.tool_turn_ends()
+        if ep.potentials is None:
+            raise ValueError(f"episode {j}: tips needs the teacher potentials Phi(S_0..S_M)")
+        if len(ep.potentials) != len(ends) + 1:
+            raise ValueError(
+                f"episode {j}: {len(ep.potentials)} potentials for {len(ends)} tool turns (needs M + 1)"
+            )
+        turn = tips_turn_rewards(
+            list(ep.potentials),
+            ep.reward,
+            alpha=alpha,
+            no_tool_shaping=no_tool_shaping,  # type: ignore[arg-type]
+            terminal_potential=terminal_potential,  # type: ignore[arg-type]
+        )
+        rewards = [0.0] * len(ep.steps)
+        for step, r in zip(ends, turn[:-1], strict=True):
+            rewards[step] += r
+        rewards[-1] += turn[-1]
+        out.append(rewards)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ estimators
+def _grpo(batch: EpisodeBatch, *, eps: float = 1e-6, scale: bool = True) -> Estimate:
+    rewards = torch.tensor([ep.reward for ep in batch.episodes], dtype=torch.float64)
+    per_episode = grpo_advantages(rewards, [ep.group for ep in batch.episodes], eps=eps, scale=scale)
+    per_step = [
+        [float(a)] * len(ep.steps) for ep, a in zip(batch.episodes, per_episode.tolist(), strict=True)
+    ]
+    return Estimate(batch.paint_steps(per_step, batch.zeros()), batch.trained_mask())
+
+
+def _gae(batch: EpisodeBatch, *, gamma: float = 1.0, lam: float = 1.0) -> Estimate:
+    values = batch.need("values", "gae")
+    index = batch.token_index()
+    rewards = batch.zeros()
+    for ep, step_rewards in zip(batch.episodes, batch.rewards_per_step(), strict=True):
+        for s, r in zip(ep.steps, step_rewards, strict=True):
+            rewards[s.row, s.end - 1] += r
+    rew, mask = batch.gather(rewards, index)
+    val, _ = batch.gather(values.to(batch.dtype), index)
+    adv, ret = gae_advantages(rew, val, mask, gamma=gamma, lam=lam)
+    trained = batch.trained_mask()
+    return Estimate(batch.scatter(adv, index), trained, batch.scatter(ret, index), trained.clone())
+
+
+def _segment(batch: EpisodeBatch, *, lam: float = 0.0, gamma: float = 1.0) -> Estimate:
+    values = batch.need("values", "segment")
+    per_step = []
+    returns = batch.zeros()
+    value_mask = torch.zeros(batch.shape, dtype=torch.bool)
+    for ep, rewards in zip(batch.episodes, batch.rewards_per_step(), strict=True):
+        boundary = [float(values[s.row, s.start]) for s in ep.steps]
+        # rewards[-1] is the outcome (minus alpha Phi(S_M) under TIPS shaping); the others are turn rewards
+        per_step.append(
+            segment_advantages(boundary, rewards[-1], lam=lam, gamma=gamma, segment_rewards=rewards[:-1])
+        )
+        for s in ep.steps:
+            value_mask[s.row, s.start] = True
+            returns[s.row, s.start] = ep.reward  # Monte-Carlo target at every boundary (carl-segment.md §3.5)
+    adv = batch.paint_steps(per_step, batch.zeros())
+    return Estimate(adv, batch.trained_mask(), returns=returns, value_mask=value_mask)
+
+
+def _groups(batch: EpisodeBatch) -> dict[Hashable, list[int]]:
+    groups: dict[Hashable, list[int]] = {}
+    for j, ep in enumerate(batch.episodes):
+        groups.setdefault(ep.group, []).append(j)
+    return groups
+
+
+def _leaf_rewards(batch: EpisodeBatch, members: list[int], method: str) -> dict[int, float]:
+    leaves: dict[int, float] = {}
+    for j in members:
+        ep = batch.episodes[j]
+        leaf = ep.steps[-1].node
+        if leaf in leaves:
+            raise ValueError(f"{method}: two episodes of group {ep.group!r} end at the same step node {leaf}")
+        leaves[leaf] = ep.reward
+    return leaves
+
+
+def _critical(batch: EpisodeBatch, *, update_rule: str = "multi_child") -> Estimate:
+    adv = batch.zeros()
+    loss_mask = torch.zeros(batch.shape, dtype=torch.bool)
+    rolled = updated = 0
+    groups = _groups(batch)
+    for group, members in groups.items():
+        tree = batch.tree(group, "carl-critical")
+        kwargs = {"fork_counts": dict(tree.fork_counts or {})} if update_rule == "forked_parent" else {}
+        _, node_adv, update = critical_action_advantages(
+            list(tree.parents),
+            _leaf_rewards(batch, members, "carl-critical"),
+            rule=update_rule,
+            **kwargs,  # type: ignore[arg-type]
+        )
+        rolled += len(tree.parents) - 1
+        updated += sum(update)
+        trained: set[int] = set()
+        for j in members:
+            for s in batch.episodes[j].steps:
+                adv[s.row, s.start : s.end] = node_adv[s.node]
+                # each selected action enters the update once, in the first episode that holds it
+                # (carl-critical-actions.md §3.7)
+                if update[s.node] and s.node not in trained:
+                    trained.add(s.node)
+                    loss_mask[s.row, s.start : s.end] = True
+    n = max(len(groups), 1)  # per question, as the paper reports them
+    stats = {"critical/actions_rolled": rolled / n, "critical/actions_updated": updated / n}
+    return Estimate(adv, loss_mask, stats=stats)
+
+
+def _portool(
+    batch: EpisodeBatch, *, gamma: float = 0.95, w1: float = 1.0, root_is_fork: bool = True
+) -> Estimate:
+    per_step: list[list[float]] = [[] for _ in batch.episodes]
+    for group, members in _groups(batch).items():
+        tree = batch.tree(group, "portool")
+        lengths = [0] * len(tree.parents)
+        fmt = [0.0] * len(tree.parents)
+        for j in members:
+            for s in batch.episodes[j].steps:
+                lengths[s.node] = s.length
+                fmt[s.node] = s.format_reward
+        per_leaf = portool_advantages(
+            list(tree.parents),
+            lengths,
+            _leaf_rewards(batch, members, "portool"),
+            fmt,
+            gamma=gamma,
+            w1=w1,
+            root_is_fork=root_is_fork,
+        )
+        for j in members:
+            per_step[j] = list(per_leaf[batch.episodes[j].steps[-1].node])
+    return Estimate(batch.paint_steps(per_step, batch.zeros()), batch.trained_mask())
+
+
+def _gigpo(
+    batch: EpisodeBatch,
+    *,
+    gamma: float = 0.95,
+    step_weight: float = 1.0,
+    eps: float = 1e-6,
+    scale: bool = True,
+) -> Estimate:
+    anchors = [[s.anchor for s in ep.steps] for ep in batch.episodes]
+    steps = gigpo_advantages(
+        [ep.reward for ep in batch.episodes],
+        [ep.group for ep in batch.episodes],
+        anchors,
+        gamma=gamma,
+        step_weight=step_weight,
+        eps=eps,
+        scale=scale,
+    )
+    sizes: dict[tuple[Hashable, Hashable], int] = {}
+    for ep, states in zip(batch.episodes, anchors, strict=True):
+        for anchor in states:
+            sizes[(ep.group, anchor)] = sizes.get((ep.group, anchor), 0) + 1
+    counts = list(sizes.values())
+    stats = {  # how often a step has company: with size 1 everywhere GiGPO is GRPO
+        "gigpo/step_groups": float(len(counts)),
+        "gigpo/grouped_step_fraction": sum(c for c in counts if c > 1) / max(sum(counts), 1),
+    }
+    adv = batch.paint_steps([v.tolist() for v in steps], batch.zeros())
+    return Estimate(adv, batch.trained_mask(), stats=stats)
+
+
+# ------------------------------------------------------------------------------------------------ reweighting
+def gear_reweight(
+    batch: EpisodeBatch,
+    advantages: Tensor,
+    *,
+    lambda_kl: float = 0.1,
+    lambda_h: float = 1.5,
+    alpha: float = 0.2,
+    beta: float | None = None,
+) -> Tensor:
+    """GEAR's weight W_t on top of any per-token advantage, along each episode's trained tokens.
+
+    GEAR's weight depends on the advantage only through its sign, so it is read off :func:`gear_advantages` at
+    A = +1 and A = -1 and applied token by token (for a constant A this is exactly ``gear_advantages(A, ...)``).
+    """
+    index = batch.token_index()
+    student, mask = batch.gather(batch.need("student_logp", "gear"), index)
+    teacher, _ = batch.gather(batch.need("teacher_logp", "gear").to(student.dtype), index)
+    entropy, _ = batch.gather(batch.need("entropy", "gear"), index)
+    a, _ = batch.gather(advantages, index)
+    out = torch.zeros_like(a)
+    kw = {"lambda_kl": lambda_kl, "lambda_h": lambda_h, "alpha": alpha, "beta": beta}
+    for j in range(a.shape[0]):
+        w_pos = gear_advantages(1.0, student[j], teacher[j], entropy[j], mask[j], **kw)
+        w_neg = -gear_advantages(-1.0, student[j], teacher[j], entropy[j], mask[j], **kw)
+        out[j] = torch.where(a[j] > 0, w_pos, w_neg).to(a.dtype) * a[j]
+    return batch.scatter(out, index)
+
+
+# ------------------------------------------------------------------------------------------------ registry
+@dataclass(frozen=True)
+class Estimator:
+    """One estimator: what it reads besides the layout, and the function from the layout to an Estimate."""
+
+    name: str
+    compute: Callable[..., Estimate]
+    needs: frozenset[str]  # "values" (a critic), "tree" (decision trees), "anchors", "format_rewards"
+    source: str
+
+    @property
+    def needs_critic(self) -> bool:
+        return "values" in self.needs
+
+    def __call__(self, batch: EpisodeBatch, **params: object) -> Estimate:
+        return self.compute(batch, **params)
+
+
+ESTIMATORS: Mapping[str, Estimator] = MappingProxyType(
+    {
+        e.name: e
+        for e in (
+            Estimator("grpo", _grpo, frozenset(), "GRPO, Shao et al. 2024 Eq. 3"),
+            Estimator("gae", _gae, frozenset({"values"}), "GAE over policy tokens, verl multi-turn GAE"),
+            Estimator("segment", _segment, frozenset({"values"}), "carl-segment Eqs. 1, 6"),
+            Estimator("critical", _critical, frozenset({"tree"}), "carl-critical Eqs. 9-13"),
+            Estimator("portool", _portool, frozenset({"tree", "format_rewards"}), "PORTool Eqs. 1-3"),
+            Estimator("gigpo", _gigpo, frozenset({"anchors"}), "GiGPO, Feng et al. 2025"),
+        )
+    }
+)
