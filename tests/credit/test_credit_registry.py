@@ -94,7 +94,9 @@ def test_method_configs_agree_with_the_registry():
     for name, preset in PRESETS.items():
         a = load_config(f"{name}-arith-tools").algorithm
         assert a.loss_agg == preset.loss_agg, name
-        assert (a.estimator, a.shaping, a.reweight) == (preset.estimator, preset.shaping, preset.reweight), name
+        assert (a.estimator, a.shaping, a.reweight) == (preset.estimator, preset.shaping, preset.reweight), (
+            name
+        )
         assert (a.critic != "none") == preset.needs_critic, name
 
 

@@ -249,14 +249,25 @@ def test_gigpo_equals_gigpo_advantages_on_the_same_anchors():
     assert res.metrics["agentcredit/episodes"] == 4
 
 
-def test_carl_critical_star_tree_is_reward_minus_mean():
+def test_carl_critical_on_independent_episodes_trains_the_first_actions_only():
+    """verl samples a prompt's episodes independently, so carl-critical's action tree is one chain per episode
+    under the prompt, the same tree the native trainer builds from independent rollouts (one definition of the
+    method for both trainers, issue 14; before it verl collapsed each episode into one action, a star tree).
+
+    Hand-worked, p0 with outcomes 1, 0, 0: V(every node of an episode) = its R, V(prompt) = 1/3, so the first
+    actions get 2/3, -1/3, -1/3 and are the only ones updated (the prompt is the only node with >= 2 children,
+    Eq. 13); the answers' A = R - R = 0. p1 has one episode: no fork, nothing is updated.
+    """
     eps = [search_ep("p0", 1.0), search_ep("p0", 0.0), search_ep("p0", 0.0), search_ep("p1", 1.0)]
     b = build_batch(eps)
     apply_to_dataproto(b.proto, settings("carl-critical"))
-    _, adv, update = critical_action_advantages([-1, 0, 0, 0], {1: 1.0, 2: 0.0, 3: 0.0})
-    assert adv[1:] == pytest.approx([2 / 3, -1 / 3, -1 / 3]) and all(update[1:])
-    expected = torch.tensor([2 / 3, -1 / 3, -1 / 3, 0.0])[[e for e, _ in b.row_of]].unsqueeze(1) * b.mask
-    torch.testing.assert_close(b.proto.batch["advantages"], expected.float())
+    _, adv, update = critical_action_advantages([-1, 0, 1, 0, 3, 0, 5], {2: 1.0, 4: 0.0, 6: 0.0})
+    assert adv[1:] == pytest.approx([2 / 3, 0, -1 / 3, 0, -1 / 3, 0])
+    assert update == [False, True, False, True, False, True, False]
+    expected = torch.zeros_like(b.mask, dtype=torch.float32)
+    for row, value in enumerate([2 / 3, -1 / 3, -1 / 3, 0.0]):
+        expected[row, :5] = value  # the search action: response tokens 0..4; the answer (9..15) gets 0
+    torch.testing.assert_close(b.proto.batch["advantages"], expected)
 
 
 @pytest.mark.parametrize("whiten", [False, True])

@@ -2,10 +2,10 @@
 
 verl gives the trainer padded ``[B, T]`` response tensors (``response_mask``, ``old_log_probs``, ``entropy``,
 ``values``, ``rollout_log_probs``), the prompt ``uid`` of every row, and the agent loop's ``extra_fields``;
-this module turns them back into the episodes the credit functions of :mod:`agentcredit.credit` take and
-writes their answers onto the tokens. It never re-implements a formula: every number comes from
-``grpo_advantages``, ``gae_advantages``, ``segment_advantages``, ``tips_turn_rewards``/``tips_token_rewards``,
-``gear_advantages``, ``portool_advantages`` or ``gigpo_advantages``.
+this module lays them out as the neutral episodes of :mod:`agentcredit.credit.estimators` and calls the
+same shaping, estimator and reweighting entries as the native trainer, so a method is defined once for both.
+verl samples episodes independently, so carl-critical and PORTool see each prompt's episodes as chains under
+the prompt (:func:`~agentcredit.credit.estimators.chain_trees`): the prompt is the only fork.
 
 :func:`compute_advantages` is the pure core (tensors and records in, tensors out);
 :func:`apply_to_dataproto` is the thin wrapper over verl's ``DataProto`` that the trainer calls.
@@ -22,17 +22,16 @@ import torch
 from torch import Tensor
 
 from agentcredit.credit import (
-    critical_action_advantages,
-    gae_advantages,
-    gear_advantages,
-    gigpo_advantages,
-    grpo_advantages,
-    portool_advantages,
-    segment_advantages,
+    ESTIMATORS,
+    EpisodeBatch,
+    Step,
+    chain_trees,
+    gear_reweight,
+    get_preset,
     tips_step_alpha,
-    tips_token_rewards,
-    tips_turn_rewards,
+    tips_step_rewards,
 )
+from agentcredit.credit import Episode as LayoutEpisode
 from agentcredit.integrations.verl import EXTRA_KEY
 from agentcredit.integrations.verl.fields import RowRecord, Span, parse_records
 from agentcredit.integrations.verl.settings import AgentCreditSettings
@@ -132,18 +131,78 @@ def _whiten(advantages: Tensor, mask: Tensor) -> Tensor:
     return masked_whiten(advantages, mask) * mask
 
 
-def _episode_grpo(episodes: list[Episode], settings: AgentCreditSettings, dtype: torch.dtype) -> Tensor:
-    outcomes = torch.tensor([ep.record.outcome for ep in episodes], dtype=dtype)
-    return grpo_advantages(
-        outcomes, [ep.uid for ep in episodes], eps=settings.grpo.eps, scale=settings.grpo.scale
-    )
+def _episode_batch(
+    settings: AgentCreditSettings,
+    episodes: list[Episode],
+    records: Sequence[RowRecord],
+    *,
+    shape: tuple[int, int],
+    dtype: torch.dtype,
+    responses: Tensor | None,
+) -> EpisodeBatch:
+    """verl's episodes in the neutral layout: steps are the policy segments where their view trains them, and
+    episodes are independent, so each is a chain under its prompt (:func:`chain_trees`)."""
+    preset = get_preset(settings.method)
+    needs = ESTIMATORS[preset.estimator].needs
+    out = []
+    for ep in episodes:
+        record = ep.record
+        if "anchors" in needs:
+            # a step's anchor: the prompt (the same in a group) plus the response tokens before it, one view only
+            _single_view(ep, settings.method)
+        if "format_rewards" in needs and (
+            len(record.format_rewards) != len(record.segment_kinds)
+            or any(r is None for r in record.format_rewards)
+        ):
+            raise ValueError(
+                f"episode {ep.episode_id} (uid {ep.uid!r}): {settings.method} needs a formatting reward for every "
+                "step; use the jsoncall protocol"
+            )
+        steps = []
+        for k in range(len(record.segment_kinds)):
+            row, span = _span_of_segment(records, ep, k)
+            steps.append(
+                Step(
+                    row,
+                    span.start,
+                    span.end,
+                    anchor=tuple(responses[row, : span.start].tolist()) if responses is not None else (),
+                    format_reward=float(record.format_rewards[k] or 0.0) if record.format_rewards else 0.0,
+                )
+            )
+        if preset.shaping == "tips" and record.potentials is None:
+            raise ValueError(
+                f"episode {ep.episode_id}: tips needs the teacher potentials in extra_fields['{EXTRA_KEY}'] "
+                "(the agent loop computes them when agentcredit.method=tips)"
+            )
+        potentials = None if record.potentials is None else tuple(record.potentials)
+        out.append(LayoutEpisode(ep.uid, record.outcome, tuple(steps), tuple(record.tool_turns), potentials))
+    trees = {}
+    if "tree" in needs:
+        out, trees = chain_trees(out)
+    return EpisodeBatch(shape=shape, episodes=out, trees=trees, dtype=dtype)
 
 
-def _last_trained_token(record: RowRecord, row: int) -> int:
-    trained = record.trained_spans()
-    if not trained:
-        raise ValueError(f"row {row} has no policy token to carry the outcome reward")
-    return trained[-1].end - 1
+def _estimator_params(settings: AgentCreditSettings, estimator: str) -> dict[str, object]:
+    """The estimator's hyperparameters, read from the ``agentcredit`` block."""
+    if estimator == "grpo":
+        return {"eps": settings.grpo.eps, "scale": settings.grpo.scale}
+    if estimator == "gae":
+        return {"gamma": settings.gae.gamma, "lam": settings.gae.lam}
+    if estimator == "segment":
+        return {"gamma": settings.carl_segment.gamma, "lam": settings.carl_segment.lam}
+    if estimator == "critical":
+        return {}  # Eq. 13's update rule; the other rules need the native trainer's forking counts
+    if estimator == "portool":
+        p = settings.portool
+        return {"gamma": p.gamma, "w1": p.w1, "root_is_fork": p.root_is_fork}
+    g = settings.gigpo
+    return {
+        "gamma": g.gamma,
+        "step_weight": g.step_weight,
+        "eps": settings.grpo.eps,
+        "scale": g.mode == "mean_std_norm",
+    }
 
 
 def compute_advantages(
@@ -162,6 +221,11 @@ def compute_advantages(
 ) -> AdvantageResult:
     """Per-token advantages and returns of a verl batch for ``settings.method``.
 
+    The method's parts come from its preset (:mod:`agentcredit.credit.registry`), and are the entries of
+    :mod:`agentcredit.credit.estimators` the native trainer calls; this function lays verl's rows out for them
+    and then does what is verl's own: a critic target on every response token, masked whitening for GAE, and
+    carl-segment's segment-mean as a per-token weight.
+
     Args:
         settings: the validated ``agentcredit`` config block.
         response_mask: ``[B, T]`` 1 on policy tokens trained in the row.
@@ -177,6 +241,8 @@ def compute_advantages(
             average (exact only when the batch is a single mini-batch).
     """
     method = settings.method
+    preset = get_preset(method)
+    needs = ESTIMATORS[preset.estimator].needs
     if response_mask.dim() != 2:
         raise ValueError(f"response_mask must be [B, T], got shape {tuple(response_mask.shape)}")
     n_rows = response_mask.shape[0]
@@ -186,10 +252,10 @@ def compute_advantages(
     mask = response_mask.to(torch.bool)
     dtype = values.dtype if values is not None and values.is_floating_point() else torch.float32
     episodes = group_episodes(records, uids)
-    advantages = torch.zeros(response_mask.shape, dtype=dtype)
     metrics: dict[str, float] = {"agentcredit/episodes": float(len(episodes))}
     if not episodes:  # every row was padding
-        return AdvantageResult(advantages, advantages.clone(), metrics)
+        zeros = torch.zeros(response_mask.shape, dtype=dtype)
+        return AdvantageResult(zeros, zeros.clone(), metrics)
 
     def need(name: str, tensor: Tensor | None) -> Tensor:
         if tensor is None:
@@ -200,143 +266,75 @@ def compute_advantages(
             )
         return tensor
 
-    if method == "grpo":
-        per_episode = _episode_grpo(episodes, settings, dtype).tolist()
-        for ep, a in zip(episodes, per_episode, strict=True):
-            for row in ep.rows:
-                advantages[row] = torch.where(mask[row], a, 0.0)
-        return AdvantageResult(advantages, advantages.clone(), metrics)
-
-    if method == "carl-critical":
-        # Without the entropy-guided tree (verl samples independent episodes), each prompt's tree is a star:
-        # the root with one leaf per episode. critical_action_advantages then gives V(leaf) - V(root) =
-        # R - mean(R), and updates every action whose parent has >= 2 children (Eq. 13).
-        for ep, a in zip(episodes, _star_tree_advantages(episodes), strict=True):
-            for row in ep.rows:
-                advantages[row] = torch.where(mask[row], a, 0.0)
-        return AdvantageResult(advantages, advantages.clone(), metrics)
-
-    if method == "gear":
-        per_episode = _episode_grpo(episodes, settings, dtype)
+    layout = _episode_batch(
+        settings,
+        episodes,
+        records,
+        shape=tuple(response_mask.shape),
+        dtype=dtype,
+        responses=need("responses", responses) if "anchors" in needs else None,
+    )
+    if "values" in needs:
+        layout.values = need("values", values)
+    alpha = None
+    if preset.shaping == "tips":
+        alpha, tips_metrics = _tips_alpha(episodes, settings, previous_alpha)
+        metrics.update(tips_metrics)
+        t = settings.tips
+        layout.step_rewards = tips_step_rewards(
+            layout, alpha=alpha, no_tool_shaping=t.no_tool_shaping, terminal_potential=t.terminal_potential
+        )
+    estimate = ESTIMATORS[preset.estimator](layout, **_estimator_params(settings, preset.estimator))
+    metrics.update({f"agentcredit/{k.replace('/', '_')}": v for k, v in estimate.stats.items()})
+    advantages = estimate.advantages
+    if preset.reweight == "gear":
         g = settings.gear
-        student = need(
-            "rollout_log_probs" if g.student_logprobs == "rollout" else "old_log_probs",
-            rollout_log_probs if g.student_logprobs == "rollout" else old_log_probs,
+        rollout = g.student_logprobs == "rollout"
+        layout.student_logp = need(
+            "rollout_log_probs" if rollout else "old_log_probs",
+            rollout_log_probs if rollout else old_log_probs,
         )
-        ent = need("entropy", entropy)
-        for ep, a in zip(episodes, per_episode.tolist(), strict=True):
-            for row in ep.rows:
-                teacher = records[row].teacher_logprobs
-                if teacher is None:
-                    raise ValueError(f"row {row}: gear needs teacher_logprobs in extra_fields['{EXTRA_KEY}']")
-                teacher_row = torch.zeros(response_mask.shape[1], dtype=student.dtype)
-                if len(teacher) > teacher_row.shape[0]:
-                    raise ValueError(
-                        f"row {row}: {len(teacher)} teacher log-probs for {teacher_row.shape[0]} tokens"
-                    )
-                teacher_row[: len(teacher)] = torch.tensor(teacher, dtype=student.dtype)
-                advantages[row] = gear_advantages(
-                    a,
-                    student[row],
-                    teacher_row,
-                    ent[row],
-                    mask[row],
-                    lambda_kl=g.lambda_kl,
-                    lambda_h=g.lambda_h,
-                    alpha=g.alpha,
-                    beta=g.beta,
-                ).to(dtype)
-        return AdvantageResult(advantages, advantages.clone(), metrics)
+        layout.entropy = need("entropy", entropy)
+        layout.teacher_logp = _teacher_logprobs(records, response_mask.shape, layout.student_logp.dtype)
+        advantages = gear_reweight(
+            layout, advantages, lambda_kl=g.lambda_kl, lambda_h=g.lambda_h, alpha=g.alpha, beta=g.beta
+        ).to(dtype)
+    # verl trains every token of the response mask: an action outside the update set (carl-critical) gets 0
+    advantages = torch.where(estimate.loss_mask, advantages, 0.0)
+    returns = estimate.returns if estimate.returns is not None else advantages.clone()
 
-    if method == "gigpo":
-        ids = need("responses", responses)
-        layout = []  # per episode: (row, its policy spans in order)
-        for ep in episodes:
-            row = _single_view(ep, method)
-            layout.append((row, [span for span in records[row].spans if span.role == "policy"]))
-        g = settings.gigpo
-        steps = gigpo_advantages(
-            [ep.record.outcome for ep in episodes],
-            [ep.uid for ep in episodes],
-            [[tuple(ids[row, : span.start].tolist()) for span in spans] for row, spans in layout],
-            gamma=g.gamma,
-            step_weight=g.step_weight,
-            eps=settings.grpo.eps,
-            scale=g.mode == "mean_std_norm",
-        )
-        for (row, spans), values in zip(layout, steps, strict=True):
-            for span, value in zip(spans, values.tolist(), strict=True):
-                advantages[row, span.start : span.end] = value
-            advantages[row] = torch.where(mask[row], advantages[row], 0.0)
-        return AdvantageResult(advantages, advantages.clone(), metrics)
-
-    if method == "carl-segment":
-        v = need("values", values)
-        s = settings.carl_segment
+    if preset.estimator == "segment":
+        # verl's value loss reads every response token, so the Monte-Carlo target R (carl-segment.md §3.5
+        # regresses V(b_k) on R) goes on all of them rather than on the boundaries only
         returns = torch.zeros_like(advantages)
-        n_eps = len(episodes)
-        # verl's seq-mean-token-sum divides a mini-batch's sum by its (padded) row count; this factor makes
-        # that a mean over the mini-batch's trajectories, as agentcredit's trainer takes it.
-        per_episode = rows_per_episode if rows_per_episode is not None else n_rows / n_eps
-        for ep in episodes:
-            n_segments = len(ep.record.segment_kinds)
-            located = [_span_of_segment(records, ep, k) for k in range(n_segments)]
-            boundary_values = [float(v[row, span.start]) for row, span in located]
-            seg_adv = segment_advantages(boundary_values, ep.record.outcome, lam=s.lam, gamma=s.gamma)
-            for (row, span), a in zip(located, seg_adv, strict=True):
-                if s.segment_mean_loss:
-                    # Eq. 3 averages tokens within a segment and sums segments; under verl's seq-mean-token-sum
-                    # that is a per-token weight 1/|g_k| (PPO's clipped surrogate is positively homogeneous in
-                    # A), and rows/episodes turns verl's mean over rows into the paper's mean over episodes.
-                    a = a / (span.end - span.start) * per_episode
-                advantages[row, span.start : span.end] = a
-            for row in ep.rows:
-                # Monte-Carlo critic target R at every policy token (carl-segment.md §3.5 regresses V(b_k) on R).
-                returns[row] = torch.where(mask[row], float(ep.record.outcome), 0.0)
-        metrics["agentcredit/segments_per_episode"] = (
-            sum(len(e.record.segment_kinds) for e in episodes) / n_eps
+        for ep in layout.episodes:
+            for s in ep.steps:
+                returns[s.row, s.start : s.end] = float(ep.reward)
+        if settings.carl_segment.segment_mean_loss:
+            # Eq. 3 averages tokens within a segment and sums segments; under verl's seq-mean-token-sum that is a
+            # per-token weight 1/|g_k| (PPO's clipped surrogate is positively homogeneous in A), and
+            # rows/episodes turns verl's mean over rows into the paper's mean over episodes.
+            per_episode = rows_per_episode if rows_per_episode is not None else n_rows / len(episodes)
+            for ep in layout.episodes:
+                for s in ep.steps:
+                    advantages[s.row, s.start : s.end] *= per_episode / s.length
+        metrics["agentcredit/segments_per_episode"] = sum(len(e.steps) for e in layout.episodes) / len(
+            episodes
         )
-        return AdvantageResult(advantages, returns, metrics)
-
-    if method in ("ppo", "tips"):
-        v = need("values", values)
-        rewards = torch.zeros_like(advantages)
-        alpha = None
-        if method == "tips":
-            alpha, tips_metrics = _tips_alpha(episodes, settings, previous_alpha)
-            metrics.update(tips_metrics)
-        for ep in episodes:
-            row = _single_view(ep, method)
-            record = records[row]
-            if method == "ppo":
-                rewards[row, _last_trained_token(record, row)] = record.outcome
-                continue
-            rewards[row] = _tips_row_rewards(record, row, mask[row], settings, alpha, dtype)
-        adv, returns = gae_advantages(
-            rewards, v.to(dtype), mask, gamma=settings.gae.gamma, lam=settings.gae.lam
-        )
-        if settings.gae.whiten:
-            adv = _whiten(adv, mask.to(adv.dtype))
-        return AdvantageResult(adv, returns, metrics, alpha=alpha)
-
-    if method == "portool":
-        returns_adv = _portool(episodes, records, mask, settings, dtype)
-        return AdvantageResult(returns_adv, returns_adv.clone(), metrics)
-
-    raise ValueError(f"unknown method {method!r}")
+    if preset.estimator == "gae" and settings.gae.whiten:
+        advantages = _whiten(advantages, mask.to(advantages.dtype))
+    return AdvantageResult(advantages, returns, metrics, alpha=alpha)
 
 
-def _star_tree_advantages(episodes: list[Episode]) -> list[float]:
-    groups: dict[Hashable, list[int]] = defaultdict(list)
-    for i, ep in enumerate(episodes):
-        groups[ep.uid].append(i)
-    out = [0.0] * len(episodes)
-    for members in groups.values():
-        parents = [-1] + [0] * len(members)
-        leaf_rewards = {j + 1: episodes[i].record.outcome for j, i in enumerate(members)}
-        _, node_adv, update = critical_action_advantages(parents, leaf_rewards)
-        for j, i in enumerate(members):
-            out[i] = node_adv[j + 1] if update[j + 1] else 0.0
+def _teacher_logprobs(records: Sequence[RowRecord], shape: torch.Size, dtype: torch.dtype) -> Tensor:
+    out = torch.zeros(tuple(shape), dtype=dtype)
+    for row, record in enumerate(records):
+        teacher = record.teacher_logprobs
+        if teacher is None:
+            raise ValueError(f"row {row}: gear needs teacher_logprobs in extra_fields['{EXTRA_KEY}']")
+        if len(teacher) > shape[1]:
+            raise ValueError(f"row {row}: {len(teacher)} teacher log-probs for {shape[1]} tokens")
+        out[row, : len(teacher)] = torch.tensor(teacher, dtype=dtype)
     return out
 
 
@@ -368,83 +366,6 @@ def _tips_alpha(
         "agentcredit/tips_dphi_abs_mean": sum(abs(d) for d in deltas) / len(deltas) if deltas else 0.0,
     }
     return float(alpha), metrics
-
-
-def _tips_row_rewards(
-    record: RowRecord,
-    row: int,
-    mask_row: Tensor,
-    settings: AgentCreditSettings,
-    alpha: float,
-    dtype: torch.dtype,
-) -> Tensor:
-    t = settings.tips
-    turn_rewards = tips_turn_rewards(
-        record.potentials,
-        record.outcome,
-        alpha=alpha,
-        no_tool_shaping=t.no_tool_shaping,
-        terminal_potential=t.terminal_potential,
-    )
-    ends = {span.segment: span.end - 1 for span in record.trained_spans()}
-    # reward k goes on the last policy token of the assistant message that ends turn k (Eq. 17); the final
-    # reward (outcome minus the terminal correction) on the last policy token of the response.
-    positions = [ends[k] for k in record.tool_turns] + [_last_trained_token(record, row)]
-    return tips_token_rewards(turn_rewards, positions, mask_row, dtype=dtype)
-
-
-def _portool(
-    episodes: list[Episode],
-    records: Sequence[RowRecord],
-    mask: Tensor,
-    settings: AgentCreditSettings,
-    dtype: torch.dtype,
-) -> Tensor:
-    """PORTool on the tree verl samples: the prompt's episodes as independent chains under the root.
-
-    Node 0 is the prompt; episode j's policy segments are a chain of step nodes below it, so the root is the
-    only fork (verl has no shared-prefix tree rollout; see the docs page).
-    """
-    p = settings.portool
-    out = torch.zeros(mask.shape, dtype=dtype)
-    groups: dict[Hashable, list[Episode]] = defaultdict(list)
-    for ep in episodes:
-        groups[ep.uid].append(ep)
-    for uid, group in groups.items():
-        parents, lengths, fmt = [-1], [0], [0.0]
-        leaf_of: dict[int, tuple[Episode, list[tuple[int, Span]]]] = {}
-        outcomes: dict[int, float] = {}
-        for ep in group:
-            row = _single_view(ep, "portool")
-            record = records[row]
-            if len(record.format_rewards) != len(record.segment_kinds) or any(
-                r is None for r in record.format_rewards
-            ):
-                raise ValueError(
-                    f"episode {ep.episode_id} (uid {uid!r}): portool needs a formatting reward for every step; "
-                    "use the jsoncall protocol"
-                )
-            steps = [(row, s) for s in record.trained_spans()]
-            if len(steps) != len(record.segment_kinds):
-                raise ValueError(
-                    f"episode {ep.episode_id}: {len(steps)} trained steps for {len(record.segment_kinds)}"
-                )
-            parent = 0
-            for (_, span), r_fm in zip(steps, record.format_rewards, strict=True):
-                parents.append(parent)
-                lengths.append(span.end - span.start)
-                fmt.append(float(r_fm))
-                parent = len(parents) - 1
-            leaf_of[parent] = (ep, steps)
-            outcomes[parent] = record.outcome
-        per_leaf = portool_advantages(
-            parents, lengths, outcomes, fmt, gamma=p.gamma, w1=p.w1, root_is_fork=p.root_is_fork
-        )
-        for leaf, step_adv in per_leaf.items():
-            _, steps = leaf_of[leaf]
-            for (row, span), a in zip(steps, step_adv, strict=True):
-                out[row, span.start : span.end] = a
-    return out
 
 
 def apply_to_dataproto(

@@ -7,8 +7,8 @@ agent loop's ``extra_fields`` never reach it. So only outcome-group methods fit:
 * ``agentcredit_grpo``: :func:`agentcredit.credit.grpo_advantages` on R = the row's summed token rewards.
   Unlike verl's built-in ``grpo``, a group of one episode gets 0 (verl's singleton rule would return the raw
   reward; portool.md §3.5 rejects it).
-* ``agentcredit_drgrpo``: the same without the std division (Dr.GRPO). It is also what carl-critical's tree
-  advantage reduces to on verl's independent rollouts (a star tree: A = R - mean R).
+* ``agentcredit_drgrpo``: the same without the std division (Dr.GRPO), which is also what carl-critical gives
+  the first action of each episode on verl's independent rollouts (A = R - mean R at the prompt's fork).
 
 Every other method needs the trainer (``trainer.v1.trainer_mode=agentcredit``). These work with verl's own
 agent loops and trainers, one row per episode (with multi-row episodes verl would count each row as a member

@@ -1,0 +1,140 @@
+"""The estimator entries on hand-built neutral layouts (agentcredit/credit/estimators.py), hand-worked numbers.
+
+Both trainers reach these entries only through a layout, so the entries are tested on layouts written by hand:
+steps spread over rows (carl-segment's replacement mode), shared tree prefixes, and TIPS turn rewards.
+"""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agentcredit.credit import (
+    ESTIMATORS,
+    DecisionTree,
+    Episode,
+    EpisodeBatch,
+    Step,
+    chain_trees,
+    gear_reweight,
+    grpo_advantages,
+    tips_step_rewards,
+)
+
+
+def test_chain_trees_give_each_episode_a_chain_under_its_prompt():
+    eps = [
+        Episode("a", 1.0, (Step(0, 0, 2), Step(0, 3, 5))),
+        Episode("b", 0.0, (Step(1, 0, 2),)),
+        Episode("a", 0.0, (Step(2, 0, 1), Step(2, 2, 4))),
+    ]
+    out, trees = chain_trees(eps)
+    assert trees["a"].parents == (-1, 0, 1, 0, 3) and trees["b"].parents == (-1, 0)
+    assert [[s.node for s in ep.steps] for ep in out] == [[1, 2], [1], [3, 4]]
+    assert out[0].steps[1] == Step(0, 3, 5, node=2)  # spans kept
+
+
+def test_tips_step_rewards_put_turn_rewards_on_the_steps_that_end_turns():
+    # alpha = 0.5, Phi = (-4, -2, -1), R = 1: turns 0.5 * 2 = 1.0 and 0.5 * 1 = 0.5; final 1 - 0.5 * (-1) = 1.5
+    ep = Episode("q", 1.0, (Step(0, 0, 1), Step(0, 2, 3), Step(0, 4, 5)), potentials=(-4.0, -2.0, -1.0))
+    batch = EpisodeBatch((1, 5), [ep])
+    assert tips_step_rewards(batch, alpha=0.5) == [[1.0, 0.5, 1.5]]
+    # verl names the turn ends; a turn that ends on the last step adds to the final reward there
+    ep = Episode("q", 1.0, (Step(0, 0, 1), Step(0, 2, 3)), turn_ends=(1,), potentials=(-4.0, -2.0))
+    assert tips_step_rewards(EpisodeBatch((1, 3), [ep]), alpha=0.5) == [[0.0, 1.0 + 2.0]]
+    with pytest.raises(ValueError, match="episode 0: 2 potentials for 2 tool turns"):
+        ep = Episode("q", 1.0, (Step(0, 0, 1), Step(0, 2, 3), Step(0, 4, 5)), potentials=(-4.0, -2.0))
+        tips_step_rewards(EpisodeBatch((1, 5), [ep]), alpha=0.5)
+
+
+def test_gae_runs_along_an_episode_spread_over_two_rows():
+    # replacement mode: step 1 trained in row 0 (cols 1, 2), step 2 in row 1 (cols 2, 3)
+    ep = Episode("q", 1.0, (Step(0, 1, 3), Step(1, 2, 4)))
+    values = torch.zeros(2, 5)
+    values[0, 1:3] = 0.5
+    values[1, 2:4] = 0.2
+    est = ESTIMATORS["gae"](EpisodeBatch((2, 5), [ep], values=values), gamma=1.0, lam=1.0)
+    # gamma = lam = 1: A_t = R - V_t along [0.5, 0.5, 0.2, 0.2]; returns R
+    expected = torch.zeros(2, 5)
+    expected[0, 1:3] = 0.5
+    expected[1, 2:4] = 0.8
+    torch.testing.assert_close(est.advantages, expected)
+    torch.testing.assert_close(est.returns, (expected != 0).float())
+    assert est.loss_mask.sum() == 4 and torch.equal(est.value_mask, est.loss_mask)
+
+
+def test_critical_on_a_shared_prefix_trains_the_shared_action_once():
+    # ep0 and ep1 share their first action (node 1); ep2 is alone under the prompt
+    eps = [
+        Episode(0, 1.0, (Step(0, 0, 2, node=1), Step(0, 2, 4, node=2))),
+        Episode(0, 0.0, (Step(1, 0, 2, node=1), Step(1, 2, 4, node=3))),
+        Episode(0, 0.0, (Step(2, 0, 3, node=4),)),
+    ]
+    batch = EpisodeBatch((3, 4), eps, trees={0: DecisionTree((-1, 0, 1, 1, 0))})
+    est = ESTIMATORS["critical"](batch)
+    # V(2) = 1, V(3) = 0, V(1) = 0.5, V(4) = 0, V(0) = 0.25: A(1) = 0.25, A(2) = 0.5, A(3) = -0.5, A(4) = -0.25
+    expected = torch.tensor([[0.25, 0.25, 0.5, 0.5], [0.25, 0.25, -0.5, -0.5], [-0.25, -0.25, -0.25, 0.0]])
+    torch.testing.assert_close(est.advantages, expected)
+    loss = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1], [1, 1, 1, 0]], dtype=torch.bool)
+    assert torch.equal(est.loss_mask, loss)  # node 1 enters the update once, in ep0's row
+    assert est.stats == {"critical/actions_rolled": 4.0, "critical/actions_updated": 4.0}
+
+
+def test_gear_with_alpha_zero_leaves_the_advantage_unchanged():
+    ep = Episode("q", 1.0, (Step(0, 0, 3),))
+    adv = torch.tensor([[0.7, 0.7, 0.7, 0.0]])
+    rand = torch.rand(1, 4)
+    batch = EpisodeBatch((1, 4), [ep], student_logp=-rand, teacher_logp=-2 * rand, entropy=rand)
+    torch.testing.assert_close(gear_reweight(batch, adv, alpha=0.0), adv)
+    with pytest.raises(ValueError, match="gear needs `entropy`"):
+        gear_reweight(EpisodeBatch((1, 4), [ep], student_logp=-rand, teacher_logp=-rand), adv)
+
+
+def test_missing_signals_are_named():
+    ep = Episode("q", 1.0, (Step(0, 0, 1),))
+    with pytest.raises(ValueError, match="segment needs `values`"):
+        ESTIMATORS["segment"](EpisodeBatch((1, 2), [ep]))
+    with pytest.raises(ValueError, match="portool needs the decision tree of group 'q'"):
+        ESTIMATORS["portool"](EpisodeBatch((1, 2), [ep]))
+    with pytest.raises(ValueError, match=r"`values` has shape \(1, 3\), expected \(1, 2\)"):
+        ESTIMATORS["gae"](EpisodeBatch((1, 2), [ep], values=torch.zeros(1, 3)))
+
+
+@st.composite
+def layouts(draw):
+    """Independent episodes in one row each, 1-3 steps of 1-3 tokens with gaps (observations) between them."""
+    n = draw(st.integers(1, 6))
+    episodes, width = [], 0
+    for row in range(n):
+        steps, col = [], 0
+        for _ in range(draw(st.integers(1, 3))):
+            col += draw(st.integers(0, 2))
+            length = draw(st.integers(1, 3))
+            steps.append(Step(row, col, col + length, anchor=(draw(st.integers(0, 1)),)))
+            col += length
+        width = max(width, col + 1)
+        reward = draw(st.sampled_from([0.0, 1.0]))
+        episodes.append(Episode(draw(st.sampled_from("ab")), reward, tuple(steps)))
+    episodes, trees = chain_trees(episodes)
+    return EpisodeBatch((n, width), episodes, trees=trees, values=torch.zeros(n, width))
+
+
+@settings(max_examples=60, deadline=None)
+@given(layouts())
+def test_every_estimator_writes_only_on_trained_tokens(batch):
+    trained = batch.trained_mask()
+    for name, entry in ESTIMATORS.items():
+        est = entry(batch)
+        assert not bool((est.advantages[~trained] != 0).any()), name
+        assert not bool((est.loss_mask & ~trained).any()), name
+
+
+@settings(max_examples=60, deadline=None)
+@given(layouts())
+def test_grpo_entry_is_grpo_advantages_on_every_step(batch):
+    est = ESTIMATORS["grpo"](batch, eps=1e-6, scale=True)
+    rewards = torch.tensor([ep.reward for ep in batch.episodes], dtype=torch.float64)
+    per_episode = grpo_advantages(rewards, [ep.group for ep in batch.episodes]).tolist()
+    for ep, a in zip(batch.episodes, per_episode, strict=True):
+        for s in ep.steps:
+            assert est.advantages[s.row, s.start : s.end].tolist() == pytest.approx([a] * s.length, abs=1e-6)
