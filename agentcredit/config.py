@@ -152,7 +152,10 @@ class RolloutConfig(Section):
 
 
 # --------------------------------------------------------------------------------------------- algorithm
-class TipsConfig(Section):
+class TipsShapingConfig(Section):
+    """TIPS's shaping settings, defined once: the native ``algorithm.tips`` section and verl's ``agentcredit.tips``
+    block both extend this class, and both trainers pass it to the same ``tips_step_rewards``."""
+
     alpha: float = Field(
         0.2, ge=0.0, description="Shaping scale alpha (paper: fixed so E|alpha dPhi| ~ 0.2)."
     )
@@ -163,6 +166,15 @@ class TipsConfig(Section):
     target_mean_abs: float = Field(
         0.11, gt=0.0, description="batch_target mode: target mean |alpha dPhi| (code: 0.11)."
     )
+    no_tool_shaping: Literal["paper", "none"] = Field(
+        "paper", description="M = 0 episodes: the paper's -alpha Phi(S_0) correction, or none (code quirk)."
+    )
+    terminal_potential: Literal["zero", "hold"] = Field(
+        "zero", description="Phi(S_K) = 0 (Eq. 20) or the ablation that holds it."
+    )
+
+
+class TipsConfig(TipsShapingConfig):
     refresh_every: int = Field(
         200, ge=1, description="Teacher = policy snapshot refreshed every K steps (paper: 200)."
     )

@@ -201,7 +201,13 @@ def compute_advantages(
     if cfg.shaping == "tips":
         if signals.alpha is None:
             raise ValueError("algorithm.shaping='tips' needs this step's alpha")
-        layout.step_rewards = tips_step_rewards(layout, alpha=signals.alpha)
+        t = cfg.tips
+        layout.step_rewards = tips_step_rewards(
+            layout,
+            alpha=signals.alpha,
+            no_tool_shaping=t.no_tool_shaping,
+            terminal_potential=t.terminal_potential,
+        )
     estimate = ESTIMATORS[cfg.estimator](layout, **estimator_params(cfg))
     result = Advantages(
         estimate.advantages, estimate.loss_mask, estimate.returns, estimate.value_mask, estimate.stats

@@ -102,12 +102,19 @@ def test_verls_own_validation_accepts_critic_free_configs(hydra_ctx, method, mon
 
 
 def test_method_settings_are_the_native_ones(hydra_ctx):
-    """GEAR's section is the native GearConfig (its teacher template once), and TIPS's alpha target follows the
-    paper in both trainers (issue 14: the two sides' settings had drifted apart)."""
-    from agentcredit.config import GearConfig, load_config
-    from agentcredit.integrations.verl.settings import GearSettings
+    """GEAR's section is the native GearConfig (its teacher template once), GiGPO's is GigpoConfig, TIPS's
+    shaping settings are the native TipsShapingConfig, and TIPS's alpha target follows the paper in both
+    trainers (issue 14: the two sides' settings had drifted apart)."""
+    from agentcredit.config import GearConfig, GigpoConfig, TipsShapingConfig, load_config
+    from agentcredit.integrations.verl.settings import AgentCreditSettings, GearSettings, TipsSettings
 
-    assert issubclass(GearSettings, GearConfig)
+    assert issubclass(GearSettings, GearConfig) and issubclass(TipsSettings, TipsShapingConfig)
+    assert AgentCreditSettings.model_fields["gigpo"].annotation is GigpoConfig
+    tips_native = load_config("tips-arith-tools").algorithm.tips
+    tips_verl = check_trainer_config(compose("tips")).tips
+    for name in TipsShapingConfig.model_fields:
+        if name != "alpha":  # the fallback alpha before a batch has a tool turn: the CPU preset sets 0.02
+            assert getattr(tips_verl, name) == getattr(tips_native, name), name
     gear = check_trainer_config(compose("gear"))
     native_gear = load_config("gear-arith-tools").algorithm.gear
     assert gear.gear.template == native_gear.template and gear.gear.lambda_kl == native_gear.lambda_kl

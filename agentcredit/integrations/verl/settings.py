@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from agentcredit.config import GearConfig, GigpoConfig
+from agentcredit.config import GearConfig, GigpoConfig, TipsShapingConfig
 from agentcredit.credit.registry import PRESETS
 
 __all__ = ["METHODS", "AgentCreditSettings", "load_settings"]
@@ -76,17 +76,11 @@ class CarlSegmentSettings(_Section):
     )
 
 
-class TipsSettings(_Section):
-    alpha_mode: Literal["fixed", "batch_target"] = Field(
-        "batch_target", description="fixed alpha, or per-batch alpha = target / mean |dPhi| (released code)."
-    )
-    alpha: float = Field(
-        0.2, ge=0, description="the fixed alpha, and the first batch's alpha if no delta is non-zero."
-    )
-    # the paper's 0.2 wins over the released code's 0.11, as in the native trainer (configs/methods/tips.yaml)
-    target_mean_abs: float = Field(
-        0.2, gt=0, description="batch_target: mean |alpha dPhi| (paper rule 0.2; released code 0.11)."
-    )
+class TipsSettings(TipsShapingConfig):
+    """The shaping settings of the native ``algorithm.tips`` section (:class:`agentcredit.config.TipsShapingConfig`:
+    alpha, its per-batch rule, and the two edge-case options), plus how the rollout server scores the potential.
+    ``config/tips.yaml`` sets the Search-R1 run's values (batch_target alpha with the paper's 0.2 target)."""
+
     reduce: Literal["sum", "mean"] = Field(
         "sum", description="per-alias log-prob: sum (paper Eq. 16) or mean (code)."
     )
@@ -99,12 +93,6 @@ class TipsSettings(_Section):
     )
     max_aliases: int = Field(
         16, ge=1, description="cap on de-duplicated gold aliases per question (tips.md §8.11)."
-    )
-    no_tool_shaping: Literal["paper", "none"] = Field(
-        "paper", description="M = 0 episodes: paper or code quirk."
-    )
-    terminal_potential: Literal["zero", "hold"] = Field(
-        "zero", description="Phi(S_K) = 0 (Eq. 20) or the ablation."
     )
 
 
