@@ -198,10 +198,16 @@ class GearConfig(Section):
     )
 
 
-class PortoolConfig(Section):
+class PortoolAdvantageConfig(Section):
+    """PORTool's advantage settings, defined once: the native ``algorithm.portool`` section and verl's
+    ``agentcredit.portool`` block both extend this class."""
+
     gamma: float = Field(0.95, ge=0.0, le=1.0, description="Step-reward decay gamma (paper: 0.95).")
     w1: float = Field(1.0, description="Weight of the trajectory-relative advantage (paper: 1).")
     root_is_fork: bool = Field(True, description="Count the root as a fork in N_forks (portool.md §3.6).")
+
+
+class PortoolConfig(PortoolAdvantageConfig):
     judge: Literal["rule", "llm"] = Field(
         "rule", description="Outcome judge: rule-based EM/F1 (default) or a local LLM."
     )

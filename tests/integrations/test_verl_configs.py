@@ -102,13 +102,25 @@ def test_verls_own_validation_accepts_critic_free_configs(hydra_ctx, method, mon
 
 
 def test_method_settings_are_the_native_ones(hydra_ctx):
-    """GEAR's section is the native GearConfig (its teacher template once), GiGPO's is GigpoConfig, TIPS's
-    shaping settings are the native TipsShapingConfig, and TIPS's alpha target follows the paper in both
-    trainers (issue 14: the two sides' settings had drifted apart)."""
-    from agentcredit.config import GearConfig, GigpoConfig, TipsShapingConfig, load_config
-    from agentcredit.integrations.verl.settings import AgentCreditSettings, GearSettings, TipsSettings
+    """GEAR's section is the native GearConfig (its teacher template once), GiGPO's is GigpoConfig, PORTool's
+    and TIPS's advantage and shaping settings are the native ones, and TIPS's alpha target follows the paper in
+    both trainers (issue 14: the two sides' settings had drifted apart)."""
+    from agentcredit.config import (
+        GearConfig,
+        GigpoConfig,
+        PortoolAdvantageConfig,
+        TipsShapingConfig,
+        load_config,
+    )
+    from agentcredit.integrations.verl.settings import (
+        AgentCreditSettings,
+        GearSettings,
+        PortoolSettings,
+        TipsSettings,
+    )
 
     assert issubclass(GearSettings, GearConfig) and issubclass(TipsSettings, TipsShapingConfig)
+    assert issubclass(PortoolSettings, PortoolAdvantageConfig)
     assert AgentCreditSettings.model_fields["gigpo"].annotation is GigpoConfig
     tips_native = load_config("tips-arith-tools").algorithm.tips
     tips_verl = check_trainer_config(compose("tips")).tips

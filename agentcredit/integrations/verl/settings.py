@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from agentcredit.config import GearConfig, GigpoConfig, TipsShapingConfig
+from agentcredit.config import GearConfig, GigpoConfig, PortoolAdvantageConfig, TipsShapingConfig
 from agentcredit.credit.registry import PRESETS
 
 __all__ = ["METHODS", "AgentCreditSettings", "load_settings"]
@@ -109,12 +109,10 @@ class GearSettings(GearConfig):
     )
 
 
-class PortoolSettings(_Section):
-    gamma: float = Field(
-        0.95, ge=0, le=1, description="decay of the outcome term in step rewards (paper 0.95)."
-    )
-    w1: float = Field(1.0, description="weight of the trajectory-relative term (paper 1).")
-    root_is_fork: bool = Field(True, description="count the root in N_forks (portool.md §3.9).")
+class PortoolSettings(PortoolAdvantageConfig):
+    """The native section's advantage settings (:class:`agentcredit.config.PortoolAdvantageConfig`), plus where
+    the agent loop finds the formatting reward."""
+
     format_reward_key: str = Field(
         "format_reward",
         description="turn.info key holding the rescaled formatting reward R_fm in [-0.25, 0.25].",
