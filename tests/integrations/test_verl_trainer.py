@@ -63,7 +63,7 @@ class MemoryTQ:
         return Meta(list(keys), partition_id, [{} for _ in keys])
 
 
-FIELDS = ("response_mask", "old_log_probs", "entropy", "values", "rollout_log_probs")
+FIELDS = ("responses", "response_mask", "old_log_probs", "entropy", "values", "rollout_log_probs")
 
 
 def _stored_rows(batch) -> dict[str, dict]:
@@ -91,6 +91,8 @@ def _trainer(cfg) -> AgentCreditTrainer:
     [
         ("carl_segment", _carl_eps),
         ("grpo", lambda: [search_ep("p0", 1.0), search_ep("p0", 0.0, 2, (3, 6, 2))]),
+        # gigpo reads the response tokens (a step's anchor state); the trainer did not fetch them (issue 14)
+        ("gigpo", lambda: [search_ep("p0", 1.0), search_ep("p0", 0.0, 2, (5, 4, 2)), search_ep("p0", 1.0)]),
     ],
 )
 def test_advantage_step_reads_fields_and_writes_nested_advantages(monkeypatch, config_name, method_eps):
@@ -115,7 +117,9 @@ def test_advantage_step_reads_fields_and_writes_nested_advantages(monkeypatch, c
 
     assert set(memory.selected[0]) >= {"uid", "response_mask", "old_log_probs", "entropy", "extra_fields"}
     assert ("values" in memory.selected[0]) == (config_name == "carl_segment")
-    assert out.keys == list(rows) and metrics["agentcredit/episodes"] == 2  # the padding row is no episode
+    assert ("responses" in memory.selected[0]) == (config_name == "gigpo")
+    n_episodes = len(method_eps())
+    assert out.keys == list(rows) and metrics["agentcredit/episodes"] == n_episodes  # padding is no episode
 
     # the same batch through the adapter directly
     reference = build_batch(method_eps(), seed=5)

@@ -25,7 +25,8 @@ from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_
 from verl.trainer.ppo.v1 import PPOTrainerSync, register_trainer
 from verl.workers.utils.padding import response_to_nested
 
-from agentcredit.credit.registry import PRESETS
+from agentcredit.credit.estimators import ESTIMATORS
+from agentcredit.credit.registry import PRESETS, get_preset
 from agentcredit.integrations.verl import EXTRA_KEY, TRAINER_NAME
 from agentcredit.integrations.verl.advantages import apply_to_dataproto
 from agentcredit.integrations.verl.minibatch import MinibatchPlan, plan_minibatches
@@ -226,6 +227,8 @@ class AgentCreditTrainer(PPOTrainerSync):
             fields.append("entropy")  # written by _compute_old_log_prob (not in bypass mode)
         if self.use_critic:
             fields.append("values")
+        if "anchors" in ESTIMATORS[get_preset(self.agentcredit.method).estimator].needs:
+            fields.append("responses")  # gigpo: a step's anchor state is the response tokens before it
         if self.config.actor_rollout_ref.rollout.calculate_log_probs:
             fields.append("rollout_log_probs")
         return fields
