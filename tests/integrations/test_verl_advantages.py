@@ -497,3 +497,63 @@ def test_bad_batches_fail_with_the_row_named():
     sub = proto.select_idxs([0, 2])
     with pytest.raises(ValueError, match="has 1 of its 2 rows"):
         apply_to_dataproto(sub, settings("carl-segment"))
+
+
+def _native_trees(b: Batch) -> tuple[list[RolloutTree], list[tuple[int, int]]]:
+    """The verl batch's episodes as the native trainer holds them: one tree per prompt, each episode a branch
+    of exactly the same tokens. Returns the trees and, per verl row, (tree index, leaf)."""
+    records = b.proto.non_tensor_batch["agentcredit"]
+    uids = list(b.proto.non_tensor_batch["uid"])
+    trees: dict[str, RolloutTree] = {}
+    where = []
+    for row, (record, uid) in enumerate(zip(records, uids, strict=True)):
+        tree = trees.setdefault(uid, RolloutTree(Segment(list(range(100, 100 + PROMPT_LEN)), role="prompt")))
+        node = 0
+        for span in record["spans"]:
+            ids = b.proto.batch["responses"][row, span["start"] : span["end"]].tolist()
+            if span["role"] == "policy":
+                seg = Segment(ids, role="policy", kind=span["kind"], logprobs=[-1.0] * len(ids))
+                if record["format_rewards"]:
+                    seg.info["format_reward"] = record["format_rewards"][span["segment"]]
+            else:
+                seg = Segment(ids, role="observation", kind=span["kind"])
+            node = tree.add(seg, node)
+        tree.set_reward(node, record["outcome"])
+        where.append((list(trees).index(uid), node))
+    return list(trees.values()), where
+
+
+@pytest.mark.parametrize("method", ["grpo", "gigpo", "carl-critical", "portool"])
+def test_both_trainers_give_the_same_advantages_from_one_definition(method):
+    """issue 14: a method is one registry entry that both trainers call on the neutral layout. The same episodes,
+    laid out by the native trainer (trees, rows with the prompt) and by the verl adapter (response rows), get the
+    same advantage on every policy token. (The critic and teacher methods read signals the two trainers compute
+    differently, so they are compared with their credit functions in the tests above.)"""
+    from agentcredit.config import load_config
+    from agentcredit.train.advantages import compute_advantages as native_advantages
+    from agentcredit.train.batch import build_batch as native_batch
+    from agentcredit.train.signals import Signals
+
+    fmt2, fmt3 = [0.25, -0.1], [0.25, 0.1, 0.0]
+    eps = [
+        search_ep("p0", 1.0, fmt=fmt2),
+        search_ep("p0", 0.0, 2, (3, 6, 2), fmt=fmt3),
+        search_ep("p0", 1.0, 2, (4, 2, 3), fmt=fmt3),
+        search_ep("p1", 0.0, fmt=fmt2),
+        search_ep("p1", 1.0, fmt=fmt2),
+    ]
+    cfg = load_config(f"{method}-arith-tools").algorithm
+    b = build_batch(eps)
+    shared = {"grpo": {"eps": cfg.grpo_eps, "scale": cfg.grpo_scale}, "gigpo": cfg.gigpo.model_dump()}
+    shared["portool"] = cfg.portool.model_dump(include={"gamma", "w1", "root_is_fork"})
+    apply_to_dataproto(b.proto, settings(method, **shared))
+    trees, where = _native_trees(b)
+    batch = native_batch(trees)
+    native = native_advantages(cfg, batch, trees, Signals())
+    row_of_leaf = {(t.tree, t.leaf): t.rows[0] for t in batch.trajectories}
+    for row, key in enumerate(where):
+        n_row = row_of_leaf[key]
+        got = b.proto.batch["advantages"][row][b.mask[row].bool()]
+        expected = (native.advantages * native.loss_mask)[n_row][batch.policy_mask[n_row]]
+        torch.testing.assert_close(got, expected.to(got.dtype), atol=1e-6, rtol=1e-6)
+    assert bool((b.proto.batch["advantages"] != 0).any())
