@@ -9,8 +9,8 @@ Per token the batch carries:
 * ``loss_mask`` — the subset that enters the loss (the update set; carl-critical trains only selected actions, once);
 * ``segment_ids`` — the tree node each token came from (-1 on padding), so per-segment quantities broadcast to tokens.
 
-:func:`trajectory_tokens` lists, per trajectory, its policy tokens in temporal order across its rows. Estimators that
-run along a trajectory (GAE, GEAR) gather through it and scatter back.
+:func:`segment_spans` locates each policy segment of a trajectory; :func:`agentcredit.train.advantages.episode_batch`
+turns them into the estimators' neutral layout (:mod:`agentcredit.credit.estimators`).
 """
 
 from __future__ import annotations
@@ -128,46 +128,6 @@ def build_batch(trees: Sequence[RolloutTree], *, pad_id: int = 0) -> TrainBatch:
         behaviour_entropy=pad(rows_ent, 0.0, torch.float32),
         trajectories=trajectories,
     )
-
-
-def trajectory_tokens(batch: TrainBatch) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Per trajectory: (rows, cols) of its policy tokens in temporal order (rows in view order, then position)."""
-    out = []
-    for traj in batch.trajectories:
-        rs, cs = [], []
-        for r in traj.rows:
-            cols = batch.policy_mask[r].nonzero(as_tuple=True)[0]
-            rs.append(torch.full_like(cols, r))
-            cs.append(cols)
-        out.append((torch.cat(rs), torch.cat(cs)))
-    return out
-
-
-def gather_trajectories(
-    batch: TrainBatch,
-    token_values: torch.Tensor,
-    index: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``[N, L]`` row values -> ``[n_traj, T_max]`` trajectory-major values and their mask (policy tokens only)."""
-    index = index if index is not None else trajectory_tokens(batch)
-    T = max((len(r) for r, _ in index), default=0)
-    out = torch.zeros(len(index), max(T, 1), dtype=token_values.dtype)
-    mask = torch.zeros(len(index), max(T, 1), dtype=torch.bool)
-    for j, (r, c) in enumerate(index):
-        out[j, : len(r)] = token_values[r, c]
-        mask[j, : len(r)] = True
-    return out, mask
-
-
-def scatter_trajectories(
-    batch: TrainBatch, traj_values: torch.Tensor, index: list[tuple[torch.Tensor, torch.Tensor]] | None = None
-) -> torch.Tensor:
-    """Inverse of :func:`gather_trajectories`: ``[n_traj, T_max]`` -> ``[N, L]`` (0 off policy tokens)."""
-    index = index if index is not None else trajectory_tokens(batch)
-    out = torch.zeros(batch.input_ids.shape, dtype=traj_values.dtype)
-    for j, (r, c) in enumerate(index):
-        out[r, c] = traj_values[j, : len(r)]
-    return out
 
 
 def segment_spans(batch: TrainBatch, traj: Trajectory) -> list[tuple[int, int, int]]:

@@ -1,14 +1,10 @@
 import torch
 
+from agentcredit.config import load_config
 from agentcredit.rollout.tree import RolloutTree, Segment
-from agentcredit.train.batch import (
-    actions_per_question,
-    build_batch,
-    gather_trajectories,
-    scatter_trajectories,
-    segment_spans,
-    trajectory_tokens,
-)
+from agentcredit.train.advantages import episode_batch
+from agentcredit.train.batch import actions_per_question, build_batch, segment_spans
+from agentcredit.train.signals import Signals
 
 
 def pol(ids, kind="step"):
@@ -33,14 +29,16 @@ def test_replacement_episode_becomes_two_rows_with_each_policy_token_once():
     assert batch.input_ids[1, :6].tolist() == [1, 2, 10, 11, 30, 40]  # the raw output is gone
     assert batch.policy_mask.sum() == 4  # 10, 11, 30 in the first view; 40 in the second
     assert batch.row_traj.tolist() == [0, 0]
-    # temporal order of the trajectory's policy tokens across its rows
-    rows, cols = trajectory_tokens(batch)[0]
-    assert [int(batch.input_ids[r, c]) for r, c in zip(rows, cols, strict=True)] == [10, 11, 30, 40]
     assert segment_spans(batch, traj) == [(0, 2, 3), (0, 6, 6), (1, 5, 5)]
+    # the estimators' layout: the trajectory's policy tokens in temporal order across its rows
+    layout = episode_batch(load_config("ppo-arith-tools").algorithm, batch, [tree], Signals())
+    ((rows, cols),) = layout.token_index()
+    assert [int(batch.input_ids[r, c]) for r, c in zip(rows, cols, strict=True)] == [10, 11, 30, 40]
     values = torch.arange(batch.input_ids.numel(), dtype=torch.float32).view(batch.input_ids.shape)
-    gathered, mask = gather_trajectories(batch, values)
-    back = scatter_trajectories(batch, gathered)
+    gathered, mask = layout.gather(values, layout.token_index())
+    back = layout.scatter(gathered, layout.token_index())
     assert torch.equal(back[batch.policy_mask], values[batch.policy_mask]) and mask.all()
+    assert torch.equal(layout.trained_mask(), batch.policy_mask)
 
 
 def test_select_trims_padding_and_keeps_rows():
