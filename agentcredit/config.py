@@ -116,6 +116,12 @@ class ToolsConfig(Section):
         description="jsoncall: the tool-suite subset shown to the model (None = all 17 of PORTool §2.5; "
         "response_gen is always kept). The full list is a ~4.7k-token system prompt, too long for CPU presets.",
     )
+    functions: list[str] = Field(
+        default_factory=list,
+        description="jsoncall: your own tools, as 'package.module:function' (typed, with a docstring; the schema "
+        "comes from them, agentcredit.tools.functions). Added to the suite tools shown; suite_tools: [] shows "
+        "only yours and response_gen.",
+    )
 
 
 class RolloutConfig(Section):

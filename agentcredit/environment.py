@@ -59,8 +59,11 @@ def outcome_reward(
     )
 
 
-def build_tools(config: Config, protocol_name: str, corpus: Path | None) -> ToolRuntime:
-    """The tools a protocol calls: the python sandbox (codefence), search/access (tags), the suite (jsoncall).
+def build_tools(
+    config: Config, protocol_name: str, corpus: Path | None, functions: Sequence[Any] = ()
+) -> ToolRuntime:
+    """The tools a protocol calls: the python sandbox (codefence), search/access (tags), the suite (jsoncall)
+    plus the user's ``functions`` (:func:`user_tools`).
 
     Raises :class:`ToolUnavailableError` when the corpus cannot be loaded or the sandbox cannot run ``print(1)``.
     """
@@ -90,6 +93,8 @@ def build_tools(config: Config, protocol_name: str, corpus: Path | None) -> Tool
             runtime.tools = {
                 name: fn for name, fn in runtime.tools.items() if name in suite_subset(t.suite_tools)
             }
+        for tool in functions:
+            runtime.register(tool.name, tool)
         return runtime
     raise ValueError(f"no tools for protocol {protocol_name!r}")
 
@@ -156,24 +161,45 @@ def suite_subset(names: list[str]) -> set[str]:
     return set(names) | {"response_gen"}
 
 
+def user_tools(config: Config) -> list[Any]:
+    """``tools.functions`` as tools (jsoncall only); errors name the entry, module and function."""
+    if not config.tools.functions:
+        return []
+    if config.protocol.name != "jsoncall":
+        raise ValueError(
+            f"tools.functions needs protocol jsoncall (the protocol that shows tool schemas), got "
+            f"{config.protocol.name!r}"
+        )
+    from agentcredit.tools.functions import function_tools
+    from agentcredit.tools.suite import suite_schemas
+
+    tools = function_tools(config.tools.functions)
+    clash = sorted({t.name for t in tools} & {s["function"]["name"] for s in suite_schemas()})
+    if clash:
+        raise ValueError(f"tools.functions: {clash} would shadow the tool suite's tools of the same name")
+    return tools
+
+
 def build_environment(config: Config) -> Environment:
     protocol_options = dict(config.protocol.options)
+    functions = user_tools(config)
     if (
         config.protocol.name == "jsoncall"
-        and config.tools.suite_tools is not None
+        and (config.tools.suite_tools is not None or config.tools.functions)
         and "schemas" not in protocol_options
     ):
         from agentcredit.tools.suite import suite_schemas
 
-        keep = suite_subset(config.tools.suite_tools)
-        protocol_options["schemas"] = [s for s in suite_schemas() if s["function"]["name"] in keep]
+        shown = suite_subset(config.tools.suite_tools) if config.tools.suite_tools is not None else None
+        schemas = [s for s in suite_schemas() if shown is None or s["function"]["name"] in shown]
+        protocol_options["schemas"] = schemas + [t.schema for t in functions]
     protocol = get_protocol(config.protocol.name, **protocol_options)
     corpus = (
         Path(config.tools.corpus)
         if config.tools.corpus
         else task_corpus(config.task.name, seed=config.task.seed)
     )
-    tools = build_tools(config, config.protocol.name, corpus)
+    tools = build_tools(config, config.protocol.name, corpus, functions)
     if config.algorithm.estimator == "portool":
         from agentcredit.tasks.judge import build_judge
 
