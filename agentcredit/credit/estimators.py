@@ -29,6 +29,7 @@ from types import MappingProxyType
 import torch
 from torch import Tensor
 
+from agentcredit.credit._validate import finite_where
 from agentcredit.credit.carl_critical import critical_action_advantages
 from agentcredit.credit.carl_segment import segment_advantages
 from agentcredit.credit.gae import gae_advantages
@@ -109,13 +110,35 @@ class EpisodeBatch:
     step_rewards: list[list[float]] | None = None
     dtype: torch.dtype = torch.float32
 
+    def __post_init__(self) -> None:
+        n_rows, length = self.shape
+        for j, ep in enumerate(self.episodes):
+            for k, s in enumerate(ep.steps):
+                if not (0 <= s.row < n_rows and 0 <= s.start < s.end <= length):
+                    raise ValueError(
+                        f"episode {j} (group {ep.group!r}) step {k}: row {s.row}, tokens [{s.start}, {s.end}) lie "
+                        f"outside the batch's {n_rows} rows x {length} tokens (or the span is empty)"
+                    )
+
     def need(self, name: str, method: str) -> Tensor:
+        """The per-token signal ``name``, checked: present, ``[N, L]``, finite on every trained token (the error
+        names the batch position)."""
         tensor = getattr(self, name)
         if tensor is None:
             raise ValueError(f"{method} needs `{name}` per token, and the trainer did not provide it")
         if tuple(tensor.shape) != tuple(self.shape):
             raise ValueError(f"`{name}` has shape {tuple(tensor.shape)}, expected {tuple(self.shape)}")
+        finite_where(tensor, name, self.trained_mask())
         return tensor
+
+    def last_step(self, j: int, method: str) -> Step:
+        """Episode j's last step; a ValueError naming it when it has none (an empty first generation)."""
+        ep = self.episodes[j]
+        if not ep.steps:
+            raise ValueError(
+                f"episode {j} (group {ep.group!r}) has no policy step; {method} needs one to carry its outcome"
+            )
+        return ep.steps[-1]
 
     def tree(self, group: Hashable, method: str) -> DecisionTree:
         try:
@@ -136,7 +159,7 @@ class EpisodeBatch:
     def rewards_per_step(self) -> list[list[float]]:
         if self.step_rewards is not None:
             return self.step_rewards
-        return [[0.0] * (len(ep.steps) - 1) + [ep.reward] for ep in self.episodes]
+        return [[0.0] * (len(ep.steps) - 1) + [ep.reward] if ep.steps else [] for ep in self.episodes]
 
     def token_index(self) -> list[tuple[Tensor, Tensor]]:
         """Per episode: (rows, cols) of its trained tokens in temporal order."""
@@ -144,7 +167,8 @@ class EpisodeBatch:
         for ep in self.episodes:
             rows = [torch.full((s.length,), s.row, dtype=torch.long) for s in ep.steps]
             cols = [torch.arange(s.start, s.end, dtype=torch.long) for s in ep.steps]
-            out.append((torch.cat(rows), torch.cat(cols)))
+            empty = torch.zeros(0, dtype=torch.long)
+            out.append((torch.cat([empty, *rows]), torch.cat([empty, *cols])))
         return out
 
     def gather(self, tokens: Tensor, index: list[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
@@ -234,6 +258,7 @@ def tips_step_rewards(
             no_tool_shaping=no_tool_shaping,  # type: ignore[arg-type]
             terminal_potential=terminal_potential,  # type: ignore[arg-type]
         )
+        batch.last_step(j, "tips")
         rewards = [0.0] * len(ep.steps)
         for step, r in zip(ends, turn[:-1], strict=True):
             rewards[step] += r
@@ -256,7 +281,8 @@ def _gae(batch: EpisodeBatch, *, gamma: float = 1.0, lam: float = 1.0) -> Estima
     values = batch.need("values", "gae")
     index = batch.token_index()
     rewards = batch.zeros()
-    for ep, step_rewards in zip(batch.episodes, batch.rewards_per_step(), strict=True):
+    for j, (ep, step_rewards) in enumerate(zip(batch.episodes, batch.rewards_per_step(), strict=True)):
+        batch.last_step(j, "gae")
         for s, r in zip(ep.steps, step_rewards, strict=True):
             rewards[s.row, s.end - 1] += r
     rew, mask = batch.gather(rewards, index)
@@ -271,7 +297,8 @@ def _segment(batch: EpisodeBatch, *, lam: float = 0.0, gamma: float = 1.0) -> Es
     per_step = []
     returns = batch.zeros()
     value_mask = torch.zeros(batch.shape, dtype=torch.bool)
-    for ep, rewards in zip(batch.episodes, batch.rewards_per_step(), strict=True):
+    for j, (ep, rewards) in enumerate(zip(batch.episodes, batch.rewards_per_step(), strict=True)):
+        batch.last_step(j, "segment")
         boundary = [float(values[s.row, s.start]) for s in ep.steps]
         # rewards[-1] is the outcome (minus alpha Phi(S_M) under TIPS shaping); the others are turn rewards
         per_step.append(
@@ -292,14 +319,17 @@ def _groups(batch: EpisodeBatch) -> dict[Hashable, list[int]]:
 
 
 def _leaf_rewards(batch: EpisodeBatch, members: list[int], method: str) -> dict[int, float]:
-    leaves: dict[int, float] = {}
+    leaves: dict[int, int] = {}  # leaf node -> the episode that ends there
     for j in members:
-        ep = batch.episodes[j]
-        leaf = ep.steps[-1].node
+        leaf = batch.last_step(j, method).node
         if leaf in leaves:
-            raise ValueError(f"{method}: two episodes of group {ep.group!r} end at the same step node {leaf}")
-        leaves[leaf] = ep.reward
-    return leaves
+            raise ValueError(
+                f"{method}: episodes {leaves[leaf]} and {j} of group {batch.episodes[j].group!r} end at the same "
+                f"step node {leaf} (rows {batch.episodes[leaves[leaf]].steps[-1].row} and "
+                f"{batch.episodes[j].steps[-1].row})"
+            )
+        leaves[leaf] = j
+    return {leaf: batch.episodes[j].reward for leaf, j in leaves.items()}
 
 
 def _critical(batch: EpisodeBatch, *, update_rule: str = "multi_child") -> Estimate:
@@ -412,8 +442,11 @@ def gear_reweight(
     out = torch.zeros_like(a)
     kw = {"lambda_kl": lambda_kl, "lambda_h": lambda_h, "alpha": alpha, "beta": beta}
     for j in range(a.shape[0]):
-        w_pos = gear_advantages(1.0, student[j], teacher[j], entropy[j], mask[j], **kw)
-        w_neg = -gear_advantages(-1.0, student[j], teacher[j], entropy[j], mask[j], **kw)
+        # each sign's weight only where the episode has that sign (GRPO's A is one sign per episode)
+        pos, neg = bool((a[j] > 0).any()), bool((a[j] < 0).any())
+        zero = torch.zeros_like(a[j])
+        w_pos = gear_advantages(1.0, student[j], teacher[j], entropy[j], mask[j], **kw) if pos else zero
+        w_neg = -gear_advantages(-1.0, student[j], teacher[j], entropy[j], mask[j], **kw) if neg else zero
         out[j] = torch.where(a[j] > 0, w_pos, w_neg).to(a.dtype) * a[j]
     return batch.scatter(out, index)
 

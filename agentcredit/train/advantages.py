@@ -16,7 +16,7 @@ GiGPO anchor is every token before it on the tree path (:func:`anchor_states`).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -26,6 +26,7 @@ from agentcredit.credit import (
     DecisionTree,
     Episode,
     EpisodeBatch,
+    Estimate,
     Step,
     gear_reweight,
     tips_step_rewards,
@@ -34,14 +35,9 @@ from agentcredit.rollout.tree import RolloutTree
 from agentcredit.train.batch import TrainBatch, segment_spans
 from agentcredit.train.signals import Signals
 
-
-@dataclass
-class Advantages:
-    advantages: torch.Tensor  # [N, L]
-    loss_mask: torch.Tensor  # [N, L] bool
-    returns: torch.Tensor | None = None  # [N, L] critic targets
-    value_mask: torch.Tensor | None = None  # [N, L] bool
-    stats: dict[str, float] = field(default_factory=dict)
+#: What :func:`compute_advantages` returns: the estimator's :class:`~agentcredit.credit.estimators.Estimate`
+#: after reweighting and whitening (advantages, loss mask, critic returns and value mask, statistics).
+Advantages = Estimate
 
 
 # ------------------------------------------------------------------------------------------ layout
@@ -154,10 +150,15 @@ def episode_batch(
             potentials = tuple(signals.potentials[j])
         episodes.append(Episode(traj.tree, traj.reward, tuple(steps), potentials=potentials))
     trees_by_group = {}
+    forked_parent = cfg.estimator == "critical" and cfg.critical.update_rule == "forked_parent"
     for t, (tree, view) in enumerate(zip(trees, views, strict=False)):
-        # the strategy counts forks per state node (a policy segment or the observation after it)
         counts: dict[int, int] = {}
-        for node, c in tree.info.get("fork_counts", {}).items():
+        # the strategy counts forks per state node (a policy segment or the observation after it)
+        for node, c in tree.info.get("fork_counts", {}).items() if forked_parent else ():
+            if int(node) not in view.step_of:
+                raise ValueError(
+                    f"tree {t}: info['fork_counts'] names node {node}, which the tree does not have"
+                )
             step = view.step_of[int(node)]
             counts[step] = counts.get(step, 0) + int(c)
         trees_by_group[t] = DecisionTree(tuple(view.parents), counts)
@@ -208,10 +209,7 @@ def compute_advantages(
             no_tool_shaping=t.no_tool_shaping,
             terminal_potential=t.terminal_potential,
         )
-    estimate = ESTIMATORS[cfg.estimator](layout, **estimator_params(cfg))
-    result = Advantages(
-        estimate.advantages, estimate.loss_mask, estimate.returns, estimate.value_mask, estimate.stats
-    )
+    result = ESTIMATORS[cfg.estimator](layout, **estimator_params(cfg))
     if cfg.shaping == "tips":
         result.stats.update(tips_stats(signals.potentials, signals.alpha))
     if cfg.reweight == "gear":

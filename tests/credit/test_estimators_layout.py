@@ -138,3 +138,27 @@ def test_grpo_entry_is_grpo_advantages_on_every_step(batch):
     for ep, a in zip(batch.episodes, per_episode, strict=True):
         for s in ep.steps:
             assert est.advantages[s.row, s.start : s.end].tolist() == pytest.approx([a] * s.length, abs=1e-6)
+
+
+def test_an_episode_without_steps_still_counts_in_its_group_and_is_named_where_it_cannot():
+    # the agent loop can end an episode whose first generation was empty: no step, but an outcome
+    eps = [Episode("q", 1.0, (Step(0, 0, 2),)), Episode("q", 0.0, ())]
+    batch = EpisodeBatch((2, 3), eps, values=torch.zeros(2, 3))
+    est = ESTIMATORS["grpo"](batch, eps=1e-6, scale=False)
+    assert est.advantages[0, :2].tolist() == [0.5, 0.5]  # R - mean(1, 0): the empty episode is in the mean
+    assert batch.token_index()[1][0].numel() == 0
+    with pytest.raises(ValueError, match=r"episode 1 \(group 'q'\) has no policy step; gae needs one"):
+        ESTIMATORS["gae"](batch)
+    with pytest.raises(ValueError, match=r"episode 1 \(group 'q'\) has no policy step; carl-critical needs one"):
+        ESTIMATORS["critical"](EpisodeBatch((2, 3), *chain_trees(eps)))
+
+
+def test_bad_layouts_and_non_finite_signals_name_the_batch_position():
+    with pytest.raises(ValueError, match=r"episode 0 \(group 'q'\) step 1: row 0, tokens \[3, 9\) lie outside"):
+        EpisodeBatch((1, 5), [Episode("q", 1.0, (Step(0, 0, 1), Step(0, 3, 9)))])
+    values = torch.zeros(2, 5)
+    values[1, 3] = float("nan")
+    batch = EpisodeBatch((2, 5), [Episode("q", 1.0, (Step(0, 0, 2),)), Episode("q", 0.0, (Step(1, 2, 4),))])
+    batch.values = values
+    with pytest.raises(ValueError, match=r"values\[\(1, 3\)\] = nan"):
+        ESTIMATORS["gae"](batch)

@@ -345,12 +345,7 @@ def _tips_alpha(
     deltas: list[float] = []
     phi0: list[float] = []
     for ep in episodes:
-        phi = ep.record.potentials
-        if phi is None:
-            raise ValueError(
-                f"episode {ep.episode_id}: tips needs the teacher potentials in extra_fields['{EXTRA_KEY}'] "
-                "(the agent loop computes them when agentcredit.method=tips)"
-            )
+        phi = ep.record.potentials  # present: _episode_batch checked it
         phi0.append(phi[0])
         deltas.extend(phi[k] - phi[k - 1] for k in range(1, len(phi)))
     alpha = tips_step_alpha(
