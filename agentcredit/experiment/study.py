@@ -17,7 +17,9 @@ Layout of a study directory::
     start/sft-model/           the SFT model; start/model/ adds the warmed-up value head (or is the SFT model)
     start/summary.json         the start's held-out metrics (step 0 of every curve), tier labels, warm-up gate
     runs/<arm>-s<seed>/        ordinary run directories (config.yaml, metrics.jsonl, checkpoints)
-        done.json              written last: the run is finished and never repeated
+        done.json              written last: the run is finished and never repeated; its checkpoints are then
+                               deleted (they only serve a resume, and with optimizer state a 135M model's are
+                               1.5 GB each: 18 runs kept 56 GB). A diverged run (failed.json) keeps them.
     report/                    report.md, report.html, plots/
 
 A study resumes where it stopped: finished runs are skipped, an unfinished run continues from its last
@@ -31,6 +33,7 @@ import fcntl
 import hashlib
 import json
 import os
+import shutil
 import socket
 import time
 from collections.abc import Callable
@@ -614,6 +617,9 @@ class Study:
                 run_dir / "done.json",
                 {"final": finals, "seconds": spent + time.perf_counter() - began, "finished": time.time()},
             )
+            # done.json is on disk first, so a kill here leaves a finished run with some checkpoints, never a
+            # run with neither
+            shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
             self.log(
                 f"[{arm.name} seed {seed}] done: "
                 + ", ".join(f"{n}/accuracy={m['accuracy']:.3f}" for n, m in finals.items())

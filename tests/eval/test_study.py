@@ -204,6 +204,8 @@ def test_study_runs_resumes_and_reports(tmp_path):
     assert rest.exit_code == 0, rest.output
     assert len(list(out.glob("runs/*/done.json"))) == 4
     assert (out / "runs" / "grpo-s0" / "done.json").stat().st_mtime_ns == stamp  # not repeated
+    # finished runs keep their record, not their resume checkpoints (1.5 GB each at 135M with optimizer state)
+    assert not list(out.glob("runs/*/checkpoints/*"))
 
     # critic-free arms start from the SFT model, critic arms from the warmed-up one: the same policy weights
     assert f"name: {out / 'start' / 'sft-model'}" in (out / "runs" / "grpo-s1" / "config.yaml").read_text()
