@@ -6,6 +6,8 @@
 * ``tags``: ``<search>`` / ``<information>`` / ``<answer>`` in the styles of Search-R1, ASearcher
   (carl-critical, read and access actions) and TIPS (verl tool calling).
 * ``jsoncall``: PORTool's ``<think>`` + ``<tool_call>[JSON]`` steps, ``response_gen`` and the formatting reward.
+* ``chat``: the model's own tool calling: tools rendered by its chat template, calls in its dialect (Hermes/Qwen,
+  Llama 3, Mistral), results as the template's tool turns.
 """
 
 from __future__ import annotations
@@ -22,12 +24,14 @@ from agentcredit.protocols.jsoncall import (
     format_reward_raw,
     rescale_format_reward,
 )
+from agentcredit.protocols.native import ChatToolProtocol
 from agentcredit.protocols.tags import TagsProtocol
 
 PROTOCOLS: dict[str, type[Protocol]] = {
     "codefence": CodeFenceProtocol,
     "tags": TagsProtocol,
     "jsoncall": JsonCallProtocol,
+    "chat": ChatToolProtocol,
 }
 
 
@@ -57,6 +61,7 @@ __all__ = [
     "CHATML",
     "PROTOCOLS",
     "ChatMarkers",
+    "ChatToolProtocol",
     "CodeFenceProtocol",
     "EpisodeState",
     "FinishReason",

@@ -75,3 +75,83 @@ class ChatMarkers:
 
 #: ChatML (Qwen2.5, SmolLM2): the default when no tokenizer is at hand.
 CHATML = ChatMarkers()
+
+
+_PROBE_CALL_ID = "probe0001"  # 9 characters: Mistral's templates reject other tool-call id lengths
+_PROBE_RESULTS = ("AGENTCREDIT-PROBE-RESULT-ONE", "AGENTCREDIT-PROBE-RESULT-TWO")
+
+
+@dataclass(frozen=True)
+class ToolTurns:
+    """The template text around tool results that follow an assistant turn calling tools.
+
+    A tool turn is ``[turn_end] + open + r1 + separator + r2 + ... + close``: ``open`` holds everything after
+    the assistant's end-of-turn token up to the first result (Qwen's ``\\n<|im_start|>user\\n<tool_response>\\n``,
+    Llama 3's ``<|start_header_id|>ipython<|end_header_id|>\\n\\n``), ``separator`` what lies between two results,
+    and ``close`` what follows the last one, the next assistant header included. ``json_quoted``: the template
+    writes a result as a JSON string (Llama 3.1 applies ``tojson`` to tool content).
+    """
+
+    turn_end: str = "<|im_end|>"
+    open: str = "\n<|im_start|>tool\n"
+    separator: str = "<|im_end|>\n<|im_start|>tool\n"
+    close: str = "<|im_end|>\n<|im_start|>assistant\n"
+    json_quoted: bool = False
+
+    def render(self, outputs: list[str], *, turn_end_generated: bool) -> str:
+        """The tool turn(s) carrying ``outputs`` in call order, appended after a policy segment."""
+        if self.json_quoted:
+            import json
+
+            outputs = [json.dumps(o, ensure_ascii=False) for o in outputs]
+        head = "" if turn_end_generated else self.turn_end
+        return head + self.open + self.separator.join(outputs) + self.close
+
+    def ends_turn(self, text: str, finish: str) -> bool:
+        return finish == "eos" or (bool(self.turn_end) and text.rstrip().endswith(self.turn_end))
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer: Any) -> ToolTurns:
+        """Read the tool-turn text off ``tokenizer``'s chat template by rendering a probe conversation.
+
+        The probe is a user turn, an assistant turn calling one tool, and two tool results. The tool-turn text is
+        what the full rendering adds after the rendering that stops at the assistant turn. A template that cannot
+        render a ``tool`` role (it raises, or drops the results) is a ValueError: pass ``tool_turns=`` explicitly.
+        """
+        call = {"type": "function", "id": _PROBE_CALL_ID, "function": {"name": "probe", "arguments": {}}}
+        head = [
+            {"role": "user", "content": _PROBE_USER},
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+        ]
+        results = [
+            {"role": "tool", "content": r, "tool_call_id": _PROBE_CALL_ID, "name": "probe"}
+            for r in _PROBE_RESULTS
+        ]
+        try:
+            before = tokenizer.apply_chat_template(head, tokenize=False)
+            full = tokenizer.apply_chat_template(head + results, tokenize=False, add_generation_prompt=True)
+        except Exception as exc:
+            raise ValueError(
+                f"the chat template cannot render tool results ({type(exc).__name__}: {exc}); "
+                "pass tool_turns=ToolTurns(...) explicitly"
+            ) from exc
+        one, two = (full.find(r) for r in _PROBE_RESULTS)
+        if not full.startswith(before) or one < len(before) or two < one:
+            raise ValueError(
+                "the chat template did not render the tool results after the assistant turn; "
+                "pass tool_turns=ToolTurns(...) explicitly"
+            )
+        quoted = full[one - 1 : one] == '"' and full[two - 1 : two] == '"'
+        q = 1 if quoted else 0
+        # the assistant turn's end-of-turn token is sampled by the model; what the template writes after it
+        # (a newline in ChatML) belongs to the tool turn
+        turn_end = ChatMarkers.from_tokenizer(tokenizer).turn_end
+        cut = before.rfind(turn_end) if turn_end else -1
+        tail = before[cut + len(turn_end) :] if cut >= 0 else ""
+        return cls(
+            turn_end=turn_end,
+            open=tail + full[len(before) : one - q],
+            separator=full[one + len(_PROBE_RESULTS[0]) + q : two - q],
+            close=full[two + len(_PROBE_RESULTS[1]) + q :],
+            json_quoted=quoted,
+        )

@@ -188,25 +188,25 @@ def _find_block(text: str, open_tag: str, close_tag: str, start: int = 0) -> tup
     return None if j < 0 else (i + len(open_tag), j)
 
 
-def _normalise_schema(index: int, entry: Any) -> dict[str, Any]:
+def normalise_schema(index: int, entry: Any, *, owner: str = "jsoncall") -> dict[str, Any]:
     """An OpenAI-style ``{"type": "function", "function": {...}}`` or a flat ``{"name", "parameters"}`` schema."""
     if not isinstance(entry, Mapping):
-        raise ValueError(f"jsoncall: tool schema {index} must be a mapping, got {type(entry).__name__}")
+        raise ValueError(f"{owner}: tool schema {index} must be a mapping, got {type(entry).__name__}")
     fn = entry.get("function", entry) if entry.get("type") == "function" else entry
     if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str) or not fn["name"]:
         raise ValueError(
-            f"jsoncall: tool schema {index} has no 'name' string (field 'function.name' or 'name')"
+            f"{owner}: tool schema {index} has no 'name' string (field 'function.name' or 'name')"
         )
     params = fn.get("parameters", {"type": "object", "properties": {}})
     if not isinstance(params, Mapping):
         raise ValueError(
-            f"jsoncall: tool schema {index} ({fn['name']}): 'parameters' must be a JSON schema object"
+            f"{owner}: tool schema {index} ({fn['name']}): 'parameters' must be a JSON schema object"
         )
     try:
         jsonschema.validators.validator_for(params).check_schema(params)
     except jsonschema.SchemaError as exc:
         raise ValueError(
-            f"jsoncall: tool schema {index} ({fn['name']}): invalid 'parameters': {exc.message}"
+            f"{owner}: tool schema {index} ({fn['name']}): invalid 'parameters': {exc.message}"
         ) from exc
     return {"type": "function", "function": {**fn, "parameters": dict(params)}}
 
@@ -252,7 +252,7 @@ class JsonCallProtocol(Protocol):
             raise ValueError(
                 f"jsoncall: schemas must be a list of tool schemas, got {type(schemas).__name__}"
             )
-        normalised = [_normalise_schema(i, s) for i, s in enumerate(schemas)]
+        normalised = [normalise_schema(i, s) for i, s in enumerate(schemas)]
         names = [s["function"]["name"] for s in normalised]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:

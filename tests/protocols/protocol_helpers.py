@@ -69,8 +69,12 @@ def run_episode(
     *,
     pieces: Callable[[str], Iterable[str]] | None = None,
     default_budget: int = 10_000,
+    tokenizer: Any = None,
 ) -> Episode:
-    """Run one episode with scripted outputs; raises if the protocol asks for more segments than scripted."""
+    """Run one episode with scripted outputs; raises if the protocol asks for more segments than scripted.
+
+    With a ``tokenizer``, the prompt is rendered first, as the engine does (protocols read the template there).
+    """
     calls_run: list[dict[str, Any]] = []
 
     def logged(name: str, fn: Callable[[dict[str, Any]], str]) -> Callable[[dict[str, Any]], str]:
@@ -83,6 +87,8 @@ def run_episode(
     runtime = ToolRuntime({name: logged(name, fn) for name, fn in (tools or {}).items()}, max_workers=2)
     split = pieces or chunk_pieces
     state = protocol.new_episode(question)
+    if tokenizer is not None:
+        protocol.prompt(state, tokenizer)
     segments: list[SegmentRecord] = []
     context: list[tuple[str, str, bool]] = []
     try:

@@ -17,13 +17,15 @@ from agentcredit.protocols import (
 )
 from agentcredit.protocols.base import Protocol, Turn, check_results
 from agentcredit.protocols.chat import CHATML, ChatMarkers
+from agentcredit.protocols.native import ChatToolProtocol
 from agentcredit.tools.base import ToolCall, ToolResult
 
 SCHEMAS = [{"name": "echo", "parameters": {"type": "object", "properties": {"x": {"type": "string"}}}}]
 
 
 def test_names_and_classes():
-    assert sorted(PROTOCOLS) == ["codefence", "jsoncall", "tags"]
+    assert sorted(PROTOCOLS) == ["chat", "codefence", "jsoncall", "tags"]
+    assert isinstance(get_protocol("chat", schemas=SCHEMAS), ChatToolProtocol)
     assert isinstance(get_protocol("codefence"), CodeFenceProtocol)
     assert isinstance(get_protocol("tags", style="tips"), TagsProtocol)
     assert isinstance(get_protocol("jsoncall", schemas=SCHEMAS), JsonCallProtocol)
@@ -41,7 +43,7 @@ def test_unknown_option_names_the_allowed_ones():
 
 
 def test_unknown_protocol():
-    with pytest.raises(ValueError, match="choose one of \\['codefence', 'jsoncall', 'tags'\\]"):
+    with pytest.raises(ValueError, match="choose one of \\['chat', 'codefence', 'jsoncall', 'tags'\\]"):
         get_protocol("react")
 
 

@@ -1,0 +1,352 @@
+"""The model's own tool-call format (protocol ``chat``): tools shown by its chat template, calls in its dialect.
+
+A model tuned for tool use (Qwen2.5/3, Hermes, Llama 3.x, Mistral) already knows one way to see tools and call
+them: its chat template renders ``apply_chat_template(messages, tools=schemas)`` and teaches a call syntax.
+This protocol uses both instead of a format of ours, so such a model is trained in the format it was tuned on:
+
+* **prompt**: the template with ``tools=`` (OpenAI-style function schemas). A template that ignores ``tools``
+  (SmolLM2's) gets them in a system message written in the Hermes format, and is parsed as Hermes.
+* **calls**, by dialect (read off the template's text, or set with ``dialect=``):
+  ``hermes`` -- ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, one block per call (Qwen, Hermes);
+  ``llama3`` -- the message is one JSON object ``{"name": ..., "parameters": {...}}``, optionally after
+  ``<|python_tag|>`` (Llama 3.1-3.3 JSON tool calling); ``mistral`` -- ``[TOOL_CALLS]`` then a JSON array of
+  ``{"name", "arguments"}`` objects, or ``[TOOL_CALLS]name[ARGS]{...}`` per call (newer Mistral templates).
+* **results** come back as the template's own tool-role turn(s), appended as text read off the template
+  (:class:`~agentcredit.protocols.chat.ToolTurns`), never by re-rendering earlier turns.
+
+Segments are assistant messages: one that calls a tool is an ``invoke``; one that calls none is the final
+answer, a ``commit`` whose text (think blocks removed) is the answer. A call that does not parse runs nothing and
+comes back as an ``ERROR:`` tool result naming what is wrong; the episode goes on. The tools' argument checks
+are the tools' own (:class:`~agentcredit.tools.functions.FunctionTool` validates against its schema).
+
+Every step also carries PORTool's formatting reward (``turn.info["format_reward"]``), with one adaptation: the
+rubric's think-block item is always met, since this format has no required reasoning block; the other items
+(a call block, valid JSON, name/arguments fields, the share of calls that succeeded) are the paper's.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
+from typing import Any
+
+from agentcredit.protocols._text import tail_contains
+from agentcredit.protocols.base import EpisodeState, FinishReason, Observation, Protocol, Turn, check_results
+from agentcredit.protocols.chat import ToolTurns
+from agentcredit.protocols.jsoncall import (
+    StepFormat,
+    format_reward_raw,
+    normalise_schema,
+    rescale_format_reward,
+)
+from agentcredit.tools.base import ToolCall, ToolResult
+
+DIALECTS = ("hermes", "llama3", "mistral")
+_THINK = re.compile(r"<think>.*?(</think>|$)", re.DOTALL)
+_HERMES_BLOCK = re.compile(r"<tool_call>(.*?)(</tool_call>|$)", re.DOTALL)
+_MISTRAL_NAMED = re.compile(r"\[TOOL_CALLS\]\s*([A-Za-z_][\w.-]*)\s*\[ARGS\]")
+
+#: The tool list for a template that does not render ``tools=``: the Hermes format, in our words.
+HERMES_TOOLS_PROMPT = (
+    "You can call tools. Their signatures, as JSON schemas:\n<tools>\n{tools}\n</tools>\n\n"
+    "To call a tool, write a JSON object with its name and arguments between <tool_call> and </tool_call>:\n"
+    '<tool_call>\n{{"name": "<tool name>", "arguments": {{"<argument>": <value>}}}}\n</tool_call>\n'
+    "You may call several tools in one message, one block each. Their results come back in the next turn. "
+    "When you have the answer, reply with it without a tool call."
+)
+
+
+def detect_dialect(template: str) -> str | None:
+    """The call dialect a chat template's source teaches, or None when it shows no tool calling."""
+    if "[TOOL_CALLS]" in template:
+        return "mistral"
+    if "<tool_call>" in template:
+        return "hermes"
+    if "<|python_tag|>" in template or "ipython" in template:
+        return "llama3"
+    return None
+
+
+def _strip_think(text: str) -> str:
+    return _THINK.sub("", text)
+
+
+def _call_object(index: int, data: Any, args_key: str = "arguments") -> tuple[ToolCall | None, str | None]:
+    """A ``{"name": str, "arguments": {...}}`` object as a call, or the error naming what is wrong."""
+    if not isinstance(data, dict):
+        return None, f"tool call {index + 1} must be a JSON object, got {type(data).__name__}"
+    name = data.get("name")
+    arguments = data.get(args_key, data.get("arguments", data.get("parameters", {})))
+    if isinstance(arguments, str):  # some models write the arguments as a JSON string
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            pass
+    if not isinstance(name, str) or not name:
+        return None, f'tool call {index + 1} has no "name" string'
+    if not isinstance(arguments, dict):
+        return None, f'tool call {index + 1} ({name}): "{args_key}" must be a JSON object'
+    raw = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
+    return ToolCall(name, arguments, raw=raw), None
+
+
+def _json(index: int, text: str) -> tuple[Any, str | None]:
+    try:
+        return json.loads(text), None
+    except json.JSONDecodeError as exc:
+        return None, f"tool call {index + 1} is not valid JSON ({exc.msg} at column {exc.colno})"
+
+
+def parse_calls(text: str, dialect: str) -> tuple[list[ToolCall], list[str], bool]:
+    """The tool calls in one assistant message: ``(calls, errors, attempted)``.
+
+    ``attempted`` is True when the message tries to call a tool at all (a call block, a ``[TOOL_CALLS]`` marker,
+    a Llama-style JSON message), whether or not the calls parse; ``errors`` names each call that did not.
+    """
+    body = _strip_think(text)
+    calls: list[ToolCall] = []
+    errors: list[str] = []
+    if dialect == "hermes":
+        blocks = _HERMES_BLOCK.findall(body)
+        for i, (content, close) in enumerate(blocks):
+            if not close:
+                errors.append(f"tool call {i + 1} has no closing </tool_call>")
+                continue
+            data, error = _json(i, content.strip())
+            call, error = (None, error) if error else _call_object(i, data)
+            calls.append(call) if call else errors.append(error or "")
+        return calls, errors, bool(blocks)
+    if dialect == "llama3":
+        stripped = body.replace("<|python_tag|>", "").strip()
+        if not stripped.startswith("{"):
+            return [], [], False
+        objects, error = _json_objects(stripped)
+        for i, data in enumerate(objects):
+            call, problem = _call_object(i, data, "parameters")
+            calls.append(call) if call else errors.append(problem or "")
+        return calls, errors + ([error] if error else []), True
+    if dialect == "mistral":
+        if "[TOOL_CALLS]" not in body:
+            return [], [], False
+        named = list(_MISTRAL_NAMED.finditer(body))
+        if named:  # [TOOL_CALLS]name[ARGS]{...} per call
+            for i, match in enumerate(named):
+                end = named[i + 1].start() if i + 1 < len(named) else len(body)
+                data, error = _json(i, body[match.end() : end].strip())
+                call, error = (
+                    (None, error) if error else _call_object(i, {"name": match[1], "arguments": data})
+                )
+                calls.append(call) if call else errors.append(error or "")
+            return calls, errors, True
+        data, error = _json(0, body.split("[TOOL_CALLS]", 1)[1].strip())
+        if error:
+            return [], [error], True
+        items = data if isinstance(data, list) else [data]
+        for i, item in enumerate(items):
+            call, error = _call_object(i, item)
+            calls.append(call) if call else errors.append(error or "")
+        return calls, errors, True
+    raise ValueError(f"chat: unknown dialect {dialect!r}; choose one of {list(DIALECTS)}")
+
+
+def _json_objects(text: str) -> tuple[list[Any], str | None]:
+    """Llama 3 may write several JSON calls separated by ';': decode them one after another (json's raw_decode)."""
+    decoder, found, i = json.JSONDecoder(), [], 0
+    while i < len(text):
+        try:
+            data, i = decoder.raw_decode(text, i)
+        except json.JSONDecodeError as exc:
+            return found, f"tool call {len(found) + 1} is not valid JSON ({exc.msg} at column {exc.colno})"
+        found.append(data)
+        while i < len(text) and (text[i].isspace() or text[i] == ";"):
+            i += 1
+    return found, None
+
+
+class ChatToolProtocol(Protocol):
+    """The policy's own chat-template tool calling; see the module docstring.
+
+    Args:
+        schemas: the tools shown to the model, OpenAI-style (``{"type": "function", "function": {...}}``) or flat
+            ``{"name", "description", "parameters"}``; the environment passes its tools' schemas.
+        dialect: ``auto`` (read off the template, Hermes when it shows none) or one of :data:`DIALECTS`.
+        system_prompt: an optional system message before the question.
+        max_segments: assistant messages per episode; the episode is cut with no answer at the cap.
+        tool_turns: the tool-turn text; default: read off the tokenizer's template in ``prompt()``.
+        format_reward_bound: the range of the rescaled PORTool formatting reward.
+    """
+
+    name = "chat"
+
+    def __init__(
+        self,
+        *,
+        schemas: Sequence[Mapping[str, Any]] = (),
+        dialect: str = "auto",
+        system_prompt: str = "",
+        max_segments: int = 8,
+        tool_turns: ToolTurns | None = None,
+        format_reward_bound: float = 0.25,
+    ) -> None:
+        if isinstance(schemas, Mapping | str) or not isinstance(schemas, Sequence):
+            raise ValueError(f"chat: schemas must be a list of tool schemas, got {type(schemas).__name__}")
+        if dialect != "auto" and dialect not in DIALECTS:
+            raise ValueError(f"chat: dialect must be 'auto' or one of {list(DIALECTS)}, got {dialect!r}")
+        if not isinstance(max_segments, int) or max_segments < 1:
+            raise ValueError(f"chat: max_segments must be an integer >= 1, got {max_segments!r}")
+        if tool_turns is not None and not isinstance(tool_turns, ToolTurns):
+            raise ValueError(f"chat: tool_turns must be a ToolTurns, got {type(tool_turns).__name__}")
+        self.schemas = [normalise_schema(i, s, owner="chat") for i, s in enumerate(schemas)]
+        self.dialect = dialect
+        self.system_prompt = system_prompt
+        self.max_segments = max_segments
+        self.tool_turns = tool_turns
+        self.format_reward_bound = float(format_reward_bound)
+        # what prompt() reads off a template, per tokenizer (held, so its id is never reused while cached)
+        self._templates: dict[int, tuple[Any, bool, str, ToolTurns | None]] = {}
+
+    # -- prompt --------------------------------------------------------------------------------------------
+    def messages(self, state: EpisodeState) -> list[dict[str, str]]:
+        system = self.system_prompt
+        if state.extra.get("tools_in_system") and self.schemas:
+            tools = "\n".join(json.dumps(s, ensure_ascii=False) for s in self.schemas)
+            system = (system + "\n\n" if system else "") + HERMES_TOOLS_PROMPT.format(tools=tools)
+        head = [{"role": "system", "content": system}] if system else []
+        return [*head, {"role": "user", "content": state.question}]
+
+    def prompt(self, state: EpisodeState, tokenizer: Any) -> str:
+        """The question rendered by the template with the tools; reads the dialect and tool turns off it."""
+        shows_tools, dialect, turns = self._read_template(tokenizer)
+        state.extra.update(dialect=dialect, tools_in_system=bool(self.schemas) and not shows_tools)
+        if self.tool_turns is None:
+            state.extra["tool_turns"] = turns
+        messages = self.messages(state)
+        if shows_tools:
+            return tokenizer.apply_chat_template(
+                messages, tools=self.schemas, tokenize=False, add_generation_prompt=True
+            )
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    def _read_template(self, tokenizer: Any) -> tuple[bool, str, ToolTurns | None]:
+        """(the template shows ``tools=``, the call dialect, its tool turns), read once per tokenizer."""
+        key = id(tokenizer)
+        if key not in self._templates:
+            shows_tools = bool(self.schemas) and _renders_tools(tokenizer, self.schemas)
+            detected = detect_dialect(_template_source(tokenizer))
+            if self.schemas and not shows_tools:  # the tools go in a system message in the Hermes format
+                if self.dialect not in ("auto", "hermes"):
+                    raise ValueError(
+                        f"chat: the chat template does not show tools, so they are listed in the Hermes format; "
+                        f"dialect {self.dialect!r} cannot be used with it (use 'auto' or 'hermes')"
+                    )
+                dialect = "hermes"
+            elif self.dialect != "auto":
+                dialect = self.dialect
+            elif detected is None and shows_tools:
+                raise ValueError(
+                    "chat: the chat template shows tools but teaches none of the call syntaxes "
+                    f"{list(DIALECTS)}; set protocol.options.dialect"
+                )
+            else:
+                dialect = detected or "hermes"
+            turns = ToolTurns.from_tokenizer(tokenizer) if self.tool_turns is None else None
+            self._templates[key] = (tokenizer, shows_tools, dialect, turns)
+        return self._templates[key][1:]
+
+    def turns(self, state: EpisodeState) -> ToolTurns:
+        return self.tool_turns or state.extra.get("tool_turns") or ToolTurns()
+
+    # -- generation control --------------------------------------------------------------------------------
+    def stop_strings(self, state: EpisodeState) -> list[str]:
+        turn_end = self.turns(state).turn_end
+        return [turn_end] if turn_end else []
+
+    def segment_ends(self, state: EpisodeState, text: str) -> bool:
+        # An assistant message ends at EOS (the end-of-turn token); the text check covers a backend that
+        # decodes special tokens without stopping on them.
+        return tail_contains(text, self.stop_strings(state))
+
+    # -- reading output ------------------------------------------------------------------------------------
+    def read_segment(self, state: EpisodeState, text: str, finish: FinishReason) -> Turn:
+        dialect = state.extra.get("dialect") or (self.dialect if self.dialect != "auto" else "hermes")
+        calls, errors, attempted = parse_calls(self._content(state, text), dialect)
+        info: dict[str, Any] = {
+            "finish": finish,
+            "turn_end_generated": self.turns(state).ends_turn(text, finish),
+        }
+        if finish == "length":
+            info["truncated"] = True
+        if not attempted:  # no call: the final answer
+            answer = self.extract_answer(self._content(state, text))
+            turn = Turn("commit", done=True, answer=answer, info=info)
+            if finish == "length":
+                turn.answer = None  # a message cut by the budget is no answer
+                info["error"] = "the final message was cut by the token budget"
+            self._set_format(info, StepFormat(True, True, True, True, 1, 1 if turn.answer else 0))
+            return turn
+        turn = Turn("invoke", info=info)
+        if errors:
+            info["error"] = "; ".join(errors)
+            info["call_errors"] = errors
+        if state.n_turns + 1 >= self.max_segments:
+            turn.done = True  # the cap: nothing more runs and the episode has no answer
+            info["cut"] = "max_segments"
+        else:
+            turn.calls = calls
+        json_ok = not any("JSON" in e or "closing" in e for e in errors)
+        self._set_format(
+            info, StepFormat(True, True, json_ok, not errors, len(calls) + len(errors), len(calls))
+        )
+        return turn
+
+    def _content(self, state: EpisodeState, text: str) -> str:
+        turn_end = self.turns(state).turn_end
+        return text.split(turn_end, 1)[0] if turn_end else text
+
+    def _set_format(self, info: dict[str, Any], fmt: StepFormat) -> None:
+        raw = format_reward_raw(fmt)
+        info["format"] = asdict(fmt)
+        info["format_reward_raw"] = raw
+        info["format_reward"] = rescale_format_reward(raw, self.format_reward_bound)
+
+    def observation(
+        self, state: EpisodeState, turn: Turn, results: Sequence[ToolResult]
+    ) -> Observation | None:
+        check_results(self.name, turn, results)
+        outputs = [r.output for r in results] + [f"ERROR: {e}" for e in turn.info.get("call_errors", ())]
+        if not outputs:
+            return None
+        if "format" in turn.info:  # tool-side ERROR results make a call fail too (PORTool spec 3.2 [R])
+            fmt = StepFormat(**turn.info["format"])
+            self._set_format(
+                turn.info, StepFormat(**{**asdict(fmt), "n_success": sum(r.ok for r in results)})
+            )
+        text = self.turns(state).render(outputs, turn_end_generated=bool(turn.info.get("turn_end_generated")))
+        return Observation(text, kind="tool_response")
+
+    def render_answer(self, answer: str) -> str:
+        return answer
+
+    def extract_answer(self, text: str) -> str | None:
+        """The message text without think blocks, when it calls no tool; None for an empty message."""
+        answer = _strip_think(text).strip()
+        return answer or None
+
+
+def _template_source(tokenizer: Any) -> str:
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, dict):  # a tokenizer with named templates: the tool-use one teaches the calls
+        template = template.get("tool_use") or template.get("default") or ""
+    return template if isinstance(template, str) else ""
+
+
+def _renders_tools(tokenizer: Any, schemas: list[dict[str, Any]]) -> bool:
+    """Whether the template shows ``tools=`` at all (some accept the argument and ignore it)."""
+    probe = [{"role": "user", "content": "?"}]
+    try:
+        with_tools = tokenizer.apply_chat_template(probe, tools=schemas, tokenize=False)
+    except Exception:
+        return False
+    return with_tools != tokenizer.apply_chat_template(probe, tokenize=False)
