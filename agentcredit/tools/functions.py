@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import importlib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jsonschema
 from jsonschema.exceptions import best_match
 
-__all__ = ["FunctionTool", "function_tools", "load_function"]
+__all__ = ["ArgumentCheck", "FunctionTool", "function_tools", "load_function"]
 
 
 def _where(fn: Callable[..., Any]) -> str:
@@ -57,6 +57,29 @@ def load_function(spec: str, *, field: str = "tools.functions") -> Callable[...,
     return target
 
 
+class ArgumentCheck:
+    """A tool's arguments checked against its JSON-schema ``parameters``; a mismatch is an ``ERROR:`` observation.
+
+    Shared by every tool kind that has a schema (:class:`FunctionTool`, :class:`~agentcredit.tools.mcp.McpTool`),
+    so the model reads the same words for the same mistake whichever kind of tool it called.
+    """
+
+    def __init__(self, tool_name: str, parameters: Mapping[str, Any]):
+        validator_cls = jsonschema.validators.validator_for(parameters)
+        validator_cls.check_schema(parameters)  # a broken schema fails when the tool is made, not per call
+        self.tool_name = tool_name
+        self._validator = validator_cls(parameters)
+
+    def error(self, arguments: Any) -> str | None:
+        """``None`` when ``arguments`` fit the schema, else ``ERROR: <tool>: invalid arguments ...``."""
+        error = best_match(self._validator.iter_errors(arguments))
+        if error is None:
+            return None
+        path = ".".join(str(p) for p in error.absolute_path)
+        where = f" (argument {path!r})" if path else ""
+        return f"ERROR: {self.tool_name}: invalid arguments{where}: {error.message}"
+
+
 class FunctionTool:
     """A typed Python function as a tool: ``name``, its OpenAI-style ``schema``, and ``tool(arguments) -> str``."""
 
@@ -76,14 +99,12 @@ class FunctionTool:
         self.name: str = function["name"]
         self.schema: dict[str, Any] = {"type": "function", "function": function}
         parameters = function.get("parameters", {"type": "object", "properties": {}})
-        self._validator = jsonschema.validators.validator_for(parameters)(parameters)
+        self._check = ArgumentCheck(self.name, parameters)
 
     def __call__(self, arguments: dict[str, Any]) -> str:
-        error = best_match(self._validator.iter_errors(arguments))
+        error = self._check.error(arguments)
         if error is not None:
-            path = ".".join(str(p) for p in error.absolute_path)
-            where = f" (argument {path!r})" if path else ""
-            return f"ERROR: {self.name}: invalid arguments{where}: {error.message}"
+            return error
         result = self.fn(**arguments)
         if isinstance(result, str):
             return result
