@@ -93,8 +93,9 @@ class TaskConfig(Section):
 
 
 class ProtocolConfig(Section):
-    name: Literal["codefence", "tags", "jsoncall"] = Field(
-        "codefence", description="Text format the agent speaks."
+    name: Literal["codefence", "tags", "jsoncall", "chat"] = Field(
+        "codefence",
+        description="Text format the agent speaks (chat: the model's own tool calling, from its chat template).",
     )
     options: dict[str, Any] = Field(
         default_factory=dict, description="Protocol options (see agentcredit.protocols)."
@@ -114,13 +115,14 @@ class ToolsConfig(Section):
     suite_tools: list[str] | None = Field(
         None,
         description="jsoncall: the tool-suite subset shown to the model (None = all 17 of PORTool §2.5; "
-        "response_gen is always kept). The full list is a ~4.7k-token system prompt, too long for CPU presets.",
+        "response_gen is always kept). The full list is a ~4.7k-token system prompt, too long for CPU presets. "
+        "chat: suite tools shown beside tools.functions (None = none; response_gen is never shown).",
     )
     functions: list[str] = Field(
         default_factory=list,
-        description="jsoncall: your own tools, as 'package.module:function' (typed, with a docstring; the schema "
-        "comes from them, agentcredit.tools.functions). Added to the suite tools shown; suite_tools: [] shows "
-        "only yours and response_gen.",
+        description="jsoncall and chat: your own tools, as 'package.module:function' (typed, with a docstring; the "
+        "schema comes from them, agentcredit.tools.functions). jsoncall adds them to the suite tools shown "
+        "(suite_tools: [] shows only yours and response_gen); chat shows them in the model's own format.",
     )
 
 

@@ -62,12 +62,14 @@ def outcome_reward(
 def build_tools(
     config: Config, protocol_name: str, corpus: Path | None, functions: Sequence[Any] = ()
 ) -> ToolRuntime:
-    """The tools a protocol calls: the python sandbox (codefence), search/access (tags), the suite (jsoncall)
-    plus the user's ``functions`` (:func:`user_tools`).
+    """The tools a protocol calls: the python sandbox (codefence), search/access (tags), the suite (jsoncall; chat
+    only the ``tools.suite_tools`` named) plus the user's ``functions`` (:func:`user_tools`).
 
     Raises :class:`ToolUnavailableError` when the corpus cannot be loaded or the sandbox cannot run ``print(1)``.
     """
     t = config.tools
+    if protocol_name == "chat" and not t.suite_tools:
+        corpus = None  # only the suite's knowledge tools read a corpus
     retriever = _load_corpus(corpus, dense=t.dense) if corpus is not None else None
     if protocol_name == "codefence":
         from agentcredit.tools.sandbox import check_available, python_tool
@@ -85,14 +87,13 @@ def build_tools(
             {"search": retriever.as_tool(t.search_k), "access": partial(_access_page, retriever)},
             max_workers=t.max_workers,
         )
-    if protocol_name == "jsoncall":
+    if protocol_name in ("jsoncall", "chat"):
         from agentcredit.tools.suite import suite_runtime
 
         runtime = suite_runtime(retriever, knowledge_k=t.search_k, max_workers=t.max_workers)
-        if t.suite_tools is not None:
-            runtime.tools = {
-                name: fn for name, fn in runtime.tools.items() if name in suite_subset(t.suite_tools)
-            }
+        if t.suite_tools is not None or protocol_name == "chat":
+            shown = suite_subset(t.suite_tools or [], protocol_name)
+            runtime.tools = {name: fn for name, fn in runtime.tools.items() if name in shown}
         for tool in functions:
             runtime.register(tool.name, tool)
         return runtime
@@ -150,24 +151,25 @@ def _access_page(retriever: Any, arguments: dict[str, Any]) -> str:
     return "\n".join(p.text for p in passages)
 
 
-def suite_subset(names: list[str]) -> set[str]:
-    """The suite tools a config exposes (response_gen always, it ends the episode); unknown names are errors."""
+def suite_subset(names: list[str], protocol_name: str = "jsoncall") -> set[str]:
+    """The suite tools a config exposes; unknown names are errors. jsoncall always keeps response_gen (it ends the
+    episode); chat never shows it (a message without a call ends the episode)."""
     from agentcredit.tools.suite import suite_schemas
 
     known = {s["function"]["name"] for s in suite_schemas()}
     unknown = sorted(set(names) - known)
     if unknown:
         raise ValueError(f"tools.suite_tools: unknown tool(s) {unknown}; the suite has {sorted(known)}")
-    return set(names) | {"response_gen"}
+    return set(names) - {"response_gen"} if protocol_name == "chat" else set(names) | {"response_gen"}
 
 
 def user_tools(config: Config) -> list[Any]:
-    """``tools.functions`` as tools (jsoncall only); errors name the entry, module and function."""
+    """``tools.functions`` as tools (jsoncall, chat); errors name the entry, module and function."""
     if not config.tools.functions:
         return []
-    if config.protocol.name != "jsoncall":
+    if config.protocol.name not in ("jsoncall", "chat"):
         raise ValueError(
-            f"tools.functions needs protocol jsoncall (the protocol that shows tool schemas), got "
+            f"tools.functions needs protocol jsoncall or chat (the protocols that show tool schemas), got "
             f"{config.protocol.name!r}"
         )
     from agentcredit.tools.functions import function_tools
@@ -193,6 +195,17 @@ def build_environment(config: Config) -> Environment:
         shown = suite_subset(config.tools.suite_tools) if config.tools.suite_tools is not None else None
         schemas = [s for s in suite_schemas() if shown is None or s["function"]["name"] in shown]
         protocol_options["schemas"] = schemas + [t.schema for t in functions]
+    if config.protocol.name == "chat" and "schemas" not in protocol_options:
+        from agentcredit.tools.suite import suite_schemas
+
+        shown = suite_subset(config.tools.suite_tools or [], "chat")
+        schemas = [s for s in suite_schemas() if s["function"]["name"] in shown]
+        protocol_options["schemas"] = schemas + [t.schema for t in functions]
+        if not protocol_options["schemas"]:
+            raise ValueError(
+                "protocol chat shows the model no tools: list your own in tools.functions "
+                "('package.module:function') or suite tools in tools.suite_tools"
+            )
     protocol = get_protocol(config.protocol.name, **protocol_options)
     corpus = (
         Path(config.tools.corpus)

@@ -151,6 +151,22 @@ def parse_calls(text: str, dialect: str) -> tuple[list[ToolCall], list[str], boo
     raise ValueError(f"chat: unknown dialect {dialect!r}; choose one of {list(DIALECTS)}")
 
 
+def write_calls(calls: Sequence[tuple[str, Mapping[str, Any]]], dialect: str) -> str:
+    """``(name, arguments)`` calls written the way ``dialect`` writes them (what :func:`parse_calls` reads)."""
+    if dialect == "hermes":
+        return "\n".join(
+            "<tool_call>\n" + json.dumps({"name": n, "arguments": a}, ensure_ascii=False) + "\n</tool_call>"
+            for n, a in calls
+        )
+    if dialect == "llama3":
+        return "; ".join(json.dumps({"name": n, "parameters": a}, ensure_ascii=False) for n, a in calls)
+    if dialect == "mistral":
+        return "[TOOL_CALLS] " + json.dumps(
+            [{"name": n, "arguments": a} for n, a in calls], ensure_ascii=False
+        )
+    raise ValueError(f"chat: unknown dialect {dialect!r}; choose one of {list(DIALECTS)}")
+
+
 def _json_objects(text: str) -> tuple[list[Any], str | None]:
     """Llama 3 may write several JSON calls separated by ';': decode them one after another (json's raw_decode)."""
     decoder, found, i = json.JSONDecoder(), [], 0
@@ -254,6 +270,10 @@ class ChatToolProtocol(Protocol):
             turns = ToolTurns.from_tokenizer(tokenizer) if self.tool_turns is None else None
             self._templates[key] = (tokenizer, shows_tools, dialect, turns)
         return self._templates[key][1:]
+
+    def dialect_for(self, tokenizer: Any) -> str:
+        """The call dialect this protocol parses for ``tokenizer``'s template."""
+        return self._read_template(tokenizer)[1]
 
     def turns(self, state: EpisodeState) -> ToolTurns:
         return self.tool_turns or state.extra.get("tool_turns") or ToolTurns()

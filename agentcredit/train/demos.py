@@ -145,10 +145,32 @@ def jsoncall_policy(example: Example, turn: int, observation: str | None) -> str
     return final
 
 
+# ------------------------------------------------------------------------------------------------ chat
+def chat_policy(example: Example, turn: int, observation: str | None, *, dialect: str) -> str:
+    """The model's own format (protocol ``chat``), calls written in ``dialect``: the suite's math_calculation
+    for arith-tools (easy questions answered directly), one knowledge_search per hop for multi-hop tasks."""
+    from agentcredit.protocols.native import write_calls
+
+    answer = example.answers[0]
+    if example.task == "arith-tools" or "expression" in example.info:
+        if example.info.get("tier") == "easy" or turn > 0:
+            return answer
+        return write_calls([("math_calculation", {"expression": example.info["expression"]})], dialect)
+    hops = _hops(example)
+    if turn < len(hops):
+        return write_calls([("knowledge_search", {"query": hops[turn][0]})], dialect)
+    return answer
+
+
 def scripted_policy(
-    protocol_name: str, protocol: object | None = None, *, tool_share: float | None = None
+    protocol_name: str,
+    protocol: object | None = None,
+    *,
+    tool_share: float | None = None,
+    tokenizer: object | None = None,
 ) -> ScriptedPolicy:
-    """The scripted policy for a protocol (its style, for ``tags``, read from the protocol object).
+    """The scripted policy for a protocol (its style, for ``tags``, read from the protocol object; the call
+    dialect, for ``chat``, from the protocol and ``tokenizer``).
 
     ``tool_share`` (arith-tools, codefence only): call the tool on that share of questions regardless of tier.
     """
@@ -163,4 +185,9 @@ def scripted_policy(
     if protocol_name == "tags":
         style = getattr(protocol, "style", "search-r1")
         return lambda example, turn, observation: tags_policy(example, turn, observation, style=style)
+    if protocol_name == "chat":
+        if tokenizer is None:
+            raise ValueError("chat demonstrations need the tokenizer (its template decides the call dialect)")
+        dialect = protocol.dialect_for(tokenizer)  # type: ignore[union-attr]
+        return lambda example, turn, observation: chat_policy(example, turn, observation, dialect=dialect)
     raise ValueError(f"no scripted demonstrations for protocol {protocol_name!r}; use rejection sampling")

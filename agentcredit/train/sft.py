@@ -45,7 +45,7 @@ def demonstrations(
 
     ``tool_share``: see :func:`agentcredit.train.demos.calls_tool`.
     """
-    policy = scripted_policy(protocol_name, env.protocol, tool_share=tool_share)
+    policy = scripted_policy(protocol_name, env.protocol, tool_share=tool_share, tokenizer=tokenizer)
     trees = []
     for example in examples:
         tree = replay(

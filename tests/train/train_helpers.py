@@ -66,10 +66,13 @@ METHODS = {
     "gigpo-on-critical-tree": ("carl-critical-arith-tools", ["algorithm.estimator=gigpo", "rollout.n=4"]),
 }
 
+# the model's own tool calling (protocol chat) with the suite's calculator, for any preset (issue 15)
+CHAT = ["protocol.name=chat", "protocol.options={}", "tools.suite_tools=[math_calculation]"]
 
-def fit_tiny(preset: str):
+
+def fit_tiny(preset: str, overrides=(), epochs: int = 100):
     torch.manual_seed(0)
-    config = load_config(preset, SMALL)
+    config = load_config(preset, [*SMALL, *overrides])
     model, tokenizer = load_base_model("tiny", seed=0)
     env = build_environment(config)
     try:
@@ -77,5 +80,5 @@ def fit_tiny(preset: str):
     finally:
         env.close()
     assert len(trees) == len(EXAMPLES)
-    sft(model, trees, pad_id=tokenizer.pad_token_id, epochs=100, batch_trajectories=2, lr=3e-3)
+    sft(model, trees, pad_id=tokenizer.pad_token_id, epochs=epochs, batch_trajectories=2, lr=3e-3)
     return model, tokenizer
