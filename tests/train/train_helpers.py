@@ -67,7 +67,7 @@ METHODS = {
 }
 
 # the model's own tool calling (protocol chat) with the suite's calculator, for any preset (issue 15)
-CHAT = ["protocol.name=chat", "protocol.options={}", "tools.suite_tools=[math_calculation]"]
+CHAT = ["protocol.name=chat", "protocol.options={max_segments: 3}", "tools.suite_tools=[math_calculation]"]
 
 
 def fit_tiny(preset: str, overrides=(), epochs: int = 100):
