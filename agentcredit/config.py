@@ -124,6 +124,12 @@ class ToolsConfig(Section):
         "schema comes from them, agentcredit.tools.functions). jsoncall adds them to the suite tools shown "
         "(suite_tools: [] shows only yours and response_gen); chat shows them in the model's own format.",
     )
+    mcp: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="jsoncall and chat: local MCP servers whose tools are added like tools.functions, each "
+        "{command, args, env, cwd, prefix} (agentcredit.tools.mcp; needs the 'mcp' extra). Started once per "
+        "environment, stopped when it closes.",
+    )
 
 
 class RolloutConfig(Section):

@@ -13,7 +13,7 @@ Tool results that are infrastructure failures anyway (the sandbox dies mid-run) 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,9 +38,13 @@ class Environment:
     tools: ToolRuntime
     reward: RewardFn
     corpus: Path | None
+    # what else the environment started and must stop (the MCP servers of tools.mcp)
+    resources: list[Any] = field(default_factory=list)
 
     def close(self) -> None:
         self.tools.close()
+        for resource in self.resources:
+            resource.close()
 
 
 def example_metric(example: Example, override: str = "auto") -> str:
@@ -163,28 +167,52 @@ def suite_subset(names: list[str], protocol_name: str = "jsoncall") -> set[str]:
     return set(names) - {"response_gen"} if protocol_name == "chat" else set(names) | {"response_gen"}
 
 
-def user_tools(config: Config) -> list[Any]:
-    """``tools.functions`` as tools (jsoncall, chat); errors name the entry, module and function."""
-    if not config.tools.functions:
+def user_tools(config: Config, resources: list[Any]) -> list[Any]:
+    """``tools.functions`` and the tools of ``tools.mcp``'s servers (jsoncall, chat); errors name the entry,
+    module and function, or the server. Started servers are appended to ``resources`` (the caller closes them)."""
+    t = config.tools
+    if not t.functions and not t.mcp:
         return []
     if config.protocol.name not in ("jsoncall", "chat"):
         raise ValueError(
-            f"tools.functions needs protocol jsoncall or chat (the protocols that show tool schemas), got "
-            f"{config.protocol.name!r}"
+            f"tools.functions and tools.mcp need protocol jsoncall or chat (the protocols that show tool schemas), "
+            f"got {config.protocol.name!r}"
         )
     from agentcredit.tools.functions import function_tools
     from agentcredit.tools.suite import suite_schemas
 
-    tools = function_tools(config.tools.functions)
-    clash = sorted({t.name for t in tools} & {s["function"]["name"] for s in suite_schemas()})
+    tools = function_tools(t.functions)
+    if t.mcp:
+        from agentcredit.tools.mcp import mcp_tools
+
+        toolset = mcp_tools(t.mcp)
+        resources.append(toolset)
+        tools += toolset.tools
+    names = [tool.name for tool in tools]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"tools.functions and tools.mcp both name a tool {twice}")
+    clash = sorted(set(names) & {s["function"]["name"] for s in suite_schemas()})
     if clash:
-        raise ValueError(f"tools.functions: {clash} would shadow the tool suite's tools of the same name")
+        raise ValueError(
+            f"tools.functions / tools.mcp: {clash} would shadow the tool suite's tools of the same name"
+        )
     return tools
 
 
 def build_environment(config: Config) -> Environment:
+    resources: list[Any] = []
+    try:
+        return _build_environment(config, resources)
+    except BaseException:
+        for resource in resources:  # a failure after an MCP server started must not leave it running
+            resource.close()
+        raise
+
+
+def _build_environment(config: Config, resources: list[Any]) -> Environment:
     protocol_options = dict(config.protocol.options)
-    functions = user_tools(config)
+    functions = user_tools(config, resources)
     if (
         config.protocol.name == "jsoncall"
         and (config.tools.suite_tools is not None or config.tools.functions)
@@ -204,7 +232,7 @@ def build_environment(config: Config) -> Environment:
         if not protocol_options["schemas"]:
             raise ValueError(
                 "protocol chat shows the model no tools: list your own in tools.functions "
-                "('package.module:function') or suite tools in tools.suite_tools"
+                "('package.module:function') or tools.mcp, or suite tools in tools.suite_tools"
             )
     protocol = get_protocol(config.protocol.name, **protocol_options)
     corpus = (
@@ -220,7 +248,7 @@ def build_environment(config: Config) -> Environment:
         reward: RewardFn = build_judge(p.judge, p.judge_model, metric=config.task.metric)
     else:
         reward = partial(outcome_reward, metric=config.task.metric, format_bonus=config.task.format_bonus)
-    return Environment(protocol, tools, reward, corpus)
+    return Environment(protocol, tools, reward, corpus, resources)
 
 
 def load_examples(config: Config, *, split: str | None = None, limit: int | None = None) -> list[Example]:

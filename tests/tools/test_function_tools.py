@@ -117,5 +117,5 @@ def test_config_adds_them_to_the_jsoncall_environment(tmp_path, monkeypatch):
         assert env.tools.run_one(ToolCall("price", {"sku": "A1"})).output == "2.50"
     finally:
         env.close()
-    with pytest.raises(ValueError, match="tools.functions needs protocol jsoncall"):
+    with pytest.raises(ValueError, match="tools.functions and tools.mcp need protocol jsoncall or chat"):
         build_environment(load_config("grpo-arith-tools", ["tools.functions=[shop_tools:price]"]))

@@ -219,3 +219,33 @@ def test_without_the_mcp_package_the_error_says_what_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "mcp", None)  # `import mcp` now raises ImportError
     with pytest.raises(ImportError, match=r"pip install 'agentcredit\[mcp\]'"):
         mcp_tools([McpServer("any-server")])
+
+
+def test_config_tools_mcp_builds_a_chat_environment_that_stops_its_server(tmp_path):
+    """``tools.mcp`` in a config: the server's tools are shown in the chat protocol, run, and stop with the
+    environment; a build that fails after the server started stops it too."""
+    from agentcredit.config import load_config
+    from agentcredit.environment import build_environment
+    from agentcredit.tools.base import ToolCall
+
+    server, pid_file = _server(tmp_path)
+    entry = {"command": server.command, "args": list(server.args)}
+    config = load_config("grpo-arith-tools", ["protocol.name=chat", "protocol.options={}"])
+    config.tools.mcp = [entry]
+    env = build_environment(config)
+    try:
+        assert [s["function"]["name"] for s in env.protocol.schemas] == [
+            "price",
+            "restock",
+        ]  # shown to the model
+        assert env.tools.run_one(ToolCall("price", {"sku": "A1"})).output == "A1: 2.50"
+    finally:
+        env.close()
+    assert _gone(pid_file)
+
+    again, pid_again = _server(tmp_path, "again")
+    config.tools.mcp = [{"command": again.command, "args": list(again.args)}]
+    config.tools.suite_tools = ["no_such_tool"]  # fails after the server started
+    with pytest.raises(ValueError, match="unknown tool"):
+        build_environment(config)
+    assert _gone(pid_again)
