@@ -146,12 +146,46 @@ def jsoncall_policy(example: Example, turn: int, observation: str | None) -> str
 
 
 # ------------------------------------------------------------------------------------------------ chat
+def demo_turns(example: Example) -> list[list[tuple[str, dict]]] | None:
+    """The tool calls a task file scripts for an example (``info["demo_calls"]``), or None when it has none.
+
+    ``demo_calls`` is a list of turns, each a list of ``{"name": ..., "arguments": {...}}`` calls (a single call
+    may stand for a one-call turn); the demonstration makes those calls, one message per turn, then answers
+    ``answers[0]``. This is how your own JSONL task gets SFT demonstrations for your own tools.
+    """
+    turns = example.info.get("demo_calls")
+    if turns is None:
+        return None
+    where = f"example {example.id!r}: info.demo_calls"
+    if not isinstance(turns, list):
+        raise ValueError(f"{where} must be a list of turns, got {type(turns).__name__}")
+    out = []
+    for i, turn in enumerate(turns):
+        calls = [turn] if isinstance(turn, dict) else turn
+        if not isinstance(calls, list) or not calls:
+            raise ValueError(f"{where}[{i}] must be a call or a non-empty list of calls")
+        parsed = []
+        for j, call in enumerate(calls):
+            if not (isinstance(call, dict) and isinstance(call.get("name"), str)):
+                raise ValueError(f"{where}[{i}][{j}] must be {{'name': str, 'arguments': {{...}}}}")
+            arguments = call.get("arguments", {})
+            if not isinstance(arguments, dict):
+                raise ValueError(f"{where}[{i}][{j}].arguments must be an object")
+            parsed.append((call["name"], arguments))
+        out.append(parsed)
+    return out
+
+
 def chat_policy(example: Example, turn: int, observation: str | None, *, dialect: str) -> str:
-    """The model's own format (protocol ``chat``), calls written in ``dialect``: the suite's math_calculation
-    for arith-tools (easy questions answered directly), one knowledge_search per hop for multi-hop tasks."""
+    """The model's own format (protocol ``chat``), calls written in ``dialect``: the example's own
+    ``demo_calls`` when its task file gives them (:func:`demo_turns`); otherwise the suite's math_calculation for
+    arith-tools (easy questions answered directly) and one knowledge_search per hop for multi-hop tasks."""
     from agentcredit.protocols.native import write_calls
 
     answer = example.answers[0]
+    scripted = demo_turns(example)
+    if scripted is not None:
+        return write_calls(scripted[turn], dialect) if turn < len(scripted) else answer
     if example.task == "arith-tools" or "expression" in example.info:
         if example.info.get("tier") == "easy" or turn > 0:
             return answer
