@@ -69,7 +69,8 @@ class ModelConfig(Section):
 class TaskConfig(Section):
     name: str = Field(
         "arith-tools",
-        description="Task name (arith-tools, kb-multihop, gsm8k, hotpotqa, ...) or jsonl:<path>.",
+        description="Task name (arith-tools, kb-multihop, gsm8k, hotpotqa, ...) or jsonl:<path>; '{split}' in "
+        "the path becomes task.split / task.eval_split (jsonl:data/{split}.jsonl), else one file is every split.",
     )
     split: str = Field("train", description="Split to train on.")
     seed: int = Field(

@@ -221,7 +221,9 @@ def load_task(
     """Examples of task ``name``.
 
     Args:
-        name: a registry name (:func:`list_tasks`) or ``jsonl:<path>``.
+        name: a registry name (:func:`list_tasks`) or ``jsonl:<path>``; a path containing ``{split}`` names one
+            file per split (``jsonl:data/{split}.jsonl`` reads ``data/test.jsonl`` for split ``test``), any other
+            path is read whatever the split.
         split: the split; None means the task's default (``test`` for GSM8K and Bamboogle, ``dev`` for the
             dev-only benchmarks, ``train`` for the synthetic tasks).
         limit: at most this many examples. Real data: a seeded random subset, kept in file order (the whole
@@ -236,6 +238,12 @@ def load_task(
         path = name.removeprefix("jsonl:")
         if not path:
             raise ValueError("task 'jsonl:' needs a path, e.g. jsonl:data/questions.jsonl")
+        if "{split}" in path:
+            if not split:
+                raise ValueError(
+                    f"task {name!r} has one file per split ('{{split}}' in its path): give a split"
+                )
+            path = path.replace("{split}", split)
         return seeded_subset(datasets.load_jsonl(path, task=name, **options), limit, seed)
     if split is not None and "@" in split:
         return _holdout_part(name, split, limit, seed, data_dir=data_dir, **options)

@@ -294,3 +294,22 @@ def test_registry_errors(tmp_path):
     path = write_jsonl(tmp_path / "q.jsonl", [{"question": "q", "answer": "a"}])
     with pytest.raises(ValueError, match="limit must be >= 0"):
         load_task(f"jsonl:{path}", limit=-1)
+
+
+def test_jsonl_path_with_split_reads_one_file_per_split(tmp_path):
+    """``jsonl:.../{split}.jsonl``: task.split and task.eval_split pick files; without it they were ignored, so a
+    run's final "held-out" evaluation read its own training file."""
+    from agentcredit.config import load_config
+    from agentcredit.environment import load_examples
+
+    write_jsonl(tmp_path / "train.jsonl", [{"question": "train q", "answer": "1"}])
+    write_jsonl(tmp_path / "test.jsonl", [{"question": "test q", "answer": "2"}])
+    name = f"jsonl:{tmp_path}/{{split}}.jsonl"
+    assert [ex.question for ex in load_task(name, "test")] == ["test q"]
+    config = load_config(None, [f"task.name={name}", "task.split=train", "task.eval_split=test"])
+    assert [ex.question for ex in load_examples(config)] == ["train q"]
+    assert [ex.question for ex in load_examples(config, split=config.task.eval_split)] == ["test q"]
+    with pytest.raises(ValueError, match="one file per split"):
+        load_task(name)
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        load_task(name, "dev")
