@@ -91,6 +91,12 @@ class TaskConfig(Section):
     format_bonus: float = Field(
         0.0, description="Added to the outcome when an answer was extracted (TIPS code: 0.2 in training)."
     )
+    reward: str | None = Field(
+        None,
+        description="Your own outcome reward, 'package.module:function', with verl's signature (data_source, "
+        "solution_str, ground_truth, extra_info) or TRL's (completions, **kwargs); it replaces metric and "
+        "format_bonus (and PORTool's judge). See agentcredit.environment.UserReward.",
+    )
 
 
 class ProtocolConfig(Section):

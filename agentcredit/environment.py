@@ -12,6 +12,7 @@ Tool results that are infrastructure failures anyway (the sandbox dies mid-run) 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -61,6 +62,73 @@ def outcome_reward(
     return answer_reward(
         answer, example.answers, metric=example_metric(example, metric), format_bonus=format_bonus
     )
+
+
+class UserReward:
+    """Your own outcome reward (``task.reward: "package.module:function"``), with verl's or TRL's signature.
+
+    * verl (``custom_reward_function``): ``fn(data_source, solution_str, ground_truth, extra_info)`` returning a
+      number or a dict with a ``"score"``. ``data_source`` is the example's task, ``solution_str`` the episode's
+      text after its prompt (every message and tool result, as verl's multi-turn response holds them),
+      ``ground_truth`` the example's ``info["ground_truth"]`` when its task file gives one, else its answer (the
+      list of aliases when it has several), ``extra_info`` its ``info`` plus ``id``, ``question`` and
+      ``answer`` (what the protocol extracted, or None).
+    * TRL (``reward_funcs``): ``fn(completions, **kwargs)`` returning a list of numbers. It is called with one
+      episode: ``completions=[solution_str]``, ``prompts=[question]``, ``ground_truth=[...]``, ``answer=[...]``
+      and every ``info`` field as a one-element list, as TRL passes dataset columns.
+
+    A reward that raises, or returns anything but one finite number, stops the command with an error naming the
+    function and the example: a broken reward must not be trained on.
+    """
+
+    def __init__(self, spec: str):
+        import inspect
+
+        from agentcredit.tools.functions import load_function
+
+        self.spec = spec
+        self.fn = load_function(spec, field="task.reward")
+        try:
+            params = inspect.signature(self.fn).parameters
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"task.reward: {spec}: cannot read its signature ({exc})") from exc
+        if "solution_str" in params:
+            self.style = "verl"
+        elif "completions" in params:
+            self.style = "trl"
+        else:
+            raise ValueError(
+                f"task.reward: {spec} takes ({', '.join(params)}); a reward function takes verl's "
+                "(data_source, solution_str, ground_truth, extra_info) or TRL's (completions, **kwargs)"
+            )
+
+    def __call__(self, example: Example, answer: str | None) -> float:
+        raise TypeError(f"task.reward {self.spec} reads the whole episode: call score_episode")
+
+    def score_episode(self, example: Example, answer: str | None, transcript: str) -> float:
+        truth = example.info.get(
+            "ground_truth", example.answers[0] if len(example.answers) == 1 else example.answers
+        )
+        where = f"task.reward {self.spec} on example {example.id!r}"
+        try:
+            if self.style == "verl":
+                extra = {**example.info, "id": example.id, "question": example.question, "answer": answer}
+                out = self.fn(
+                    data_source=example.task, solution_str=transcript, ground_truth=truth, extra_info=extra
+                )
+                out = out.get("score") if isinstance(out, dict) else out
+            else:
+                columns = {k: [v] for k, v in example.info.items()}
+                columns.update(prompts=[example.question], ground_truth=[truth], answer=[answer])
+                scores = self.fn(completions=[transcript], **columns)
+                if not isinstance(scores, list | tuple) or len(scores) != 1:
+                    raise ValueError(f"returned {scores!r}, not a list with one number per completion")
+                out = scores[0]
+        except Exception as exc:
+            raise RuntimeError(f"{where} raised {type(exc).__name__}: {exc}") from exc
+        if isinstance(out, bool) or not isinstance(out, int | float) or not math.isfinite(out):
+            raise ValueError(f"{where} returned {out!r}; a reward must be one finite number")
+        return float(out)
 
 
 def build_tools(
@@ -241,11 +309,13 @@ def _build_environment(config: Config, resources: list[Any]) -> Environment:
         else task_corpus(config.task.name, seed=config.task.seed)
     )
     tools = build_tools(config, config.protocol.name, corpus, functions)
-    if config.algorithm.estimator == "portool":
+    if config.task.reward is not None:
+        reward: RewardFn = UserReward(config.task.reward)
+    elif config.algorithm.estimator == "portool":
         from agentcredit.tasks.judge import build_judge
 
         p = config.algorithm.portool
-        reward: RewardFn = build_judge(p.judge, p.judge_model, metric=config.task.metric)
+        reward = build_judge(p.judge, p.judge_model, metric=config.task.metric)
     else:
         reward = partial(outcome_reward, metric=config.task.metric, format_bonus=config.task.format_bonus)
     return Environment(protocol, tools, reward, corpus, resources)

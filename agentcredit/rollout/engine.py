@@ -252,6 +252,18 @@ def question_of(item: Any) -> str:
     raise ValueError(f"prompt item {item!r:.80}: expected a string, an Example or a mapping with 'question'")
 
 
+def episode_reward(reward_fn: Any, example: Any, answer: str | None, tree: RolloutTree, leaf: int) -> float:
+    """The outcome reward of the episode ending at ``leaf``: ``reward_fn(example, answer)``, or, for a reward that
+    reads the whole episode (one with a ``score_episode`` method, e.g. a user's verl- or TRL-style function),
+    ``reward_fn.score_episode(example, answer, transcript)`` with the text the episode appended after its prompt
+    (policy segments and observations, as verl's ``solution_str`` holds them)."""
+    score = getattr(reward_fn, "score_episode", None)
+    if score is None:
+        return float(reward_fn(example, answer))
+    transcript = "".join(tree.segment(node).text for node in tree.path(leaf)[1:])
+    return float(score(example, answer, transcript))
+
+
 # ---------------------------------------------------------------------------------------------------------
 # The engine
 
@@ -739,7 +751,7 @@ class RolloutEngine:
     def _finish_episode(self, ep: _Episode, reason: str) -> None:
         tree, turn = ep.run.tree, ep.turn
         answer = turn.answer if (turn is not None and turn.done) else None
-        reward = float(self._reward_fn(ep.run.example, answer))
+        reward = episode_reward(self._reward_fn, ep.run.example, answer, tree, ep.node)
         tree.set_reward(ep.node, reward)
         tree.nodes[ep.node].info.update(
             {

@@ -23,6 +23,7 @@ from agentcredit.config import MICRO_BATCH_TOKENS
 from agentcredit.credit import aggregation_weights
 from agentcredit.environment import Environment, raise_on_infra_failures
 from agentcredit.models.scoring import score_tokens
+from agentcredit.rollout.engine import episode_reward
 from agentcredit.rollout.replay import replay
 from agentcredit.rollout.tree import RolloutTree
 from agentcredit.tasks import Example
@@ -54,7 +55,12 @@ def demonstrations(
             _FailOnInfra(env.tools),  # an unavailable tool stops SFT: its error is no demonstration
             example.question,
             lambda turn, obs, ex=example: policy(ex, turn, obs),
-            reward_fn=lambda answer, ex=example: env.reward(ex, answer),
+        )
+        leaf = tree.leaves()[
+            0
+        ]  # scored as the engine scores an episode (a reward may read the whole episode)
+        tree.set_reward(
+            leaf, episode_reward(env.reward, example, tree.nodes[leaf].info["answer"], tree, leaf)
         )
         if max(tree.rewards().values()) >= 1.0:
             trees.append(tree)

@@ -1,0 +1,123 @@
+"""Your own outcome reward, ``task.reward: "module:function"``, with verl's or TRL's signature (issue 15)."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from agentcredit.config import load_config
+from agentcredit.environment import UserReward, build_environment
+from agentcredit.rollout.engine import episode_reward
+from agentcredit.rollout.tree import RolloutTree, Segment
+from agentcredit.tasks import Example
+
+REWARDS = """
+import math
+
+seen = []
+
+def verl_style(data_source, solution_str, ground_truth, extra_info=None):
+    seen.append((data_source, solution_str, ground_truth, extra_info))
+    return {"score": 1.0 if str(ground_truth) in solution_str else 0.25, "acc": True}
+
+def trl_style(completions, ground_truth, **kwargs):
+    seen.append((completions, ground_truth, kwargs))
+    return [0.5 * len(completions[0].split())]
+
+def not_a_number(data_source, solution_str, ground_truth, extra_info):
+    return "high"
+
+def nan(completions, **kwargs):
+    return [math.nan]
+
+def two(completions, **kwargs):
+    return [1.0, 2.0]
+
+def raises(data_source, solution_str, ground_truth, extra_info):
+    raise KeyError("target")
+
+def unknown(text, gold):
+    return 1.0
+"""
+
+
+@pytest.fixture
+def rewards(tmp_path, monkeypatch):
+    (tmp_path / "my_rewards.py").write_text(textwrap.dedent(REWARDS))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import importlib
+
+    import my_rewards
+
+    return importlib.reload(my_rewards)
+
+
+def episode():
+    """A prompt, a call, its result and the final message: the transcript is everything after the prompt."""
+    tree = RolloutTree(Segment([1, 2], "PROMPT", role="prompt", kind="prompt"))
+    call = tree.add(Segment([3], "<tool_call>q</tool_call>", role="policy", kind="invoke"), 0)
+    result = tree.add(Segment([4], "\ntool: 391\n", role="observation", kind="tool_response"), call)
+    leaf = tree.add(Segment([5], "It is 391", role="policy", kind="commit"), result)
+    return tree, leaf
+
+
+EXAMPLE = Example("q7", "What is 17*23?", ["391"], "jsonl:mine.jsonl", {"tier": "hard"})
+
+
+def test_verl_signature_gets_the_episode_text_and_its_score_is_read_from_a_dict(rewards):
+    tree, leaf = episode()
+    reward = UserReward("my_rewards:verl_style")
+    assert episode_reward(reward, EXAMPLE, "It is 391", tree, leaf) == 1.0
+    source, solution, truth, extra = rewards.seen[-1]
+    assert source == "jsonl:mine.jsonl" and truth == "391"
+    assert solution == "<tool_call>q</tool_call>\ntool: 391\nIt is 391"  # no prompt
+    assert extra == {"tier": "hard", "id": "q7", "question": "What is 17*23?", "answer": "It is 391"}
+    # a task file's own ground_truth wins over the answers
+    gt = Example("q8", "?", ["a", "b"], "jsonl:mine.jsonl", {"ground_truth": {"target": ["zzz"]}})
+    assert reward.score_episode(gt, None, "no") == 0.25 and rewards.seen[-1][2] == {"target": ["zzz"]}
+    with pytest.raises(TypeError, match="reads the whole episode"):
+        reward(EXAMPLE, "391")
+
+
+def test_trl_signature_gets_one_element_columns(rewards):
+    tree, leaf = episode()
+    assert (
+        episode_reward(UserReward("my_rewards:trl_style"), EXAMPLE, None, tree, leaf) == 3.0
+    )  # 6 words * 0.5
+    completions, truth, kwargs = rewards.seen[-1]
+    assert completions == ["<tool_call>q</tool_call>\ntool: 391\nIt is 391"] and truth == ["391"]
+    assert kwargs == {"tier": ["hard"], "prompts": ["What is 17*23?"], "answer": [None]}
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("not_a_number", r"returned 'high'; a reward must be one finite number"),
+        ("nan", r"returned nan; a reward must be one finite number"),
+        ("two", r"raised ValueError: returned \[1.0, 2.0\], not a list with one number"),
+        ("raises", r"raised KeyError: 'target'"),
+    ],
+)
+def test_a_broken_reward_stops_with_its_name_and_the_example(rewards, name, message):
+    with pytest.raises(
+        (ValueError, RuntimeError), match=f"task.reward my_rewards:{name} on example 'q7' {message}"
+    ):
+        UserReward(f"my_rewards:{name}").score_episode(EXAMPLE, "391", "It is 391")
+
+
+def test_bad_specs_are_named(rewards):
+    with pytest.raises(
+        ValueError, match=r"my_rewards:unknown takes \(text, gold\); a reward function takes verl"
+    ):
+        UserReward("my_rewards:unknown")
+    with pytest.raises(ValueError, match="task.reward: module 'my_rewards' has no attribute 'missing'"):
+        UserReward("my_rewards:missing")
+
+
+def test_config_task_reward_replaces_the_built_in_scoring(rewards):
+    env = build_environment(load_config("grpo-arith-tools", ["task.reward=my_rewards:verl_style"]))
+    try:
+        assert isinstance(env.reward, UserReward) and env.reward.style == "verl"
+    finally:
+        env.close()
