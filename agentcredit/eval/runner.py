@@ -112,10 +112,10 @@ def run_eval(
 
     tiers = None
     if options.tiers:
-        if cfg.protocol.name != "codefence":
+        if cfg.protocol.name not in ("codefence", "chat"):
             raise ValueError(
-                "--tiers labels questions with carl-segment's no-tool prompt, which only the codefence protocol "
-                f"has (this config uses protocol.name={cfg.protocol.name!r})"
+                "--tiers labels questions with carl-segment's no-tool prompt, which only the codefence and chat "
+                f"protocols have (this config uses protocol.name={cfg.protocol.name!r})"
             )
         from agentcredit.train.warmup import tier_labels
 

@@ -57,6 +57,18 @@ HERMES_TOOLS_PROMPT = (
     "When you have the answer, reply with it without a tool call."
 )
 
+#: carl-segment's prompt modes (carl-segment.md §2.3) in this format, so its critic warm-up (tier labels from no-tool
+#: rollouts, forced-tool rollouts) runs on the chat protocol too: the paper's sentences without the code-block and
+#: \boxed{} wording, added to the system message. ``no_tool`` also shows no tools and reads every message as the
+#: answer; ``optional`` (the default, for training and evaluation) adds nothing.
+PROMPT_MODES: dict[str, str] = {
+    "optional": "",
+    "forced": "You must use a tool to help answer this question.",
+    "multihop": "You must use a tool to help answer this question. This question may require multiple tool "
+    "calls. You may call tools more than once.",
+    "no_tool": "Answer the following question directly. Do not use any tools.",
+}
+
 
 def detect_dialect(template: str) -> str | None:
     """The call dialect a chat template's source teaches, or None when it shows no tool calling."""
@@ -189,6 +201,8 @@ class ChatToolProtocol(Protocol):
             ``{"name", "description", "parameters"}``; the environment passes its tools' schemas.
         dialect: ``auto`` (read off the template, Hermes when it shows none) or one of :data:`DIALECTS`.
         system_prompt: an optional system message before the question.
+        prompt: one of :data:`PROMPT_MODES`: ``optional`` (default), or ``forced`` / ``multihop`` / ``no_tool`` for
+            carl-segment's critic warm-up; ``no_tool`` shows no tools and every message is the final answer.
         max_segments: assistant messages per episode; the episode is cut with no answer at the cap.
         tool_turns: the tool-turn text; default: read off the tokenizer's template in ``prompt()``.
         format_reward_bound: the range of the rescaled PORTool formatting reward.
@@ -202,6 +216,7 @@ class ChatToolProtocol(Protocol):
         schemas: Sequence[Mapping[str, Any]] = (),
         dialect: str = "auto",
         system_prompt: str = "",
+        prompt: str = "optional",
         max_segments: int = 8,
         tool_turns: ToolTurns | None = None,
         format_reward_bound: float = 0.25,
@@ -210,6 +225,8 @@ class ChatToolProtocol(Protocol):
             raise ValueError(f"chat: schemas must be a list of tool schemas, got {type(schemas).__name__}")
         if dialect != "auto" and dialect not in DIALECTS:
             raise ValueError(f"chat: dialect must be 'auto' or one of {list(DIALECTS)}, got {dialect!r}")
+        if prompt not in PROMPT_MODES:
+            raise ValueError(f"chat: prompt must be one of {sorted(PROMPT_MODES)}, got {prompt!r}")
         if not isinstance(max_segments, int) or max_segments < 1:
             raise ValueError(f"chat: max_segments must be an integer >= 1, got {max_segments!r}")
         if tool_turns is not None and not isinstance(tool_turns, ToolTurns):
@@ -217,6 +234,8 @@ class ChatToolProtocol(Protocol):
         self.schemas = [normalise_schema(i, s, owner="chat") for i, s in enumerate(schemas)]
         self.dialect = dialect
         self.system_prompt = system_prompt
+        self.prompt_name = prompt
+        self.tools = prompt != "no_tool"
         self.max_segments = max_segments
         self.tool_turns = tool_turns
         self.format_reward_bound = float(format_reward_bound)
@@ -225,7 +244,7 @@ class ChatToolProtocol(Protocol):
 
     # -- prompt --------------------------------------------------------------------------------------------
     def messages(self, state: EpisodeState) -> list[dict[str, str]]:
-        system = self.system_prompt
+        system = " ".join(part for part in (self.system_prompt, PROMPT_MODES[self.prompt_name]) if part)
         if state.extra.get("tools_in_system") and self.schemas:
             tools = "\n".join(json.dumps(s, ensure_ascii=False) for s in self.schemas)
             system = (system + "\n\n" if system else "") + HERMES_TOOLS_PROMPT.format(tools=tools)
@@ -235,7 +254,10 @@ class ChatToolProtocol(Protocol):
     def prompt(self, state: EpisodeState, tokenizer: Any) -> str:
         """The question rendered by the template with the tools; reads the dialect and tool turns off it."""
         shows_tools, dialect, turns = self._read_template(tokenizer)
-        state.extra.update(dialect=dialect, tools_in_system=bool(self.schemas) and not shows_tools)
+        shows_tools = shows_tools and self.tools
+        state.extra.update(
+            dialect=dialect, tools_in_system=self.tools and bool(self.schemas) and not shows_tools
+        )
         if self.tool_turns is None:
             state.extra["tool_turns"] = turns
         messages = self.messages(state)
@@ -292,6 +314,8 @@ class ChatToolProtocol(Protocol):
     def read_segment(self, state: EpisodeState, text: str, finish: FinishReason) -> Turn:
         dialect = state.extra.get("dialect") or (self.dialect if self.dialect != "auto" else "hermes")
         calls, errors, attempted = parse_calls(self._content(state, text), dialect)
+        if not self.tools:  # no_tool: no tools were shown, so every message is the answer
+            calls, errors, attempted = [], [], False
         info: dict[str, Any] = {
             "finish": finish,
             "turn_end_generated": self.turns(state).ends_turn(text, finish),

@@ -281,3 +281,24 @@ def test_bad_options_are_named():
         ChatToolProtocol(dialect="pythonic")
     with pytest.raises(ValueError, match="max_segments"):
         ChatToolProtocol(max_segments=0)
+
+
+def test_prompt_modes_for_the_critic_warm_up(smollm2_tokenizer, qwen):
+    """carl-segment's warm-up sets protocol.options.prompt to no_tool / forced; chat once rejected the option."""
+    call = '<tool_call>{"name": "query", "arguments": {"sql": "SELECT COUNT(*) FROM users"}}</tool_call>'
+    for tokenizer in (smollm2_tokenizer, qwen):  # tools in a Hermes system message / shown by the template
+        no_tool = get_protocol("chat", schemas=[QUERY], prompt="no_tool")
+        state = no_tool.new_episode("How many users?")
+        text = no_tool.prompt(state, tokenizer)
+        assert '"query"' not in text and "Do not use any tools." in text
+        turn = no_tool.read_segment(state, call, "eos")  # no tool was shown: the message is the answer
+        assert turn.kind == "commit" and turn.done and turn.calls == [] and turn.answer == call
+        forced = ChatToolProtocol(schemas=[QUERY], prompt="forced", system_prompt="You run a shop.")
+        state = forced.new_episode("How many users?")
+        text = forced.prompt(state, tokenizer)
+        assert "You run a shop. You must use a tool to help answer this question." in text
+        assert '"query"' in text and forced.read_segment(state, call, "eos").kind == "invoke"
+    plain = ChatToolProtocol(schemas=[QUERY])
+    assert "must use" not in plain.prompt(plain.new_episode("q"), smollm2_tokenizer)
+    with pytest.raises(ValueError, match="prompt must be one of"):
+        ChatToolProtocol(prompt="sometimes")
