@@ -66,7 +66,18 @@ class ModelConfig(Section):
 
 
 # --------------------------------------------------------------------------------------------- data / env
-class TaskConfig(Section):
+class UserRewardConfig(Section):
+    """Your own outcome reward; one definition for the native ``task`` section and verl's ``agentcredit`` block."""
+
+    reward: str | None = Field(
+        None,
+        description="Your own outcome reward, 'package.module:function', with verl's signature (data_source, "
+        "solution_str, ground_truth, extra_info) or TRL's (completions, **kwargs); it replaces metric and "
+        "format_bonus (and PORTool's judge). See agentcredit.environment.UserReward.",
+    )
+
+
+class TaskConfig(UserRewardConfig):
     name: str = Field(
         "arith-tools",
         description="Task name (arith-tools, kb-multihop, gsm8k, hotpotqa, ...) or jsonl:<path>; '{split}' in "
@@ -91,12 +102,6 @@ class TaskConfig(Section):
     format_bonus: float = Field(
         0.0, description="Added to the outcome when an answer was extracted (TIPS code: 0.2 in training)."
     )
-    reward: str | None = Field(
-        None,
-        description="Your own outcome reward, 'package.module:function', with verl's signature (data_source, "
-        "solution_str, ground_truth, extra_info) or TRL's (completions, **kwargs); it replaces metric and "
-        "format_bonus (and PORTool's judge). See agentcredit.environment.UserReward.",
-    )
 
 
 class ProtocolConfig(Section):
@@ -109,7 +114,25 @@ class ProtocolConfig(Section):
     )
 
 
-class ToolsConfig(Section):
+class UserToolsConfig(Section):
+    """Your own tools, for the protocols that show tool schemas (jsoncall, chat). One definition for the native
+    ``tools`` section and verl's ``agentcredit.tools`` block."""
+
+    functions: list[str] = Field(
+        default_factory=list,
+        description="jsoncall and chat: your own tools, as 'package.module:function' (typed, with a docstring; the "
+        "schema comes from them, agentcredit.tools.functions). jsoncall adds them to the suite tools shown "
+        "(suite_tools: [] shows only yours and response_gen); chat shows them in the model's own format.",
+    )
+    mcp: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="jsoncall and chat: local MCP servers whose tools are added like tools.functions, each "
+        "{command, args, env, cwd, prefix} (agentcredit.tools.mcp; needs the 'mcp' extra). Started once per "
+        "environment, stopped when it closes.",
+    )
+
+
+class ToolsConfig(UserToolsConfig):
     search_k: int = Field(
         3, ge=1, description="Passages per search call (carl-segment §4.1, TIPS Table 8: 3)."
     )
@@ -124,18 +147,6 @@ class ToolsConfig(Section):
         description="jsoncall: the tool-suite subset shown to the model (None = all 17 of PORTool §2.5; "
         "response_gen is always kept). The full list is a ~4.7k-token system prompt, too long for CPU presets. "
         "chat: suite tools shown beside tools.functions (None = none; response_gen is never shown).",
-    )
-    functions: list[str] = Field(
-        default_factory=list,
-        description="jsoncall and chat: your own tools, as 'package.module:function' (typed, with a docstring; the "
-        "schema comes from them, agentcredit.tools.functions). jsoncall adds them to the suite tools shown "
-        "(suite_tools: [] shows only yours and response_gen); chat shows them in the model's own format.",
-    )
-    mcp: list[dict[str, Any]] = Field(
-        default_factory=list,
-        description="jsoncall and chat: local MCP servers whose tools are added like tools.functions, each "
-        "{command, args, env, cwd, prefix} (agentcredit.tools.mcp; needs the 'mcp' extra). Started once per "
-        "environment, stopped when it closes.",
     )
 
 

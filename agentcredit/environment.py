@@ -72,7 +72,9 @@ class UserReward:
       text after its prompt (every message and tool result, as verl's multi-turn response holds them),
       ``ground_truth`` the example's ``info["ground_truth"]`` when its task file gives one, else its answer (the
       list of aliases when it has several), ``extra_info`` its ``info`` plus ``id``, ``question`` and
-      ``answer`` (what the protocol extracted, or None).
+      ``answer`` (what the protocol extracted, or None). Unlike verl's reward manager, which decodes with
+      ``skip_special_tokens=True``, ``solution_str`` keeps the chat template's markers as the protocol wrote them.
+      On verl (``agentcredit.reward``) ``ground_truth`` is the row's ``reward_model.ground_truth``.
     * TRL (``reward_funcs``): ``fn(completions, **kwargs)`` returning a list of numbers. It is called with one
       episode: ``completions=[solution_str]``, ``prompts=[question]``, ``ground_truth=[...]``, ``answer=[...]``
       and every ``info`` field as a one-element list, as TRL passes dataset columns.
@@ -236,24 +238,30 @@ def suite_subset(names: list[str], protocol_name: str = "jsoncall") -> set[str]:
 
 
 def user_tools(config: Config, resources: list[Any]) -> list[Any]:
-    """``tools.functions`` and the tools of ``tools.mcp``'s servers (jsoncall, chat); errors name the entry,
-    module and function, or the server. Started servers are appended to ``resources`` (the caller closes them)."""
+    """``tools.functions`` and ``tools.mcp`` (:func:`load_user_tools`) for the protocols that show tool schemas."""
     t = config.tools
-    if not t.functions and not t.mcp:
-        return []
-    if config.protocol.name not in ("jsoncall", "chat"):
+    if (t.functions or t.mcp) and config.protocol.name not in ("jsoncall", "chat"):
         raise ValueError(
             f"tools.functions and tools.mcp need protocol jsoncall or chat (the protocols that show tool schemas), "
             f"got {config.protocol.name!r}"
         )
+    return load_user_tools(t, resources)
+
+
+def load_user_tools(settings: Any, resources: list[Any]) -> list[Any]:
+    """Your tools from a :class:`~agentcredit.config.UserToolsConfig` (the native ``tools`` section or verl's
+    ``agentcredit.tools`` block): ``functions`` and the tools of the ``mcp`` servers, whose toolset is appended
+    to ``resources`` (the caller closes it). Errors name the entry, module and function, or the server."""
+    if not settings.functions and not settings.mcp:
+        return []
     from agentcredit.tools.functions import function_tools
     from agentcredit.tools.suite import suite_schemas
 
-    tools = function_tools(t.functions)
-    if t.mcp:
+    tools = function_tools(settings.functions)
+    if settings.mcp:
         from agentcredit.tools.mcp import mcp_tools
 
-        toolset = mcp_tools(t.mcp)
+        toolset = mcp_tools(settings.mcp)
         resources.append(toolset)
         tools += toolset.tools
     names = [tool.name for tool in tools]

@@ -209,3 +209,59 @@ def test_missing_question_is_a_clear_error():
         agent_loop_module.sample_fields({"raw_prompt": [], "extra_info": {}})
     with pytest.raises(ValueError, match="return_raw_chat"):
         agent_loop_module.sample_fields({})
+
+
+USER_CODE = '''
+def lookup(title: str) -> str:
+    """Who wrote a book.
+
+    Args:
+        title: the book's title
+    """
+    return f"{title} was written by Jane Doe."
+
+
+def score(data_source, solution_str, ground_truth, extra_info):
+    calls.append((data_source, solution_str, ground_truth, extra_info))
+    return {"score": 0.75 if ground_truth[0] in solution_str else 0.0}
+
+
+calls = []
+'''
+
+
+def test_chat_protocol_with_your_tools_and_reward_as_on_the_native_trainer(
+    byte_tokenizer, tmp_path, monkeypatch
+):
+    """Issue 15 on verl: tools.functions shown by the chat protocol (its prompt rendered in the loop), run in the
+    worker's runtime, and the episode scored by agentcredit.reward with verl's signature on the episode's text."""
+    (tmp_path / "my_agent.py").write_text(USER_CODE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import my_agent
+
+    call = '<tool_call>\n{"name": "lookup", "arguments": {"title": "X"}}\n</tool_call>'
+    server = FakeServer(byte_tokenizer, [call, "Jane Doe"])
+    overrides = [
+        "agentcredit.protocol=chat",
+        "~agentcredit.protocol_options.style",
+        "+agentcredit.tools.functions=[my_agent:lookup]",
+        "+agentcredit.reward=my_agent:score",
+    ]
+    out = _run_loop(byte_tokenizer, "grpo", server, overrides)
+    rec = RowRecord.model_validate(out.extra_fields["agentcredit"])
+    assert rec.segment_kinds == ["invoke", "commit"] and rec.answer == "Jane Doe"
+    prompt = byte_tokenizer.decode(out.prompt_ids)
+    assert (
+        '"name": "lookup"' in prompt and "<tool_call>" in prompt
+    )  # the tool is shown (Hermes system message)
+    response = byte_tokenizer.decode(out.response_ids)
+    assert "X was written by Jane Doe." in response  # the tool ran in the worker
+    source, solution, truth, extra = my_agent.calls[-1]
+    assert out.reward_score == 0.75 == rec.outcome and truth == ["Jane Doe", "J. Doe"]
+    # solution_str: the episode's text after the prompt (messages and tool results), as on the native trainer
+    assert (
+        solution.startswith(call)
+        and "X was written by Jane Doe." in solution
+        and solution.endswith("Jane Doe")
+    )
+    assert "who wrote X" not in solution and extra["index"] == 0

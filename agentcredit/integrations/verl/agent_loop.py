@@ -22,6 +22,7 @@ from uuid import uuid4
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 
+from agentcredit.environment import UserReward
 from agentcredit.integrations.verl import AGENT_LOOP_NAME, EXTRA_KEY
 from agentcredit.integrations.verl.episode import (
     Generation,
@@ -33,6 +34,8 @@ from agentcredit.integrations.verl.episode import (
 from agentcredit.integrations.verl.settings import AgentCreditSettings, load_settings
 from agentcredit.integrations.verl.tools import build_runtime
 from agentcredit.protocols import get_protocol
+from agentcredit.rollout.engine import episode_reward
+from agentcredit.tasks import Example
 from agentcredit.tasks.scoring import answer_reward, outcome_with_abstention
 from agentcredit.tools.base import ToolCall, ToolResult, ToolRuntime
 
@@ -76,6 +79,51 @@ def sample_fields(kwargs: dict[str, Any]) -> tuple[list[dict[str, Any]], str, li
     if not golds:
         raise ValueError(f"no gold answers for question {question!r:.80}: set extra_info.answers")
     return messages, question, [str(g) for g in golds]
+
+
+def _protocol_options(settings: AgentCreditSettings, schemas: list[dict[str, Any]]) -> dict[str, Any]:
+    """The protocol's options, with your tools' schemas added (beside the suite's, when the suite is on)."""
+    options = dict(settings.protocol_options)
+    if not schemas or "schemas" in options or settings.protocol not in ("jsoncall", "chat"):
+        return options
+    suite: list[dict[str, Any]] = []
+    if settings.tools.suite:
+        from agentcredit.tools.suite import suite_schemas
+
+        suite = [
+            x
+            for x in suite_schemas()
+            if settings.protocol == "jsoncall" or x["function"]["name"] != "response_gen"
+        ]
+    options["schemas"] = suite + schemas
+    return options
+
+
+_USER_REWARDS: dict[str, UserReward] = {}
+
+
+def _user_reward(spec: str) -> UserReward:
+    if spec not in _USER_REWARDS:
+        _USER_REWARDS[spec] = UserReward(spec)
+    return _USER_REWARDS[spec]
+
+
+def _example(kwargs: dict[str, Any], question: str, golds: list[str]) -> Example:
+    """The dataset row as the :class:`~agentcredit.tasks.Example` a user reward reads: ``extra_info`` as its info,
+    and ``reward_model.ground_truth`` (what verl reward functions receive) as ``info["ground_truth"]``."""
+    info = {k: v for k, v in dict(kwargs.get("extra_info") or {}).items() if k not in ("question", "answers")}
+    truth = (kwargs.get("reward_model") or {}).get("ground_truth")
+    if truth is not None:
+        info["ground_truth"] = (
+            list(truth) if not isinstance(truth, str | dict) and hasattr(truth, "__len__") else truth
+        )
+    return Example(
+        str(info.get("id", info.get("index", "row"))),
+        question,
+        golds,
+        str(kwargs.get("data_source") or "verl"),
+        info,
+    )
 
 
 def teacher_messages(
@@ -171,8 +219,12 @@ class AgentCreditAgentLoop(AgentLoopBase):
         messages, question, golds = sample_fields(kwargs)
         self._request_id = episode_request_id(self.full_determinism, kwargs.get("priority"))
         self._n_scores = 0
-        protocol = get_protocol(s.protocol, **s.protocol_options)
         runtime = _runtime(s)
+        # your own tools (tools.functions / tools.mcp) are shown by the protocol; the parquet's raw_prompt was
+        # written without them, and chat shows tools through the chat template: both render the prompt here
+        schemas = [fn.schema for fn in runtime.tools.values() if hasattr(fn, "schema")]
+        protocol = get_protocol(s.protocol, **_protocol_options(s, schemas))
+        render_here = s.protocol == "chat" or bool(schemas)
         loop = asyncio.get_running_loop()
         timing = {"generate": 0.0, "tools": 0.0}
 
@@ -185,8 +237,11 @@ class AgentCreditAgentLoop(AgentLoopBase):
         state = protocol.new_episode(question)
         # The token ids come from verl's builder (as for every verl agent loop), but the protocol still sees
         # the tokenizer through prompt(): the tips style reads the chat template's role markers there.
-        protocol.prompt(state, self.tokenizer)
-        prompt_ids = await self.ct_build_initial_tokens(messages)
+        prompt_text = protocol.prompt(state, self.tokenizer)
+        if render_here:
+            prompt_ids = self.tokenizer(prompt_text, add_special_tokens=False)["input_ids"]
+        else:
+            prompt_ids = await self.ct_build_initial_tokens(messages)
         start = time.perf_counter()
         episode = await run_episode(
             protocol,
@@ -201,7 +256,13 @@ class AgentCreditAgentLoop(AgentLoopBase):
             eos_token_ids=_eos_ids(self.tokenizer),
         )
         timing["generate"] = time.perf_counter() - start - timing["tools"]
-        outcome = episode_outcome(s, episode.answer, golds)
+        if s.reward is not None:  # your own reward, on the episode's text (the native trainer's definition)
+            example = _example(kwargs, question, golds)
+            outcome = episode_reward(
+                _user_reward(s.reward), example, episode.answer, episode.tree, episode.leaf
+            )
+        else:
+            outcome = episode_outcome(s, episode.answer, golds)
 
         potentials = teacher = None
         if s.method == "tips":

@@ -13,7 +13,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from agentcredit.config import GearConfig, GigpoConfig, PortoolAdvantageConfig, TipsShapingConfig
+from agentcredit.config import (
+    GearConfig,
+    GigpoConfig,
+    PortoolAdvantageConfig,
+    TipsShapingConfig,
+    UserRewardConfig,
+    UserToolsConfig,
+)
 from agentcredit.credit.registry import PRESETS
 
 __all__ = ["METHODS", "AgentCreditSettings", "load_settings"]
@@ -25,7 +32,10 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class ToolSettings(_Section):
+class ToolSettings(UserToolsConfig):
+    """verl's tool block: your own tools (``functions``, ``mcp``: the native section's definition) plus the
+    retrieval server, sandbox and suite of a worker."""
+
     search_url: str | None = Field(
         None,
         description="Search-R1 retrieval endpoint (POST {queries, topk}); `agentcredit serve-search` serves it.",
@@ -119,10 +129,12 @@ class PortoolSettings(PortoolAdvantageConfig):
     )
 
 
-class AgentCreditSettings(_Section):
+class AgentCreditSettings(UserRewardConfig):
+    """The ``agentcredit`` block; ``reward`` (your own outcome reward) is the native ``task.reward``'s definition."""
+
     method: Literal[METHODS] = Field(description="which credit method the trainer runs.")  # type: ignore[valid-type]
     protocol: str = Field(
-        "tags", description="agentcredit protocol: tags (Search-R1), codefence (CARL), jsoncall."
+        "tags", description="agentcredit protocol: tags (Search-R1), codefence (CARL), jsoncall, chat."
     )
     protocol_options: dict[str, Any] = Field(
         default_factory=dict, description="keyword options of get_protocol()."

@@ -9,6 +9,7 @@ standard library's: one JSON POST does not justify a dependency.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import urllib.error
@@ -70,13 +71,28 @@ class RemoteRetriever:
         return format_passages(passages, self.style) if passages else no_results_text(query)
 
 
+#: MCP servers this worker process started; they live as long as the process (verl's workers are long-lived).
+_RESOURCES: list[Any] = []
+
+
+def _close_resources() -> None:
+    while _RESOURCES:
+        _RESOURCES.pop().close()
+
+
+atexit.register(_close_resources)
+
+
 def build_runtime(settings: Any) -> ToolRuntime:
-    """The tool runtime for ``settings.tools`` (a :class:`~.settings.ToolSettings`).
+    """The tool runtime for ``settings.tools`` (a :class:`~.settings.ToolSettings`), your own ``functions`` and
+    ``mcp`` servers' tools included (:func:`agentcredit.environment.load_user_tools`, as the native trainer).
 
     Raises :class:`~agentcredit.tools.base.ToolUnavailableError` when ``settings.python`` is on and the sandbox
     cannot run ``print(1)`` (the same preflight, and message, as ``environment.build_tools``).
     """
-    tools: dict[str, Any] = {}
+    from agentcredit.environment import load_user_tools
+
+    tools: dict[str, Any] = {tool.name: tool for tool in load_user_tools(settings, _RESOURCES)}
     if settings.suite:
         from agentcredit.tools.suite import build_suite
 
