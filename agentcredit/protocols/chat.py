@@ -1,4 +1,4 @@
-"""Chat-turn markers as plain text, for protocols whose observations are new chat turns (tips, jsoncall).
+"""Chat-turn markers as plain text, for protocols whose observations are new chat turns (tips, jsoncall, chat).
 
 The engine builds contexts by appending token ids and never re-renders the chat template mid-episode
 (issue 4; portool.md section 2.9; carl-segment.md A27). An observation that is a new user turn therefore
@@ -9,6 +9,7 @@ protocol works for ChatML models (Qwen, SmolLM2) and others (Llama 3).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,15 +43,21 @@ class ChatMarkers:
         return finish == "eos" or (bool(self.turn_end) and text.rstrip().endswith(self.turn_end))
 
     @classmethod
-    def from_tokenizer(cls, tokenizer: Any) -> ChatMarkers:
-        """Read the markers off ``tokenizer``'s chat template by rendering a three-turn probe conversation."""
+    def from_tokenizer(cls, tokenizer: Any, *, chat_template: str | None = None) -> ChatMarkers:
+        """Read the markers off ``tokenizer``'s chat template (or ``chat_template``, one of its named ones) by
+        rendering a three-turn probe conversation."""
         probe = [
             {"role": "user", "content": _PROBE_USER},
             {"role": "assistant", "content": _PROBE_ASSISTANT},
             {"role": "user", "content": _PROBE_OBSERVATION},
         ]
         try:
-            rendered = tokenizer.apply_chat_template(probe, tokenize=False, add_generation_prompt=True)
+            rendered = tokenizer.apply_chat_template(
+                probe,
+                tokenize=False,
+                add_generation_prompt=True,
+                **({"chat_template": chat_template} if chat_template else {}),
+            )
         except Exception as exc:  # a template that cannot render this is unusable for multi-turn protocols
             raise ValueError(
                 f"cannot read chat markers from the tokenizer's chat template ({type(exc).__name__}: {exc}); "
@@ -79,6 +86,10 @@ CHATML = ChatMarkers()
 
 _PROBE_CALL_ID = "probe0001"  # 9 characters: Mistral's templates reject other tool-call id lengths
 _PROBE_RESULTS = ("AGENTCREDIT-PROBE-RESULT-ONE", "AGENTCREDIT-PROBE-RESULT-TWO")
+_PROBE_TOOL = {
+    "type": "function",
+    "function": {"name": "probe", "description": "probe", "parameters": {"type": "object", "properties": {}}},
+}
 
 
 @dataclass(frozen=True)
@@ -86,10 +97,13 @@ class ToolTurns:
     """The template text around tool results that follow an assistant turn calling tools.
 
     A tool turn is ``[turn_end] + open + r1 + separator + r2 + ... + close``: ``open`` holds everything after
-    the assistant's end-of-turn token up to the first result (Qwen's ``\\n<|im_start|>user\\n<tool_response>\\n``,
-    Llama 3's ``<|start_header_id|>ipython<|end_header_id|>\\n\\n``), ``separator`` what lies between two results,
+    the assistant's end-of-turn token up to the first result (Qwen's ``\n<|im_start|>user\n<tool_response>\n``,
+    Llama 3's ``<|start_header_id|>ipython<|end_header_id|>\n\n``), ``separator`` what lies between two results,
     and ``close`` what follows the last one, the next assistant header included. ``json_quoted``: the template
     writes a result as a JSON string (Llama 3.1 applies ``tojson`` to tool content).
+
+    Read off a template, the text around results is the probe's: a template that numbers results with their call
+    ids (Mistral's ``"call_id"``) gets the probe's id in every result, since the model's calls carry none.
     """
 
     turn_end: str = "<|im_end|>"
@@ -101,22 +115,20 @@ class ToolTurns:
     def render(self, outputs: list[str], *, turn_end_generated: bool) -> str:
         """The tool turn(s) carrying ``outputs`` in call order, appended after a policy segment."""
         if self.json_quoted:
-            import json
-
             outputs = [json.dumps(o, ensure_ascii=False) for o in outputs]
         head = "" if turn_end_generated else self.turn_end
         return head + self.open + self.separator.join(outputs) + self.close
-
-    def ends_turn(self, text: str, finish: str) -> bool:
-        return finish == "eos" or (bool(self.turn_end) and text.rstrip().endswith(self.turn_end))
 
     @classmethod
     def from_tokenizer(cls, tokenizer: Any) -> ToolTurns:
         """Read the tool-turn text off ``tokenizer``'s chat template by rendering a probe conversation.
 
-        The probe is a user turn, an assistant turn calling one tool, and two tool results. The tool-turn text is
-        what the full rendering adds after the rendering that stops at the assistant turn. A template that cannot
-        render a ``tool`` role (it raises, or drops the results) is a ValueError: pass ``tool_turns=`` explicitly.
+        The probe is a user turn, an assistant turn calling one tool, and two tool results, rendered with a tool
+        list (so a tokenizer with named templates uses its tool-use one, as the prompt does). ``open`` is the text
+        between the last end-of-turn token before the first result and that result; only the rendering with the
+        results is read, since templates may render an assistant turn differently when it is the last one (Qwen3
+        adds an empty think block). A template that cannot render a ``tool`` role (it raises, or drops the results)
+        is a ValueError: pass ``tool_turns=`` explicitly.
         """
         call = {"type": "function", "id": _PROBE_CALL_ID, "function": {"name": "probe", "arguments": {}}}
         head = [
@@ -128,29 +140,32 @@ class ToolTurns:
             for r in _PROBE_RESULTS
         ]
         try:
-            before = tokenizer.apply_chat_template(head, tokenize=False)
-            full = tokenizer.apply_chat_template(head + results, tokenize=False, add_generation_prompt=True)
+            template = tokenizer.get_chat_template(None, tools=[_PROBE_TOOL])
+        except Exception:  # a tokenizer object without the lookup: its apply_chat_template picks
+            template = None
+        try:
+            full = tokenizer.apply_chat_template(
+                head + results, tools=[_PROBE_TOOL], chat_template=template, tokenize=False,
+                add_generation_prompt=True,
+            )  # fmt: skip
         except Exception as exc:
             raise ValueError(
                 f"the chat template cannot render tool results ({type(exc).__name__}: {exc}); "
                 "pass tool_turns=ToolTurns(...) explicitly"
             ) from exc
         one, two = (full.find(r) for r in _PROBE_RESULTS)
-        if not full.startswith(before) or one < len(before) or two < one:
+        turn_end = ChatMarkers.from_tokenizer(tokenizer, chat_template=template).turn_end
+        cut = full.rfind(turn_end, 0, one) if turn_end and one >= 0 else -1
+        if one < 0 or two < one or cut < 0:
             raise ValueError(
-                "the chat template did not render the tool results after the assistant turn; "
+                "the chat template did not render the tool results after an ended assistant turn; "
                 "pass tool_turns=ToolTurns(...) explicitly"
             )
         quoted = full[one - 1 : one] == '"' and full[two - 1 : two] == '"'
         q = 1 if quoted else 0
-        # the assistant turn's end-of-turn token is sampled by the model; what the template writes after it
-        # (a newline in ChatML) belongs to the tool turn
-        turn_end = ChatMarkers.from_tokenizer(tokenizer).turn_end
-        cut = before.rfind(turn_end) if turn_end else -1
-        tail = before[cut + len(turn_end) :] if cut >= 0 else ""
         return cls(
             turn_end=turn_end,
-            open=tail + full[len(before) : one - q],
+            open=full[cut + len(turn_end) : one - q],
             separator=full[one + len(_PROBE_RESULTS[0]) + q : two - q],
             close=full[two + len(_PROBE_RESULTS[1]) + q :],
             json_quoted=quoted,

@@ -179,6 +179,14 @@ class ParsedStep:
     error: str | None = None  # a step-level error observation (format, JSON); then no call runs
 
 
+def set_format_reward(info: dict[str, Any], fmt: StepFormat, bound: float = FORMAT_REWARD_BOUND) -> None:
+    """Write a step's rubric, raw reward and rescaled reward into ``turn.info`` (the keys the trainers read)."""
+    raw = format_reward_raw(fmt)
+    info["format"] = asdict(fmt)
+    info["format_reward_raw"] = raw
+    info["format_reward"] = rescale_format_reward(raw, bound)
+
+
 def _find_block(text: str, open_tag: str, close_tag: str, start: int = 0) -> tuple[int, int] | None:
     """Span (content start, content end) of the first ``open_tag ... close_tag`` at or after ``start``."""
     i = text.find(open_tag, start)
@@ -327,7 +335,9 @@ class JsonCallProtocol(Protocol):
         content = text[block[0] : block[1]]
         try:
             data = json.loads(content)
-        except json.JSONDecodeError as exc:
+        except (ValueError, RecursionError) as exc:  # also a >4300-digit integer or deep nesting: never raise
+            if not isinstance(exc, json.JSONDecodeError):
+                exc = json.JSONDecodeError(f"{type(exc).__name__}: {str(exc)[:100]}", content, 0)
             error = (
                 f"ERROR: The <tool_call> block is not valid JSON ({exc.msg} at line {exc.lineno} column "
                 f"{exc.colno}). It must hold a JSON array of tool calls."
@@ -420,10 +430,7 @@ class JsonCallProtocol(Protocol):
         return turn
 
     def _set_format(self, info: dict[str, Any], fmt: StepFormat) -> None:
-        raw = format_reward_raw(fmt)
-        info["format"] = asdict(fmt)
-        info["format_reward_raw"] = raw
-        info["format_reward"] = rescale_format_reward(raw, self.format_reward_bound)
+        set_format_reward(info, fmt, self.format_reward_bound)
 
     def observation(
         self, state: EpisodeState, turn: Turn, results: Sequence[ToolResult]

@@ -29,18 +29,13 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from agentcredit.protocols._text import tail_contains
 from agentcredit.protocols.base import EpisodeState, FinishReason, Observation, Protocol, Turn, check_results
 from agentcredit.protocols.chat import ToolTurns
-from agentcredit.protocols.jsoncall import (
-    StepFormat,
-    format_reward_raw,
-    normalise_schema,
-    rescale_format_reward,
-)
+from agentcredit.protocols.jsoncall import StepFormat, normalise_schema, set_format_reward
 from agentcredit.tools.base import ToolCall, ToolResult
 
 DIALECTS = ("hermes", "llama3", "mistral")
@@ -85,81 +80,133 @@ def _strip_think(text: str) -> str:
     return _THINK.sub("", text)
 
 
-def _call_object(index: int, data: Any, args_key: str = "arguments") -> tuple[ToolCall | None, str | None]:
+@dataclass(frozen=True)
+class CallSlot:
+    """One call the message tried to make, in message order: the parsed call, or what is wrong with it.
+
+    ``problem``: ``"json"`` (the call does not parse, or its block is not closed) or ``"fields"`` (it parses but
+    lacks a ``name`` string or an ``arguments`` object); the two weigh differently in the formatting reward.
+    """
+
+    call: ToolCall | None
+    error: str | None = None
+    problem: str | None = None
+
+
+@dataclass(frozen=True)
+class ParsedCalls:
+    """The calls of one assistant message. ``attempted``: it tries to call a tool at all (a call block, a
+    ``[TOOL_CALLS]`` marker, a Llama-style JSON call), whether or not its calls parse."""
+
+    slots: list[CallSlot] = field(default_factory=list)
+    attempted: bool = False
+
+    @property
+    def calls(self) -> list[ToolCall]:
+        return [s.call for s in self.slots if s.call is not None]
+
+    @property
+    def errors(self) -> list[str]:
+        return [s.error for s in self.slots if s.error is not None]
+
+
+def _call_object(index: int, data: Any, args_key: str = "arguments") -> CallSlot:
     """A ``{"name": str, "arguments": {...}}`` object as a call, or the error naming what is wrong."""
     if not isinstance(data, dict):
-        return None, f"tool call {index + 1} must be a JSON object, got {type(data).__name__}"
+        return CallSlot(
+            None, f"tool call {index + 1} must be a JSON object, got {type(data).__name__}", "fields"
+        )
     name = data.get("name")
     arguments = data.get(args_key, data.get("arguments", data.get("parameters", {})))
     if isinstance(arguments, str):  # some models write the arguments as a JSON string
-        try:
-            arguments = json.loads(arguments)
-        except json.JSONDecodeError:
-            pass
+        decoded, _ = _json(index, arguments)
+        arguments = decoded if decoded is not None else arguments
     if not isinstance(name, str) or not name:
-        return None, f'tool call {index + 1} has no "name" string'
+        return CallSlot(None, f'tool call {index + 1} has no "name" string', "fields")
     if not isinstance(arguments, dict):
-        return None, f'tool call {index + 1} ({name}): "{args_key}" must be a JSON object'
+        return CallSlot(None, f'tool call {index + 1} ({name}): "{args_key}" must be a JSON object', "fields")
     raw = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
-    return ToolCall(name, arguments, raw=raw), None
+    return CallSlot(ToolCall(name, arguments, raw=raw))
 
 
 def _json(index: int, text: str) -> tuple[Any, str | None]:
+    # ValueError beyond JSONDecodeError: an integer over Python's 4300-digit limit; RecursionError: deep nesting.
+    # A model can write either (a run of digits cut by the budget), and read_segment must never raise.
     try:
         return json.loads(text), None
     except json.JSONDecodeError as exc:
         return None, f"tool call {index + 1} is not valid JSON ({exc.msg} at column {exc.colno})"
+    except (ValueError, RecursionError) as exc:
+        return None, f"tool call {index + 1} is not valid JSON ({type(exc).__name__}: {str(exc)[:100]})"
 
 
-def parse_calls(text: str, dialect: str) -> tuple[list[ToolCall], list[str], bool]:
-    """The tool calls in one assistant message: ``(calls, errors, attempted)``.
+def _json_objects(text: str) -> tuple[list[Any], str | None]:
+    """Llama 3 may write several JSON calls separated by ';': decode them one after another (json's raw_decode)."""
+    decoder, found, i = json.JSONDecoder(), [], 0
+    while i < len(text):
+        try:
+            data, i = decoder.raw_decode(text, i)
+        except json.JSONDecodeError as exc:
+            return found, f"tool call {len(found) + 1} is not valid JSON ({exc.msg} at column {exc.colno})"
+        except (ValueError, RecursionError) as exc:  # see _json
+            return found, f"tool call {len(found) + 1} is not valid JSON ({type(exc).__name__})"
+        found.append(data)
+        while i < len(text) and (text[i].isspace() or text[i] == ";"):
+            i += 1
+    return found, None
 
-    ``attempted`` is True when the message tries to call a tool at all (a call block, a ``[TOOL_CALLS]`` marker,
-    a Llama-style JSON message), whether or not the calls parse; ``errors`` names each call that did not.
-    """
+
+def _decoded(index: int, text: str, make: Any) -> CallSlot:
+    data, error = _json(index, text)
+    return CallSlot(None, error, "json") if error else make(data)
+
+
+def parse_calls(text: str, dialect: str) -> ParsedCalls:
+    """The tool calls in one assistant message, one slot per call it tried to make, in order."""
     body = _strip_think(text)
-    calls: list[ToolCall] = []
-    errors: list[str] = []
     if dialect == "hermes":
         blocks = _HERMES_BLOCK.findall(body)
-        for i, (content, close) in enumerate(blocks):
-            if not close:
-                errors.append(f"tool call {i + 1} has no closing </tool_call>")
-                continue
-            data, error = _json(i, content.strip())
-            call, error = (None, error) if error else _call_object(i, data)
-            calls.append(call) if call else errors.append(error or "")
-        return calls, errors, bool(blocks)
+        slots = [
+            _decoded(i, content.strip(), lambda d, i=i: _call_object(i, d))
+            if close
+            else CallSlot(None, f"tool call {i + 1} has no closing </tool_call>", "json")
+            for i, (content, close) in enumerate(blocks)
+        ]
+        return ParsedCalls(slots, bool(blocks))
     if dialect == "llama3":
         stripped = body.replace("<|python_tag|>", "").strip()
-        if not stripped.startswith("{"):
-            return [], [], False
+        if "<|python_tag|>" in body and not stripped.startswith("{"):
+            # Llama's built-in tools (brave_search.call(...)): not JSON tool calling, which is what runs here
+            return ParsedCalls(
+                [CallSlot(None, "only JSON tool calls are supported, not <|python_tag|> code", "json")], True
+            )
+        # A final answer may start with "{" too ({"answer": 3}, a set): only a JSON object naming a tool is a call
+        if not (stripped.startswith("{") and '"name"' in stripped[:200]):
+            return ParsedCalls()
         objects, error = _json_objects(stripped)
-        for i, data in enumerate(objects):
-            call, problem = _call_object(i, data, "parameters")
-            calls.append(call) if call else errors.append(problem or "")
-        return calls, errors + ([error] if error else []), True
+        slots = [_call_object(i, data, "parameters") for i, data in enumerate(objects)]
+        return ParsedCalls(slots + ([CallSlot(None, error, "json")] if error else []), True)
     if dialect == "mistral":
         if "[TOOL_CALLS]" not in body:
-            return [], [], False
+            return ParsedCalls()
         named = list(_MISTRAL_NAMED.finditer(body))
         if named:  # [TOOL_CALLS]name[ARGS]{...} per call
+            slots = []
             for i, match in enumerate(named):
                 end = named[i + 1].start() if i + 1 < len(named) else len(body)
-                data, error = _json(i, body[match.end() : end].strip())
-                call, error = (
-                    (None, error) if error else _call_object(i, {"name": match[1], "arguments": data})
-                )
-                calls.append(call) if call else errors.append(error or "")
-            return calls, errors, True
+                make = lambda d, i=i, name=match[1]: _call_object(i, {"name": name, "arguments": d})  # noqa: E731
+                slots.append(_decoded(i, body[match.end() : end].strip(), make))
+            return ParsedCalls(slots, True)
         data, error = _json(0, body.split("[TOOL_CALLS]", 1)[1].strip())
         if error:
-            return [], [error], True
+            return ParsedCalls([CallSlot(None, error, "json")], True)
         items = data if isinstance(data, list) else [data]
-        for i, item in enumerate(items):
-            call, error = _call_object(i, item)
-            calls.append(call) if call else errors.append(error or "")
-        return calls, errors, True
+        if not items:
+            return ParsedCalls(
+                [CallSlot(None, "[TOOL_CALLS] holds an empty list; include at least one call", "fields")],
+                True,
+            )
+        return ParsedCalls([_call_object(i, item) for i, item in enumerate(items)], True)
     raise ValueError(f"chat: unknown dialect {dialect!r}; choose one of {list(DIALECTS)}")
 
 
@@ -177,20 +224,6 @@ def write_calls(calls: Sequence[tuple[str, Mapping[str, Any]]], dialect: str) ->
             [{"name": n, "arguments": a} for n, a in calls], ensure_ascii=False
         )
     raise ValueError(f"chat: unknown dialect {dialect!r}; choose one of {list(DIALECTS)}")
-
-
-def _json_objects(text: str) -> tuple[list[Any], str | None]:
-    """Llama 3 may write several JSON calls separated by ';': decode them one after another (json's raw_decode)."""
-    decoder, found, i = json.JSONDecoder(), [], 0
-    while i < len(text):
-        try:
-            data, i = decoder.raw_decode(text, i)
-        except json.JSONDecodeError as exc:
-            return found, f"tool call {len(found) + 1} is not valid JSON ({exc.msg} at column {exc.colno})"
-        found.append(data)
-        while i < len(text) and (text[i].isspace() or text[i] == ";"):
-            i += 1
-    return found, None
 
 
 class ChatToolProtocol(Protocol):
@@ -258,6 +291,8 @@ class ChatToolProtocol(Protocol):
         state.extra.update(
             dialect=dialect, tools_in_system=self.tools and bool(self.schemas) and not shows_tools
         )
+        if dialect == "llama3" and "<|eom_id|>" in getattr(tokenizer, "all_special_tokens", ()):
+            state.extra["message_ends"] = ["<|eom_id|>"]
         if self.tool_turns is None:
             state.extra["tool_turns"] = turns
         messages = self.messages(state)
@@ -302,8 +337,10 @@ class ChatToolProtocol(Protocol):
 
     # -- generation control --------------------------------------------------------------------------------
     def stop_strings(self, state: EpisodeState) -> list[str]:
+        """The end-of-turn token, and Llama 3's end-of-message token ``<|eom_id|>`` (which its template teaches a
+        model to end a tool-calling message with when tools are on, and which is not the tokenizer's EOS)."""
         turn_end = self.turns(state).turn_end
-        return [turn_end] if turn_end else []
+        return [turn_end] * bool(turn_end) + list(state.extra.get("message_ends", ()))
 
     def segment_ends(self, state: EpisodeState, text: str) -> bool:
         # An assistant message ends at EOS (the end-of-turn token); the text check covers a backend that
@@ -313,53 +350,67 @@ class ChatToolProtocol(Protocol):
     # -- reading output ------------------------------------------------------------------------------------
     def read_segment(self, state: EpisodeState, text: str, finish: FinishReason) -> Turn:
         dialect = state.extra.get("dialect") or (self.dialect if self.dialect != "auto" else "hermes")
-        calls, errors, attempted = parse_calls(self._content(state, text), dialect)
-        if not self.tools:  # no_tool: no tools were shown, so every message is the answer
-            calls, errors, attempted = [], [], False
-        info: dict[str, Any] = {
-            "finish": finish,
-            "turn_end_generated": self.turns(state).ends_turn(text, finish),
-        }
+        content = self._content(state, text)
+        # no_tool: no tools were shown, so every message is the answer
+        parsed = parse_calls(content, dialect) if self.tools else ParsedCalls()
+        ends = tuple(self.stop_strings(state))
+        generated = finish == "eos" or (bool(ends) and text.rstrip().endswith(ends))
+        info: dict[str, Any] = {"finish": finish, "turn_end_generated": generated}
         if finish == "length":
             info["truncated"] = True
-        if not attempted:  # no call: the final answer
-            answer = self.extract_answer(self._content(state, text))
-            turn = Turn("commit", done=True, answer=answer, info=info)
+        if not parsed.attempted:  # no call: the final answer
+            turn = Turn("commit", done=True, answer=self.extract_answer(content), info=info)
             if finish == "length":
                 turn.answer = None  # a message cut by the budget is no answer
                 info["error"] = "the final message was cut by the token budget"
             self._set_format(info, StepFormat(True, True, True, True, 1, 1 if turn.answer else 0))
             return turn
         turn = Turn("invoke", info=info)
-        if errors:
-            info["error"] = "; ".join(errors)
-            info["call_errors"] = errors
+        if parsed.errors:
+            info["error"] = "; ".join(parsed.errors)
         if state.n_turns + 1 >= self.max_segments:
             turn.done = True  # the cap: nothing more runs and the episode has no answer
             info["cut"] = "max_segments"
         else:
-            turn.calls = calls
-        json_ok = not any("JSON" in e or "closing" in e for e in errors)
-        self._set_format(
-            info, StepFormat(True, True, json_ok, not errors, len(calls) + len(errors), len(calls))
+            turn.calls = parsed.calls
+            # every slot in message order: results go back in call order (templates without call ids pair a
+            # result with its call by position), a call that did not parse as its error
+            index = iter(range(len(turn.calls)))
+            info["call_slots"] = [
+                {"call_index": next(index)} if slot.call is not None else {"error": slot.error}
+                for slot in parsed.slots
+            ]
+        slots = parsed.slots
+        fmt = StepFormat(
+            has_think=True,  # the adaptation of the module docstring: this format has no reasoning block
+            has_tool_call=True,
+            json_ok=not any(slot.problem == "json" for slot in slots),
+            fields_ok=not parsed.errors,
+            n_calls=len(slots),
+            n_success=len(parsed.calls),
         )
+        self._set_format(info, fmt)
         return turn
 
     def _content(self, state: EpisodeState, text: str) -> str:
-        turn_end = self.turns(state).turn_end
-        return text.split(turn_end, 1)[0] if turn_end else text
+        """The message without its end-of-turn token and anything after it."""
+        cut = min(
+            (i for i in (text.find(end) for end in self.stop_strings(state)) if i >= 0), default=len(text)
+        )
+        return text[:cut]
 
     def _set_format(self, info: dict[str, Any], fmt: StepFormat) -> None:
-        raw = format_reward_raw(fmt)
-        info["format"] = asdict(fmt)
-        info["format_reward_raw"] = raw
-        info["format_reward"] = rescale_format_reward(raw, self.format_reward_bound)
+        set_format_reward(info, fmt, self.format_reward_bound)
 
     def observation(
         self, state: EpisodeState, turn: Turn, results: Sequence[ToolResult]
     ) -> Observation | None:
         check_results(self.name, turn, results)
-        outputs = [r.output for r in results] + [f"ERROR: {e}" for e in turn.info.get("call_errors", ())]
+        slots = turn.info.get("call_slots", ())
+        outputs = [
+            results[slot["call_index"]].output if "call_index" in slot else f"ERROR: {slot['error']}"
+            for slot in slots
+        ]
         if not outputs:
             return None
         if "format" in turn.info:  # tool-side ERROR results make a call fail too (PORTool spec 3.2 [R])

@@ -68,7 +68,7 @@ LLAMA3_STYLE = (
     "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
 )
 
-LLAMA3_SPECIALS = ["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|python_tag|>"]
+LLAMA3_SPECIALS = ["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>", "<|python_tag|>"]
 
 
 def family_tokenizer(base, tmp_path_factory, name: str):
@@ -189,42 +189,72 @@ def test_a_template_without_tools_gets_them_in_a_hermes_system_message(smollm2_t
 
 
 # ------------------------------------------------------------------------------------------------- parsing
+def parsed(text, dialect):
+    """(calls as (name, arguments), errors, attempted) of one message."""
+    out = parse_calls(text, dialect)
+    return [(c.name, c.arguments) for c in out.calls], out.errors, out.attempted
+
+
 def test_hermes_calls():
     text = (
         '<think>count them</think><tool_call>\n{"name": "query", "arguments": {"sql": "A"}}\n</tool_call>\n'
         '<tool_call>{"name": "query", "arguments": "{\\"sql\\": \\"B\\"}"}</tool_call>'
     )
-    calls, errors, attempted = parse_calls(text, "hermes")
-    assert [c.arguments for c in calls] == [{"sql": "A"}, {"sql": "B"}] and not errors and attempted
-    calls, errors, attempted = parse_calls('<tool_call>{"name": "query", "arguments": {"sql": ', "hermes")
-    assert calls == [] and errors == ["tool call 1 has no closing </tool_call>"] and attempted
-    _, errors, _ = parse_calls("<tool_call>{name: query}</tool_call>", "hermes")
-    assert errors[0].startswith("tool call 1 is not valid JSON")
-    _, errors, _ = parse_calls('<tool_call>{"arguments": {}}</tool_call>', "hermes")
-    assert errors == ['tool call 1 has no "name" string']
+    assert parsed(text, "hermes") == ([("query", {"sql": "A"}), ("query", {"sql": "B"})], [], True)
+    assert parsed('<tool_call>{"name": "query", "arguments": {"sql": ', "hermes") == (
+        [],
+        ["tool call 1 has no closing </tool_call>"],
+        True,
+    )
+    assert parsed("<tool_call>{name: query}</tool_call>", "hermes")[1][0].startswith(
+        "tool call 1 is not valid JSON"
+    )
+    assert parsed('<tool_call>{"arguments": {}}</tool_call>', "hermes")[1] == [
+        'tool call 1 has no "name" string'
+    ]
     # a think block mentioning the syntax is not a call
-    assert parse_calls("<think>I could use <tool_call></think>The answer is 3.", "hermes") == ([], [], False)
+    assert parsed("<think>I could use <tool_call></think>The answer is 3.", "hermes") == ([], [], False)
+
+
+def test_text_json_cannot_parse_never_raises():
+    """A run of digits past Python's 4300-digit int limit, or deep nesting, is a call error, not an exception."""
+    digits = '<tool_call>{"name": "q", "arguments": {"n": ' + "1" * 5000 + "}}</tool_call>"
+    deep = "<tool_call>" + "[" * 100_000 + "</tool_call>"
+    for text in (digits, deep):
+        calls, errors, attempted = parsed(text, "hermes")
+        assert not calls and errors[0].startswith("tool call 1 is not valid JSON") and attempted
+    assert parsed('{"name": "q", "parameters": {"n": ' + "1" * 5000 + "}}", "llama3")[1]
+    assert parsed("[TOOL_CALLS] " + "[" * 100_000, "mistral")[1]
 
 
 def test_llama3_calls():
-    calls, errors, attempted = parse_calls(
+    assert parsed(
         '<|python_tag|>{"name": "query", "parameters": {"sql": "A;B"}}; {"name": "query", "parameters": {}}',
         "llama3",
-    )
-    assert [c.arguments for c in calls] == [{"sql": "A;B"}, {}] and not errors and attempted
-    assert parse_calls("There are 3 users.", "llama3") == ([], [], False)
-    calls, errors, attempted = parse_calls('{"name": "query", "parameters": {"sql": ', "llama3")
+    ) == ([("query", {"sql": "A;B"}), ("query", {})], [], True)
+    assert parsed("There are 3 users.", "llama3") == ([], [], False)
+    calls, errors, attempted = parsed('{"name": "query", "parameters": {"sql": ', "llama3")
     assert not calls and errors[0].startswith("tool call 1 is not valid JSON") and attempted
+    # a final answer that happens to be JSON, or a set, is an answer; built-in tool code is no JSON call
+    assert parsed('{"answer": 3}', "llama3") == ([], [], False) and parsed("{1, 2}", "llama3")[2] is False
+    assert parsed("<|python_tag|>brave_search.call(query='x')", "llama3")[1] == [
+        "only JSON tool calls are supported, not <|python_tag|> code"
+    ]
 
 
 def test_mistral_calls():
-    calls, errors, _ = parse_calls('[TOOL_CALLS] [{"name": "query", "arguments": {"sql": "A"}}]', "mistral")
-    assert [(c.name, c.arguments) for c in calls] == [("query", {"sql": "A"})] and not errors
-    calls, errors, _ = parse_calls(
-        '[TOOL_CALLS]query[ARGS]{"sql": "A"}[TOOL_CALLS]query[ARGS]{"sql": "B"}', "mistral"
+    assert parsed('[TOOL_CALLS] [{"name": "query", "arguments": {"sql": "A"}}]', "mistral")[:2] == (
+        [("query", {"sql": "A"})],
+        [],
     )
-    assert [c.arguments for c in calls] == [{"sql": "A"}, {"sql": "B"}] and not errors
-    assert parse_calls("3 users.", "mistral") == ([], [], False)
+    named = '[TOOL_CALLS]query[ARGS]{"sql": "A"}[TOOL_CALLS]query[ARGS]{"sql": "B"}'
+    assert parsed(named, "mistral")[:2] == ([("query", {"sql": "A"}), ("query", {"sql": "B"})], [])
+    assert parsed("[TOOL_CALLS] []", "mistral") == (
+        [],
+        ["[TOOL_CALLS] holds an empty list; include at least one call"],
+        True,
+    )
+    assert parsed("3 users.", "mistral") == ([], [], False)
     with pytest.raises(ValueError, match="unknown dialect"):
         parse_calls("x", "pythonic")
 
@@ -244,7 +274,7 @@ def test_episode_with_real_tokens(family, request):
             + end
         )
     else:
-        bad = "{name: query}" + end
+        bad = '{"name": query}' + end
         call = '{"name": "query", "parameters": {"sql": "SELECT COUNT(*) FROM users"}}' + end
     episode = run_episode(
         protocol, "How many users?", [bad, call, "There are 3 users." + end], {"query": sql},
@@ -302,3 +332,63 @@ def test_prompt_modes_for_the_critic_warm_up(smollm2_tokenizer, qwen):
     assert "must use" not in plain.prompt(plain.new_episode("q"), smollm2_tokenizer)
     with pytest.raises(ValueError, match="prompt must be one of"):
         ChatToolProtocol(prompt="sometimes")
+
+
+def test_results_come_back_in_call_order_and_field_errors_keep_the_json_item(qwen):
+    protocol = ChatToolProtocol(schemas=[QUERY])
+    state = protocol.new_episode("How many users?")
+    protocol.prompt(state, qwen)
+    text = (
+        '<tool_call>{"name": "query", "arguments": ["A"]}</tool_call>'  # parses, but arguments is no object
+        '<tool_call>{"name": "query", "arguments": {"sql": "B"}}</tool_call><|im_end|>'
+    )
+    turn = protocol.read_segment(state, text, "eos")
+    protocol.record(state, turn, text)
+    assert [c.arguments for c in turn.calls] == [{"sql": "B"}]
+    assert turn.info["format_reward_raw"] == pytest.approx(0.4)  # think, call block and JSON; fields fail
+    obs = protocol.observation(state, turn, [ToolResult("query", "rows of B")])
+    first, second = obs.text.split("</tool_response>")[:2]
+    assert (
+        '"arguments" must be a JSON object' in first and "rows of B" in second
+    )  # the first call's slot first
+
+
+def test_llama3_end_of_message_token_ends_a_calling_message(llama):
+    protocol = ChatToolProtocol(schemas=[QUERY])
+    state = protocol.new_episode("How many users?")
+    protocol.prompt(state, llama)
+    assert protocol.stop_strings(state) == ["<|eot_id|>", "<|eom_id|>"]
+    text = '{"name": "query", "parameters": {"sql": "A"}}<|eom_id|>'
+    assert protocol.segment_ends(state, text)
+    turn = protocol.read_segment(state, text, "stop")
+    assert [c.arguments for c in turn.calls] == [{"sql": "A"}] and not turn.info.get("error")
+    obs = protocol.observation(state, turn, [ToolResult("query", "3")])
+    assert obs.text.startswith("<|start_header_id|>ipython")  # no second end token after <|eom_id|>
+
+
+def test_tool_turns_from_a_template_that_renders_the_last_assistant_turn_differently(
+    smollm2_tokenizer, tmp_path
+):
+    """Qwen3 adds an empty think block to the last assistant message only; the probe reads one rendering."""
+    from transformers import AutoTokenizer
+
+    smollm2_tokenizer.save_pretrained(tmp_path)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path)
+    tokenizer.chat_template = QWEN_STYLE.replace(
+        "{% if m.role == 'assistant' %}{{ '<|im_start|>assistant\\n' + m.content }}",
+        "{% if m.role == 'assistant' %}{{ '<|im_start|>assistant\\n' }}"
+        "{% if loop.last %}{{ '<think>\\n\\n</think>\\n\\n' }}{% endif %}{{ m.content }}",
+    )
+    assert ToolTurns.from_tokenizer(tokenizer).open == "\n<|im_start|>user\n<tool_response>\n"
+
+
+def test_named_templates_use_the_tool_use_one_for_prompt_and_tool_turns(smollm2_tokenizer, qwen):
+    """A tokenizer with {"default", "tool_use"} templates: tools= picks tool_use, and so does the probe."""
+    import copy
+
+    tokenizer = copy.deepcopy(smollm2_tokenizer)
+    tokenizer.chat_template = {"default": smollm2_tokenizer.chat_template, "tool_use": QWEN_STYLE}
+    protocol = ChatToolProtocol(schemas=[QUERY])
+    state = protocol.new_episode("q")
+    assert "<tools>" in protocol.prompt(state, tokenizer) and state.extra["dialect"] == "hermes"
+    assert protocol.turns(state) == ToolTurns.from_tokenizer(qwen)

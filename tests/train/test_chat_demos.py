@@ -26,8 +26,8 @@ def test_demo_calls_from_the_task_file_are_played_one_message_per_turn():
     for dialect in ("hermes", "llama3", "mistral"):
         first = chat_policy(ex, 0, None, dialect=dialect)
         second = chat_policy(ex, 1, "1", dialect=dialect)
-        assert [(c.name, c.arguments) for c in parse_calls(first, dialect)[0]] == demo_turns(ex)[0]
-        assert [c.arguments["sql"] for c in parse_calls(second, dialect)[0]] == ["A", "B"]
+        assert [(c.name, c.arguments) for c in parse_calls(first, dialect).calls] == demo_turns(ex)[0]
+        assert [c.arguments["sql"] for c in parse_calls(second, dialect).calls] == ["A", "B"]
         assert chat_policy(ex, 2, "2", dialect=dialect) == "3"  # then the answer
     assert demo_turns(example()) is None
 
