@@ -73,7 +73,8 @@ class UserRewardConfig(Section):
         None,
         description="Your own outcome reward, 'package.module:function', with verl's signature (data_source, "
         "solution_str, ground_truth, extra_info) or TRL's (completions, **kwargs); it replaces metric and "
-        "format_bonus (and PORTool's judge). See agentcredit.environment.UserReward.",
+        "format_bonus (and PORTool's judge). See agentcredit.environment.UserReward. SFT keeps a scripted "
+        "demonstration only when it scores at least 1.0, so a reward on another scale keeps none.",
     )
 
 

@@ -13,6 +13,7 @@ Tool results that are infrastructure failures anyway (the sandbox dies mid-run) 
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -67,20 +68,23 @@ def outcome_reward(
 class UserReward:
     """Your own outcome reward (``task.reward: "package.module:function"``), with verl's or TRL's signature.
 
-    * verl (``custom_reward_function``): ``fn(data_source, solution_str, ground_truth, extra_info)`` returning a
-      number or a dict with a ``"score"``. ``data_source`` is the example's task, ``solution_str`` the episode's
-      text after its prompt (every message and tool result, as verl's multi-turn response holds them),
-      ``ground_truth`` the example's ``info["ground_truth"]`` when its task file gives one, else its answer (the
-      list of aliases when it has several), ``extra_info`` its ``info`` plus ``id``, ``question`` and
-      ``answer`` (what the protocol extracted, or None). Unlike verl's reward manager, which decodes with
-      ``skip_special_tokens=True``, ``solution_str`` keeps the chat template's markers as the protocol wrote them.
-      On verl (``agentcredit.reward``) ``ground_truth`` is the row's ``reward_model.ground_truth``.
-    * TRL (``reward_funcs``): ``fn(completions, **kwargs)`` returning a list of numbers. It is called with one
-      episode: ``completions=[solution_str]``, ``prompts=[question]``, ``ground_truth=[...]``, ``answer=[...]``
-      and every ``info`` field as a one-element list, as TRL passes dataset columns.
+    Both read the episode as a verl or TRL reward reads a response: ``solution`` below is what the episode appended
+    after its prompt (every message and tool result), decoded with ``skip_special_tokens=True``.
 
-    A reward that raises, or returns anything but one finite number, stops the command with an error naming the
-    function and the example: a broken reward must not be trained on.
+    * verl (``custom_reward_function``): ``fn(data_source, solution_str, ground_truth, extra_info)`` returning a
+      number or a dict with a ``"score"``. ``data_source`` is the example's task, ``solution_str`` the solution,
+      ``ground_truth`` the example's ``info["ground_truth"]`` when its task file gives one (on verl: the row's
+      ``reward_model.ground_truth``), else its answer (the list of aliases when it has several), ``extra_info``
+      its ``info`` (with ``id`` and ``question`` where it has none) plus ``extracted_answer``, what the protocol
+      read as the final answer (or None).
+    * TRL (``reward_funcs``): ``fn(completions, **kwargs)`` returning a list of numbers. It is called with one
+      episode: ``completions=[solution]``, ``completion_ids=[ids]``, ``prompts=[question]``,
+      ``ground_truth=[...]``, ``extracted_answer=[...]`` and every ``info`` field as a one-element list, as TRL
+      passes dataset columns (``trainer_state`` is not passed).
+
+    A reward that raises, or returns anything but one real number (a numpy or torch scalar counts; TRL's None,
+    "no reward for this sample", does not: an episode's outcome needs one), stops the command with an error naming
+    the function and the example: a broken reward must not be trained on.
     """
 
     def __init__(self, spec: str):
@@ -107,28 +111,39 @@ class UserReward:
     def __call__(self, example: Example, answer: str | None) -> float:
         raise TypeError(f"task.reward {self.spec} reads the whole episode: call score_episode")
 
-    def score_episode(self, example: Example, answer: str | None, transcript: str) -> float:
-        truth = example.info.get(
-            "ground_truth", example.answers[0] if len(example.answers) == 1 else example.answers
-        )
+    def score_episode(
+        self, example: Example, answer: str | None, solution: str, token_ids: Sequence[int] = ()
+    ) -> float:
+        answers = example.answers
+        truth = example.info.get("ground_truth", answers[0] if len(answers) == 1 else answers)
         where = f"task.reward {self.spec} on example {example.id!r}"
         try:
             if self.style == "verl":
-                extra = {**example.info, "id": example.id, "question": example.question, "answer": answer}
+                extra = {
+                    "id": example.id,
+                    "question": example.question,
+                    **example.info,
+                    "extracted_answer": answer,
+                }
                 out = self.fn(
-                    data_source=example.task, solution_str=transcript, ground_truth=truth, extra_info=extra
+                    data_source=example.task, solution_str=solution, ground_truth=truth, extra_info=extra
                 )
                 out = out.get("score") if isinstance(out, dict) else out
             else:
                 columns = {k: [v] for k, v in example.info.items()}
-                columns.update(prompts=[example.question], ground_truth=[truth], answer=[answer])
-                scores = self.fn(completions=[transcript], **columns)
-                if not isinstance(scores, list | tuple) or len(scores) != 1:
+                columns.update(
+                    prompts=[example.question], completion_ids=[list(token_ids)], ground_truth=[truth],
+                    extracted_answer=[answer],
+                )  # fmt: skip
+                scores = self.fn(completions=[solution], **columns)
+                if isinstance(scores, str | bytes) or not hasattr(scores, "__len__") or len(scores) != 1:
                     raise ValueError(f"returned {scores!r}, not a list with one number per completion")
                 out = scores[0]
         except Exception as exc:
             raise RuntimeError(f"{where} raised {type(exc).__name__}: {exc}") from exc
-        if isinstance(out, bool) or not isinstance(out, int | float) or not math.isfinite(out):
+        if hasattr(out, "item") and not isinstance(out, numbers.Real):  # a one-element torch or numpy array
+            out = out.item()
+        if isinstance(out, bool) or not isinstance(out, numbers.Real) or not math.isfinite(out):
             raise ValueError(f"{where} returned {out!r}; a reward must be one finite number")
         return float(out)
 

@@ -31,6 +31,17 @@ def not_a_number(data_source, solution_str, ground_truth, extra_info):
 def nan(completions, **kwargs):
     return [math.nan]
 
+def skipped(completions, **kwargs):
+    return [None]
+
+def numpy_scalar(data_source, solution_str, ground_truth, extra_info):
+    import numpy
+    return numpy.float32(0.5)
+
+def torch_list(completions, **kwargs):
+    import torch
+    return torch.tensor([0.25])
+
 def two(completions, **kwargs):
     return [1.0, 2.0]
 
@@ -72,7 +83,21 @@ def test_verl_signature_gets_the_episode_text_and_its_score_is_read_from_a_dict(
     source, solution, truth, extra = rewards.seen[-1]
     assert source == "jsonl:mine.jsonl" and truth == "391"
     assert solution == "<tool_call>q</tool_call>\ntool: 391\nIt is 391"  # no prompt
-    assert extra == {"tier": "hard", "id": "q7", "question": "What is 17*23?", "answer": "It is 391"}
+    assert extra == {
+        "tier": "hard",
+        "id": "q7",
+        "question": "What is 17*23?",
+        "extracted_answer": "It is 391",
+    }
+    # the task file's own fields are never overwritten (gsm8k-style data keeps its gold "answer" there)
+    gsm = Example("q9", "?", ["4"], "jsonl:mine.jsonl", {"answer": "2+2 = 4 #### 4", "question": "raw"})
+    reward.score_episode(gsm, "5", "5")
+    assert rewards.seen[-1][3] == {
+        "id": "q9",
+        "question": "raw",
+        "answer": "2+2 = 4 #### 4",
+        "extracted_answer": "5",
+    }
     # a task file's own ground_truth wins over the answers
     gt = Example("q8", "?", ["a", "b"], "jsonl:mine.jsonl", {"ground_truth": {"target": ["zzz"]}})
     assert reward.score_episode(gt, None, "no") == 0.25 and rewards.seen[-1][2] == {"target": ["zzz"]}
@@ -87,7 +112,9 @@ def test_trl_signature_gets_one_element_columns(rewards):
     )  # 6 words * 0.5
     completions, truth, kwargs = rewards.seen[-1]
     assert completions == ["<tool_call>q</tool_call>\ntool: 391\nIt is 391"] and truth == ["391"]
-    assert kwargs == {"tier": ["hard"], "prompts": ["What is 17*23?"], "answer": [None]}
+    assert kwargs == {
+        "tier": ["hard"], "prompts": ["What is 17*23?"], "completion_ids": [[3, 4, 5]], "extracted_answer": [None]
+    }  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -97,6 +124,7 @@ def test_trl_signature_gets_one_element_columns(rewards):
         ("nan", r"returned nan; a reward must be one finite number"),
         ("two", r"raised ValueError: returned \[1.0, 2.0\], not a list with one number"),
         ("raises", r"raised KeyError: 'target'"),
+        ("skipped", r"returned None; a reward must be one finite number"),
     ],
 )
 def test_a_broken_reward_stops_with_its_name_and_the_example(rewards, name, message):
@@ -121,3 +149,21 @@ def test_config_task_reward_replaces_the_built_in_scoring(rewards):
         assert isinstance(env.reward, UserReward) and env.reward.style == "verl"
     finally:
         env.close()
+
+
+def test_numpy_and_torch_numbers_are_numbers(rewards):
+    assert UserReward("my_rewards:numpy_scalar").score_episode(EXAMPLE, "391", "391") == 0.5
+    assert UserReward("my_rewards:torch_list").score_episode(EXAMPLE, "391", "391") == 0.25
+
+
+def test_the_solution_is_decoded_without_special_tokens_as_verl_and_trl_decode(rewards):
+    """With the tokenizer, the solution is decode(ids, skip_special_tokens=True): no chat-template markers."""
+
+    class Tokenizer:
+        def decode(self, ids, skip_special_tokens=False):
+            assert skip_special_tokens
+            return " ".join(str(i) for i in ids if i != 4)  # 4 plays a special token
+
+    tree, leaf = episode()
+    episode_reward(UserReward("my_rewards:verl_style"), EXAMPLE, "It is 391", tree, leaf, Tokenizer())
+    assert rewards.seen[-1][1] == "3 5"

@@ -252,16 +252,25 @@ def question_of(item: Any) -> str:
     raise ValueError(f"prompt item {item!r:.80}: expected a string, an Example or a mapping with 'question'")
 
 
-def episode_reward(reward_fn: Any, example: Any, answer: str | None, tree: RolloutTree, leaf: int) -> float:
+def episode_reward(
+    reward_fn: Any, example: Any, answer: str | None, tree: RolloutTree, leaf: int, tokenizer: Any = None
+) -> float:
     """The outcome reward of the episode ending at ``leaf``: ``reward_fn(example, answer)``, or, for a reward that
     reads the whole episode (one with a ``score_episode`` method, e.g. a user's verl- or TRL-style function),
-    ``reward_fn.score_episode(example, answer, transcript)`` with the text the episode appended after its prompt
-    (policy segments and observations, as verl's ``solution_str`` holds them)."""
+    ``reward_fn.score_episode(example, answer, transcript, token_ids)`` with what the episode appended after its
+    prompt (policy segments and observations): its token ids, and their text decoded by ``tokenizer`` with
+    ``skip_special_tokens=True``, as verl's reward manager and TRL decode a response (without a tokenizer, the
+    segments' own text)."""
     score = getattr(reward_fn, "score_episode", None)
     if score is None:
         return float(reward_fn(example, answer))
-    transcript = "".join(tree.segment(node).text for node in tree.path(leaf)[1:])
-    return float(score(example, answer, transcript))
+    path = tree.path(leaf)[1:]
+    ids = [t for node in path for t in tree.segment(node).token_ids]
+    if tokenizer is not None:
+        transcript = tokenizer.decode(ids, skip_special_tokens=True)
+    else:
+        transcript = "".join(tree.segment(node).text for node in path)
+    return float(score(example, answer, transcript, ids))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -751,7 +760,7 @@ class RolloutEngine:
     def _finish_episode(self, ep: _Episode, reason: str) -> None:
         tree, turn = ep.run.tree, ep.turn
         answer = turn.answer if (turn is not None and turn.done) else None
-        reward = episode_reward(self._reward_fn, ep.run.example, answer, tree, ep.node)
+        reward = episode_reward(self._reward_fn, ep.run.example, answer, tree, ep.node, self.tokenizer)
         tree.set_reward(ep.node, reward)
         tree.nodes[ep.node].info.update(
             {

@@ -149,12 +149,16 @@ def test_an_episode_without_steps_still_counts_in_its_group_and_is_named_where_i
     assert batch.token_index()[1][0].numel() == 0
     with pytest.raises(ValueError, match=r"episode 1 \(group 'q'\) has no policy step; gae needs one"):
         ESTIMATORS["gae"](batch)
-    with pytest.raises(ValueError, match=r"episode 1 \(group 'q'\) has no policy step; carl-critical needs one"):
+    with pytest.raises(
+        ValueError, match=r"episode 1 \(group 'q'\) has no policy step; carl-critical needs one"
+    ):
         ESTIMATORS["critical"](EpisodeBatch((2, 3), *chain_trees(eps)))
 
 
 def test_bad_layouts_and_non_finite_signals_name_the_batch_position():
-    with pytest.raises(ValueError, match=r"episode 0 \(group 'q'\) step 1: row 0, tokens \[3, 9\) lie outside"):
+    with pytest.raises(
+        ValueError, match=r"episode 0 \(group 'q'\) step 1: row 0, tokens \[3, 9\) lie outside"
+    ):
         EpisodeBatch((1, 5), [Episode("q", 1.0, (Step(0, 0, 1), Step(0, 3, 9)))])
     values = torch.zeros(2, 5)
     values[1, 3] = float("nan")

@@ -18,4 +18,5 @@ def fitted_jsoncall():
 
 @pytest.fixture(scope="session")
 def fitted_chat():
-    return fit_tiny("grpo-arith-tools", CHAT, epochs=35)  # 100 fits it perfectly: every reward 1, no advantage
+    # 35 epochs: with 100 the tiny model answers every question right, so every advantage is 0
+    return fit_tiny("grpo-arith-tools", CHAT, epochs=35)

@@ -259,7 +259,7 @@ class AgentCreditAgentLoop(AgentLoopBase):
         if s.reward is not None:  # your own reward, on the episode's text (the native trainer's definition)
             example = _example(kwargs, question, golds)
             outcome = episode_reward(
-                _user_reward(s.reward), example, episode.answer, episode.tree, episode.leaf
+                _user_reward(s.reward), example, episode.answer, episode.tree, episode.leaf, self.tokenizer
             )
         else:
             outcome = episode_outcome(s, episode.answer, golds)
