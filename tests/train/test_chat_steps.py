@@ -4,11 +4,9 @@ tiny Llama fitted on chat-format demonstrations, through the engine, the suite's
 from __future__ import annotations
 
 import copy
-import math
 
 import pytest
-import torch
-from train_helpers import CHAT, EXAMPLES, METHODS, SMALL
+from train_helpers import CHAT, EXAMPLES, METHODS, SMALL, assert_a_real_step
 
 from agentcredit.config import load_config
 from agentcredit.train.trainer import Trainer
@@ -27,12 +25,7 @@ def test_one_training_step_on_the_chat_protocol(name, fitted_chat):
         result = trainer.train_step()
     finally:
         trainer.close()
-    m = result.metrics
-    assert all(math.isfinite(v) for v in m.values()), {k: v for k, v in m.items() if not math.isfinite(v)}
-    assert m["adv/nonzero_frac"] > 0 and m["tokens/trained"] > 0
-    assert any(not torch.equal(p, before[n]) for n, p in trainer.model.named_parameters() if p.requires_grad)
-    batch = result.batch
-    assert not (batch.loss_mask & ~batch.policy_mask).any()
+    assert_a_real_step(trainer, result, before)
     kinds = {
         tree.segment(node).kind for tree in result.trees for node in range(len(tree.nodes))
         if tree.segment(node).role == "policy"

@@ -82,3 +82,21 @@ def fit_tiny(preset: str, overrides=(), epochs: int = 100):
     assert len(trees) == len(EXAMPLES)
     sft(model, trees, pad_id=tokenizer.pad_token_id, epochs=epochs, batch_trajectories=2, lr=3e-3)
     return model, tokenizer
+
+
+def assert_a_real_step(trainer, result, before) -> None:
+    """What every one-step test checks: finite metrics, non-zero advantages, trained tokens, changed weights, and
+    a loss that only ever touches policy tokens (prompt and observations never)."""
+    import math
+
+    m = result.metrics
+    assert all(math.isfinite(v) for v in m.values()), {k: v for k, v in m.items() if not math.isfinite(v)}
+    assert m["adv/nonzero_frac"] > 0, "the fitted model should sample both correct and wrong episodes"
+    assert m["tokens/trained"] > 0 and m["loss/total"] != 0
+    changed = [
+        n for n, p in trainer.model.named_parameters() if p.requires_grad and not torch.equal(p, before[n])
+    ]
+    assert changed, "no trainable parameter changed"
+    batch = result.batch
+    assert not (batch.loss_mask & ~batch.policy_mask).any()
+    assert (batch.advantages[~batch.policy_mask] == 0).all()
