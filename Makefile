@@ -69,13 +69,13 @@ test-fast: setup-dev
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
 lint: setup-dev
-	$(VENV)/bin/ruff check agentcredit tests benchmarks
+	$(VENV)/bin/ruff check agentcredit tests benchmarks examples
 	$(VENV)/bin/lint-imports --config pyproject.toml
-	$(VENV)/bin/ruff format --check agentcredit tests benchmarks
+	$(VENV)/bin/ruff format --check agentcredit tests benchmarks examples
 
 format: setup-dev
-	$(VENV)/bin/ruff format agentcredit tests benchmarks
-	$(VENV)/bin/ruff check --fix agentcredit tests benchmarks
+	$(VENV)/bin/ruff format agentcredit tests benchmarks examples
+	$(VENV)/bin/ruff check --fix agentcredit tests benchmarks examples
 
 demo: setup
 	$(VENV)/bin/agentcredit demo

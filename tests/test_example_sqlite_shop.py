@@ -1,0 +1,184 @@
+"""examples/sqlite-shop ("bring your own agent", issue 15): its data, its tool, and its pipeline on the tiny model.
+
+The example's own files are used as a user runs them: make_data.py writes the database and the JSONL task,
+shop_tools.query is loaded through ``tools.functions``, and the configs are the example's YAML files with the tiny
+model's CPU-sized settings on top. SFT -> critic warm-up -> one GRPO and one carl-segment step, as run.sh does.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "sqlite-shop"
+
+# the tiny model's CPU-sized settings (tests/train/train_helpers.py); the example's token caps are kept, since
+# its gold calls are up to 76 tokens long
+TINY = ["model.name=tiny", "rollout.prompts_per_step=2", "rollout.n=3", "train.tensorboard=false"]
+FITTED_KINDS = ("price_of_product", "customers_in_city")  # short calls: the tiny model learns them fast
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"sqlite_shop_{name}", EXAMPLE / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return _load("make_data").make_data(tmp_path_factory.mktemp("shop") / "data")
+
+
+@pytest.fixture
+def shop(data, monkeypatch):
+    """The example as configured: shop_tools importable (PYTHONPATH=. in run.sh), the test's database."""
+    monkeypatch.syspath_prepend(str(EXAMPLE))
+    monkeypatch.setenv("SHOP_DB", str(data["db"]))
+    return data
+
+
+def rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def config(name: str, data, *overrides):
+    from agentcredit.config import load_config
+
+    task = f"task.name=jsonl:{data['db'].parent}/{{split}}.jsonl"
+    return load_config(EXAMPLE / f"{name}.yaml", [task, *TINY, *overrides])
+
+
+def test_the_data_is_deterministic_and_the_splits_ask_different_questions(data, tmp_path):
+    again = _load("make_data").make_data(tmp_path / "again")
+    for split in ("train", "test"):
+        assert again[split].read_bytes() == data[split].read_bytes()
+    import sqlite3
+
+    dumps = [list(sqlite3.connect(p["db"]).iterdump()) for p in (data, again)]
+    assert dumps[0] == dumps[1] and len(dumps[0]) > 200  # 3 tables, 224 rows
+    train, test = rows(data["train"]), rows(data["test"])
+    assert len(train) == 142 and len(test) == 48
+    asked = {(r["kind"], r["demo_calls"][0][0]["arguments"]["sql"]) for r in train}
+    assert not asked & {(r["kind"], r["demo_calls"][0][0]["arguments"]["sql"]) for r in test}
+    assert {r["tier"] for r in test} == {"one-table", "join"}
+
+
+def test_the_tool_answers_the_gold_sql_and_is_read_only(shop):
+    from agentcredit.tools.base import ToolCall, ToolRuntime
+    from agentcredit.tools.functions import function_tools
+
+    (tool,) = function_tools(["shop_tools:query"])
+    assert tool.schema["function"]["parameters"]["required"] == ["sql"]
+    for row in rows(shop["train"]) + rows(shop["test"]):
+        result = tool(row["demo_calls"][0][0]["arguments"])
+        assert result.splitlines()[1] == row["answers"][0], row
+    runtime = ToolRuntime({"query": tool})
+    update, bad = runtime.run(
+        [
+            ToolCall("query", {"sql": "UPDATE products SET price = 0"}),
+            ToolCall("query", {"query": "SELECT 1"}),
+        ]
+    )
+    assert update.output == "ERROR: attempt to write a readonly database" and not update.ok
+    assert bad.output.startswith("ERROR: query: invalid arguments") and not bad.ok
+    assert tool({"sql": "SELECT MIN(price) FROM products"}).splitlines()[1] != "0"  # nothing was written
+    assert "more than 20 rows" in tool({"sql": "SELECT * FROM orders"})
+
+
+def test_a_missing_database_stops_the_run_instead_of_training_on_errors(shop, monkeypatch, tmp_path):
+    from agentcredit.tools.base import ToolCall, ToolRuntime
+    from agentcredit.tools.functions import function_tools
+
+    monkeypatch.setenv("SHOP_DB", str(tmp_path / "none.db"))
+    (result,) = ToolRuntime({"query": function_tools(["shop_tools:query"])[0]}).run(
+        [ToolCall("query", {"sql": "SELECT 1"})]
+    )
+    assert result.infra and "run make_data.py first" in result.output
+
+
+@pytest.fixture
+def demos(shop):
+    """The chat-protocol demonstrations of three training questions, played through the example's tool."""
+    from agentcredit.environment import build_environment, load_examples
+    from agentcredit.models.loading import load_base_model
+    from agentcredit.train.sft import demonstrations
+
+    cfg = config("grpo", shop)
+    examples = load_examples(cfg, limit=3)
+    _, tokenizer = load_base_model("tiny", seed=0)
+    env = build_environment(cfg)
+    try:
+        return examples, demonstrations(env, tokenizer, examples, cfg.protocol.name)
+    finally:
+        env.close()
+
+
+def test_sft_demonstrations_call_the_tool_in_the_chat_format(demos):
+    examples, trees = demos
+    assert len(trees) == len(examples)  # every demonstration was correct
+    for example, tree in zip(examples, trees, strict=True):
+        segments = [tree.segment(i) for i in range(len(tree)) if tree.segment(i).role != "prompt"]
+        assert [s.kind for s in segments if s.role == "policy"] == ["invoke", "commit"]
+        sql = example.info["demo_calls"][0][0]["arguments"]["sql"]
+        assert "<tool_call>" in segments[0].text and json.dumps(sql) in segments[0].text
+        assert example.answers[0] in segments[1].text  # the tool's result, in a tool turn
+        assert segments[2].text.startswith(example.answers[0]) and max(tree.rewards().values()) == 1.0
+
+
+def length_parity_reward(data_source, solution_str, ground_truth, extra_info) -> float:
+    """The training-step tests' reward (task.reward): a random tiny model answers no shop question, so the
+    parity of the response's length gives the groups mixed rewards and GRPO's update something to move."""
+    return float(len(solution_str) % 2)
+
+
+@pytest.mark.parametrize("method", ["grpo", "carl-segment"])
+def test_one_training_step_of_each_method(method, shop):
+    from agentcredit.environment import load_examples
+    from agentcredit.train.trainer import Trainer
+
+    cfg = config(method, shop, f"task.reward={__name__}:length_parity_reward", "rollout.max_new_tokens=24")
+    trainer = Trainer(cfg, examples=load_examples(cfg, limit=2), log=False)
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    try:
+        result = trainer.train_step()
+    finally:
+        trainer.close()
+    m = result.metrics
+    assert all(math.isfinite(v) for v in m.values()), {k: v for k, v in m.items() if not math.isfinite(v)}
+    assert m["adv/nonzero_frac"] > 0 and m["tokens/trained"] > 0
+    assert any(not torch.equal(p, before[n]) for n, p in trainer.model.named_parameters() if p.requires_grad)
+    assert (trainer.value_head is None) == (method == "grpo")
+
+
+def test_the_critic_warm_up_runs_on_the_chat_protocol(shop):
+    """run.sh's `agentcredit warmup` on the example's carl-segment config: no-tool and forced-tool rollouts."""
+    from agentcredit.environment import load_examples
+    from agentcredit.models.heads import BoundaryValueHead
+    from agentcredit.models.loading import load_base_model
+    from agentcredit.train.warmup import WarmupSettings, warmup
+
+    cfg = config("carl-segment", shop, "rollout.max_new_tokens=24")
+    model, tokenizer = load_base_model("tiny", seed=0)
+    report = warmup(
+        model,
+        BoundaryValueHead(model.config.hidden_size),
+        tokenizer,
+        cfg,
+        load_examples(cfg, limit=3),
+        WarmupSettings(tier_samples=1, head_epochs=3),
+        log=lambda _m: None,
+    )
+    assert set(report.buckets) == {"tier1/forced", "tier1/no_tool"} and report.losses
+
+
+def test_run_sh_is_valid_bash():
+    subprocess.run(["bash", "-n", str(EXAMPLE / "run.sh")], check=True)
