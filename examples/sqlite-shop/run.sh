@@ -11,9 +11,9 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # so that tools.functions c
 AGENTCREDIT=${AGENTCREDIT:-$(command -v agentcredit || echo ../../.venv/bin/agentcredit)}
 PYTHON=${PYTHON:-$(dirname "$AGENTCREDIT")/python}
 OUT=${OUT:-runs/$(date +%Y%m%d-%H%M%S)}
-SFT_EXAMPLES=${SFT_EXAMPLES:-48}  # training questions demonstrated (of 142)
+SFT_EXAMPLES=${SFT_EXAMPLES:-32}  # training questions demonstrated (of 142)
 SFT_EPOCHS=${SFT_EPOCHS:-2}
-SFT_LR=${SFT_LR:-1e-4}            # 6 optimiser steps of 16 demonstrations: twice the command's default LR
+SFT_LR=${SFT_LR:-1e-4}            # 4 optimiser steps of 16 demonstrations: twice the command's default LR
 WARMUP_QUESTIONS=${WARMUP_QUESTIONS:-16}
 STEPS=${STEPS:-4}                 # RL steps per method (2 questions x 4 episodes each)
 SET=${SET:-}                      # extra --set overrides for every stage, e.g. SET="model.name=tiny"
