@@ -91,7 +91,7 @@ def test_bad_user_code_is_named():
 
 
 def test_config_adds_them_to_the_jsoncall_environment(tmp_path, monkeypatch):
-    (tmp_path / "shop_tools.py").write_text(
+    (tmp_path / "fn_tools_under_test.py").write_text(
         textwrap.dedent(
             '''
             def price(sku: str) -> str:
@@ -108,7 +108,7 @@ def test_config_adds_them_to_the_jsoncall_environment(tmp_path, monkeypatch):
     from agentcredit.environment import build_environment
 
     config = load_config(
-        "portool-arith-tools", ["tools.functions=[shop_tools:price]", "tools.suite_tools=[]"]
+        "portool-arith-tools", ["tools.functions=[fn_tools_under_test:price]", "tools.suite_tools=[]"]
     )
     env = build_environment(config)
     try:
@@ -118,4 +118,4 @@ def test_config_adds_them_to_the_jsoncall_environment(tmp_path, monkeypatch):
     finally:
         env.close()
     with pytest.raises(ValueError, match="tools.functions and tools.mcp need protocol jsoncall or chat"):
-        build_environment(load_config("grpo-arith-tools", ["tools.functions=[shop_tools:price]"]))
+        build_environment(load_config("grpo-arith-tools", ["tools.functions=[fn_tools_under_test:price]"]))
