@@ -181,4 +181,8 @@ def test_the_critic_warm_up_runs_on_the_chat_protocol(shop):
 
 
 def test_run_sh_is_valid_bash():
-    subprocess.run(["bash", "-n", str(EXAMPLE / "run.sh")], check=True)
+    checked = subprocess.run(["bash", "-n", str(EXAMPLE / "run.sh")], capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stderr  # bash -n: it parses
+    script = (EXAMPLE / "run.sh").read_text()
+    for stage in ("stage data", "stage sft", "stage warmup", "stage eval-start", "compare"):
+        assert stage in script, f"run.sh lost its {stage!r} step"

@@ -363,7 +363,9 @@ class ChatToolProtocol(Protocol):
             if finish == "length":
                 turn.answer = None  # a message cut by the budget is no answer
                 info["error"] = "the final message was cut by the token budget"
-            self._set_format(info, StepFormat(True, True, True, True, 1, 1 if turn.answer else 0))
+            set_format_reward(
+                info, StepFormat(True, True, True, True, 1, 1 if turn.answer else 0), self.format_reward_bound
+            )
             return turn
         turn = Turn("invoke", info=info)
         if parsed.errors:
@@ -389,7 +391,7 @@ class ChatToolProtocol(Protocol):
             n_calls=len(slots),
             n_success=len(parsed.calls),
         )
-        self._set_format(info, fmt)
+        set_format_reward(info, fmt, self.format_reward_bound)
         return turn
 
     def _content(self, state: EpisodeState, text: str) -> str:
@@ -398,9 +400,6 @@ class ChatToolProtocol(Protocol):
             (i for i in (text.find(end) for end in self.stop_strings(state)) if i >= 0), default=len(text)
         )
         return text[:cut]
-
-    def _set_format(self, info: dict[str, Any], fmt: StepFormat) -> None:
-        set_format_reward(info, fmt, self.format_reward_bound)
 
     def observation(
         self, state: EpisodeState, turn: Turn, results: Sequence[ToolResult]
@@ -415,8 +414,10 @@ class ChatToolProtocol(Protocol):
             return None
         if "format" in turn.info:  # tool-side ERROR results make a call fail too (PORTool spec 3.2 [R])
             fmt = StepFormat(**turn.info["format"])
-            self._set_format(
-                turn.info, StepFormat(**{**asdict(fmt), "n_success": sum(r.ok for r in results)})
+            set_format_reward(
+                turn.info,
+                StepFormat(**{**asdict(fmt), "n_success": sum(r.ok for r in results)}),
+                self.format_reward_bound,
             )
         text = self.turns(state).render(outputs, turn_end_generated=bool(turn.info.get("turn_end_generated")))
         return Observation(text, kind="tool_response")
