@@ -131,6 +131,16 @@ class UserToolsConfig(Section):
         "{command, args, env, cwd, prefix} (agentcredit.tools.mcp; needs the 'mcp' extra). Started once per "
         "environment, stopped when it closes.",
     )
+    environment: str | None = Field(
+        None,
+        description="chat: a per-episode environment, 'package.module:Class' with reset(example), "
+        "step(calls) -> (observations, done, reward) and close() (agentcredit.tools.episodes.ToolEnv); one is "
+        "created per episode and gets every call of it. Its step rewards add to the episode's reward and reach "
+        "the step-reward methods (PPO, carl-segment, PORTool). Not combined with functions, mcp or suite_tools.",
+    )
+    environment_options: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments of tools.environment's class."
+    )
 
 
 class ToolsConfig(UserToolsConfig):

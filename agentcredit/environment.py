@@ -301,8 +301,32 @@ def build_environment(config: Config) -> Environment:
         raise
 
 
+def load_episode_environments(settings: Any, protocol_name: str) -> Any:
+    """``tools.environment`` of a :class:`~agentcredit.config.UserToolsConfig` (native ``tools`` or verl's
+    ``agentcredit.tools``) as :class:`~agentcredit.tools.episodes.EpisodeEnvironments`, or None when unset."""
+    if settings.environment is None:
+        if settings.environment_options:
+            raise ValueError("tools.environment_options is set but tools.environment is not")
+        return None
+    if protocol_name != "chat":
+        raise ValueError(
+            f"tools.environment needs protocol chat (the model's own tool calls), got {protocol_name!r}"
+        )
+    if settings.functions or settings.mcp or getattr(settings, "suite_tools", None):
+        raise ValueError(
+            "tools.environment gets every call of an episode: list its tools in the environment class, not in "
+            "tools.functions, tools.mcp or tools.suite_tools"
+        )
+    from agentcredit.tools.episodes import EpisodeEnvironments
+
+    return EpisodeEnvironments(settings.environment, settings.environment_options)
+
+
 def _build_environment(config: Config, resources: list[Any]) -> Environment:
     protocol_options = dict(config.protocol.options)
+    episodes = load_episode_environments(config.tools, config.protocol.name)
+    if episodes is not None:
+        protocol_options.setdefault("schemas", episodes.schemas)
     functions = user_tools(config, resources)
     if (
         config.protocol.name == "jsoncall"
@@ -332,6 +356,7 @@ def _build_environment(config: Config, resources: list[Any]) -> Environment:
         else task_corpus(config.task.name, seed=config.task.seed)
     )
     tools = build_tools(config, config.protocol.name, corpus, functions)
+    tools.episodes = episodes
     if config.task.reward is not None:
         reward: RewardFn = UserReward(config.task.reward)
     elif config.algorithm.estimator == "portool":

@@ -1,7 +1,9 @@
-"""examples/sqlite-shop ("bring your own agent", issue 15): its data, its tool, and its pipeline on the tiny model.
+"""examples/sqlite-shop ("bring your own agent", issue 15): its data, its tool, its environment and its pipeline on
+the tiny model.
 
 The example's own files are used as a user runs them: make_data.py writes the database and the JSONL task,
-shop_tools.query is loaded through ``tools.functions``, and the configs are the example's YAML files with the tiny
+shop_env.ShopEnv is loaded through ``tools.environment`` (shop_tools.query, the same tool as a plain function,
+through ``tools.functions``), and the configs are the example's YAML files with the tiny
 model's CPU-sized settings on top. SFT -> critic warm-up -> one GRPO and one carl-segment step, as run.sh does.
 """
 
@@ -103,6 +105,40 @@ def test_a_missing_database_stops_the_run_instead_of_training_on_errors(shop, mo
         [ToolCall("query", {"sql": "SELECT 1"})]
     )
     assert result.infra and "run make_data.py first" in result.output
+
+
+def test_the_environment_shows_the_same_tool_and_keeps_one_connection_per_episode(shop):
+    from agentcredit.environment import load_examples
+    from agentcredit.tools.base import ToolCall
+    from agentcredit.tools.episodes import EpisodeEnvironments
+    from agentcredit.tools.functions import function_tools
+
+    envs = EpisodeEnvironments("shop_env:ShopEnv", {"error_reward": -0.1})
+    (tool,) = function_tools(["shop_tools:query"])
+    assert envs.schemas == [tool.schema]  # the same prompt whichever of the two shop.yaml names
+    example = load_examples(config("grpo", shop), limit=1)[0]
+    session = envs.open(example)
+    db = session.env.db
+    gold = example.info["demo_calls"][0][0]["arguments"]
+    good = session.step([ToolCall("query", gold)])
+    assert good.results[0].output.splitlines()[1] == example.answers[0] and good.reward == 0.0
+    bad = session.step([ToolCall("query", {"sql": "UPDATE products SET price = 0"})])
+    assert bad.results[0].output == "ERROR: attempt to write a readonly database" and bad.reward == -0.1
+    assert session.env.db is db  # one connection for the episode
+    session.close()
+    with pytest.raises(Exception, match="closed"):
+        db.execute("SELECT 1")
+
+
+def test_a_missing_database_stops_the_environment_with_the_setup_step(shop, monkeypatch, tmp_path):
+    from agentcredit.environment import load_examples
+    from agentcredit.tools.base import ToolUnavailableError
+    from agentcredit.tools.episodes import EpisodeEnvironments
+
+    monkeypatch.setenv("SHOP_DB", str(tmp_path / "none.db"))
+    example = load_examples(config("grpo", shop), limit=1)[0]
+    with pytest.raises(ToolUnavailableError, match="run make_data.py first"):
+        EpisodeEnvironments("shop_env:ShopEnv").open(example)
 
 
 @pytest.fixture

@@ -63,6 +63,9 @@ class Step:
     node: int = 0  # its node in the group's decision tree (carl-critical, portool)
     anchor: tuple[Hashable, ...] = ()  # gigpo: the tokens before the step
     format_reward: float = 0.0  # portool: the protocol's formatting reward R_fm
+    # the reward a per-episode environment's step gave this step's calls (agentcredit.tools.episodes): part of
+    # the episode's reward, placed on this step by the step-reward methods and added to PORTool's R_fm(v)
+    env_reward: float = 0.0
 
     @property
     def length(self) -> int:
@@ -91,6 +94,12 @@ class DecisionTree:
 
     parents: tuple[int, ...]
     fork_counts: Mapping[int, int] | None = None  # carl-critical's forked_parent rule: forks per node
+
+
+def outcome_part(ep: Episode) -> float:
+    """The episode's reward minus its environment step rewards: the outcome (all of it without an environment)."""
+    env = sum(s.env_reward for s in ep.steps)
+    return ep.reward - env if env else ep.reward
 
 
 @dataclass
@@ -157,9 +166,21 @@ class EpisodeBatch:
         return mask
 
     def rewards_per_step(self) -> list[list[float]]:
+        """The reward on each step: ``step_rewards`` when shaping set them, else :meth:`environment_rewards`."""
         if self.step_rewards is not None:
             return self.step_rewards
-        return [[0.0] * (len(ep.steps) - 1) + [ep.reward] if ep.steps else [] for ep in self.episodes]
+        return self.environment_rewards()
+
+    def environment_rewards(self) -> list[list[float]]:
+        """Each step's environment reward, and on the last step the rest of the episode's reward (its outcome):
+        a step's reward where the environment gave it, the sum over the steps the episode's reward."""
+        out = []
+        for ep in self.episodes:
+            rewards = [s.env_reward for s in ep.steps]
+            if rewards:
+                rewards[-1] += outcome_part(ep)
+            out.append(rewards)
+        return out
 
     def token_index(self) -> list[tuple[Tensor, Tensor]]:
         """Per episode: (rows, cols) of its trained tokens in temporal order."""
@@ -223,7 +244,7 @@ def chain_trees(episodes: Sequence[Episode]) -> tuple[list[Episode], dict[Hashab
         for s in ep.steps:
             tree.append(parent)
             parent = len(tree) - 1
-            steps.append(Step(s.row, s.start, s.end, parent, s.anchor, s.format_reward))
+            steps.append(Step(s.row, s.start, s.end, parent, s.anchor, s.format_reward, s.env_reward))
         out.append(Episode(ep.group, ep.reward, tuple(steps), ep.turn_ends, ep.potentials))
     return out, {g: DecisionTree(tuple(p)) for g, p in parents.items()}
 
@@ -253,13 +274,13 @@ def tips_step_rewards(
             )
         turn = tips_turn_rewards(
             list(ep.potentials),
-            ep.reward,
+            outcome_part(ep),
             alpha=alpha,
             no_tool_shaping=no_tool_shaping,  # type: ignore[arg-type]
             terminal_potential=terminal_potential,  # type: ignore[arg-type]
         )
         batch.last_step(j, "tips")
-        rewards = [0.0] * len(ep.steps)
+        rewards = [s.env_reward for s in ep.steps]
         for step, r in zip(ends, turn[:-1], strict=True):
             rewards[step] += r
         rewards[-1] += turn[-1]
@@ -297,6 +318,7 @@ def _segment(batch: EpisodeBatch, *, lam: float = 0.0, gamma: float = 1.0) -> Es
     per_step = []
     returns = batch.zeros()
     value_mask = torch.zeros(batch.shape, dtype=torch.bool)
+    unshaped = batch.environment_rewards()
     for j, (ep, rewards) in enumerate(zip(batch.episodes, batch.rewards_per_step(), strict=True)):
         batch.last_step(j, "segment")
         boundary = [float(values[s.row, s.start]) for s in ep.steps]
@@ -304,9 +326,11 @@ def _segment(batch: EpisodeBatch, *, lam: float = 0.0, gamma: float = 1.0) -> Es
         per_step.append(
             segment_advantages(boundary, rewards[-1], lam=lam, gamma=gamma, segment_rewards=rewards[:-1])
         )
-        for s in ep.steps:
+        for k, s in enumerate(ep.steps):
             value_mask[s.row, s.start] = True
-            returns[s.row, s.start] = ep.reward  # Monte-Carlo target at every boundary (carl-segment.md §3.5)
+            # Monte-Carlo target at every boundary (carl-segment.md §3.5): the reward still to come, which is the
+            # episode's reward unless an environment paid part of it at earlier steps
+            returns[s.row, s.start] = sum(unshaped[j][k:])
     adv = batch.paint_steps(per_step, batch.zeros())
     return Estimate(adv, batch.trained_mask(), returns=returns, value_mask=value_mask)
 
@@ -318,7 +342,9 @@ def _groups(batch: EpisodeBatch) -> dict[Hashable, list[int]]:
     return groups
 
 
-def _leaf_rewards(batch: EpisodeBatch, members: list[int], method: str) -> dict[int, float]:
+def _leaf_rewards(
+    batch: EpisodeBatch, members: list[int], method: str, value: Callable[[Episode], float] | None = None
+) -> dict[int, float]:
     leaves: dict[int, int] = {}  # leaf node -> the episode that ends there
     for j in members:
         leaf = batch.last_step(j, method).node
@@ -329,7 +355,8 @@ def _leaf_rewards(batch: EpisodeBatch, members: list[int], method: str) -> dict[
                 f"{batch.episodes[j].steps[-1].row})"
             )
         leaves[leaf] = j
-    return {leaf: batch.episodes[j].reward for leaf, j in leaves.items()}
+    value = value or (lambda ep: ep.reward)
+    return {leaf: value(batch.episodes[j]) for leaf, j in leaves.items()}
 
 
 def _critical(batch: EpisodeBatch, *, update_rule: str = "multi_child") -> Estimate:
@@ -373,11 +400,12 @@ def _portool(
         for j in members:
             for s in batch.episodes[j].steps:
                 lengths[s.node] = s.length
-                fmt[s.node] = s.format_reward
+                fmt[s.node] = s.format_reward + s.env_reward  # an environment's step reward is R_fm's peer
         per_leaf = portool_advantages(
             list(tree.parents),
             lengths,
-            _leaf_rewards(batch, members, "portool"),
+            # the outcome alone: an environment's step rewards enter R_fm(v) above, so none counts twice
+            _leaf_rewards(batch, members, "portool", outcome_part),
             fmt,
             gamma=gamma,
             w1=w1,

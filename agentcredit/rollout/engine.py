@@ -39,6 +39,7 @@ fork tokens); ``decode_tokens`` are sampled tokens fed back.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import random
@@ -56,7 +57,8 @@ from agentcredit.protocols.base import EpisodeState, Protocol, Turn
 from agentcredit.rollout.backend import Backend
 from agentcredit.rollout.sampling import SamplingParams, draw_uniforms, sample_tokens
 from agentcredit.rollout.tree import RolloutTree, Segment
-from agentcredit.tools.base import ToolResult, ToolRuntime
+from agentcredit.tools.base import ToolCall, ToolResult, ToolRuntime
+from agentcredit.tools.episodes import StepOutcome
 
 RewardFn = Callable[[Any, "str | None"], float]
 
@@ -234,11 +236,31 @@ class _Episode:
     steps: int = 0
     pause: bool = False
     added: list[int] = field(default_factory=list)
+    env: Any = None  # its per-episode environment (EpisodeSession), opened at its first tool step
 
 
 def _seed(*parts: object) -> int:
     digest = hashlib.blake2b("\x1f".join(map(str, parts)).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") & ((1 << 63) - 1)
+
+
+def _close_quietly(ep: _Episode) -> None:
+    """Close an episode's environment while another error (or none) is what matters."""
+    env, ep.env = ep.env, None
+    if env is not None:
+        with contextlib.suppress(Exception):
+            env.close()
+
+
+def recorded_steps(tree: RolloutTree, node: int) -> list[tuple[list[ToolCall], list[str]]]:
+    """The tool steps on the path to ``node``: each policy segment's calls and the outputs they got."""
+    steps = []
+    for n in tree.path(node):
+        info = tree.segment(n).info
+        if tree.segment(n).role == "policy" and info.get("calls") and "results" in info:
+            calls = [ToolCall(c["name"], c.get("arguments", {}), c.get("raw", "")) for c in info["calls"]]
+            steps.append((calls, [r["output"] for r in info["results"]]))
+    return steps
 
 
 def question_of(item: Any) -> str:
@@ -371,9 +393,14 @@ class RolloutEngine:
             self._advance(run, None)
         try:
             self._loop(runs)
-        finally:
-            for ep in list(self._live):
+        except BaseException:
+            for ep in list(self._live):  # the error that stopped the run is the one to report
+                ep.future = None if ep.future is None or ep.future.cancel() else ep.future
+                _close_quietly(ep)
                 self._release(ep)
+            raise
+        for ep in list(self._live):
+            self._release(ep)
         self.stats.seconds = time.perf_counter() - start
         self.stats.forward_calls = getattr(self.backend.stats, "forward_calls", 0) - forward_before
         return [run.final if run.final is not None else run.tree for run in runs]
@@ -498,6 +525,7 @@ class RolloutEngine:
         """``ep`` continues a paused episode's sequence (same context, logits ready)."""
         ep.seq, ep.layout, ep.logits = parked.seq, list(parked.layout), parked.logits
         ep.transient_start = parked.transient_start
+        ep.env, parked.env = parked.env, None  # the environment is in the paused state: it continues too
         self._live.remove(parked)
         self._live.append(ep)
 
@@ -690,7 +718,11 @@ class RolloutEngine:
         if turn.calls:
             self.stats.tool_calls += len(turn.calls)
             self.stats.tool_turns += 1
-            ep.future = self.tools.submit(turn.calls)
+            if self.tools.episodes is None:
+                ep.future = self.tools.submit(turn.calls)
+            else:
+                replay = recorded_steps(tree, ep.job.node) if ep.env is None else None
+                ep.future = self.tools.submit_step(self._environment_step, ep, list(turn.calls), replay)
         else:
             self._observe(ep, [])
 
@@ -714,9 +746,28 @@ class RolloutEngine:
             wait([ep.future for ep in waiting], return_when=FIRST_COMPLETED)  # type: ignore[misc]
         for ep in waiting:
             if ep.future.done():  # type: ignore[union-attr]
-                results: list[ToolResult] = ep.future.result()  # type: ignore[union-attr]
+                results = ep.future.result()  # type: ignore[union-attr]  (a UserEnvironmentError stops the run)
                 ep.future = None
+                if isinstance(results, StepOutcome):
+                    info = ep.run.tree.nodes[ep.node].segment.info
+                    info["env_reward"] = results.reward
+                    if results.done:  # the environment ended the episode: its results are recorded, not shown
+                        info.update(ep.turn.info)  # type: ignore[union-attr]
+                        info["results"] = [r.to_dict() for r in results.results]
+                        self._finish_episode(ep, "env_done")
+                        continue
+                    results = results.results
                 self._observe(ep, results)
+
+    def _environment_step(
+        self, ep: _Episode, calls: list[ToolCall], replay: list[tuple[list[ToolCall], list[str]]] | None
+    ) -> StepOutcome:
+        """One tool step in the episode's own environment (a tool thread). A job that starts mid-episode (a tree
+        branch) opens a fresh one and replays the recorded calls before the branch (agentcredit.tools.episodes)."""
+        if ep.env is None:
+            ep.env = self.tools.episodes.open(ep.run.example)
+            ep.env.replay(replay or [])
+        return ep.env.step(calls)
 
     def _observe(self, ep: _Episode, results: list[ToolResult]) -> None:
         turn, tree = ep.turn, ep.run.tree
@@ -761,6 +812,9 @@ class RolloutEngine:
         tree, turn = ep.run.tree, ep.turn
         answer = turn.answer if (turn is not None and turn.done) else None
         reward = episode_reward(self._reward_fn, ep.run.example, answer, tree, ep.node, self.tokenizer)
+        if self.tools.episodes is not None:  # the return: the outcome plus the environment's step rewards
+            tree.nodes[ep.node].info["outcome_reward"] = reward
+            reward += sum(tree.segment(n).info.get("env_reward", 0.0) for n in tree.path(ep.node))
         tree.set_reward(ep.node, reward)
         tree.nodes[ep.node].info.update(
             {
@@ -780,5 +834,11 @@ class RolloutEngine:
             self._live.remove(ep)
             self.backend.release(ep.seq)
         if ep.future is not None:
-            ep.future.cancel()
+            if not ep.future.cancel():  # a step still running: close its environment once it returns
+                ep.future.add_done_callback(lambda _: _close_quietly(ep))
+                ep.future = None
+                return
             ep.future = None
+        if ep.env is not None:
+            env, ep.env = ep.env, None
+            env.close()

@@ -54,6 +54,12 @@ def replay(
             answer = turn.answer
             break
         results = tools.run(turn.calls) if turn.calls else []
+        if turn.calls and getattr(tools, "reward", None) is not None:  # a per-episode environment's step
+            segment.info["env_reward"] = tools.reward
+            if tools.done:  # it ended the episode: its results are recorded, not shown (as in the engine)
+                segment.info.update(turn.info)
+                segment.info["results"] = [r.to_dict() for r in results]
+                break
         obs = protocol.observation(state, turn, results)
         segment.info.update(turn.info)
         observation = None

@@ -68,11 +68,36 @@ class ToolResult:
         }  # fmt: skip
 
 
+def run_call(tools: Mapping[str, ToolFn], call: ToolCall) -> ToolResult:
+    """``call`` run on the tool it names: an unknown name, an ``ERROR:`` text or an exception is an observation
+    (``ok=False``); a tool that could not run at all is marked ``infra=True`` (see the module docstring)."""
+    start = time.perf_counter()
+    fn = tools.get(call.name)
+    if fn is None:
+        known = ", ".join(sorted(tools)) or "none"
+        return ToolResult(call.name, f"ERROR: unknown tool {call.name!r}; available: {known}", ok=False)
+    infra = False
+    try:
+        output = fn(call.arguments)
+        infra = isinstance(output, UnavailableText)
+        ok = not infra and not output.startswith("ERROR:")
+    except ToolUnavailableError as exc:
+        output, ok, infra = f"ERROR: tool {call.name!r} is unavailable: {exc}", False, True
+    except Exception as exc:  # a tool bug must not end the batch; the model sees the error
+        output, ok = f"ERROR: tool {call.name!r} failed: {type(exc).__name__}: {exc}", False
+    return ToolResult(call.name, str(output), ok=ok, seconds=time.perf_counter() - start, infra=infra)
+
+
 class ToolRuntime:
     """Named tools plus a bounded thread pool; ``run`` executes a list of calls concurrently, in order."""
 
-    def __init__(self, tools: Mapping[str, ToolFn] | None = None, *, max_workers: int = 8):
+    def __init__(
+        self, tools: Mapping[str, ToolFn] | None = None, *, max_workers: int = 8, episodes: Any = None
+    ):
         self.tools: dict[str, ToolFn] = dict(tools or {})
+        # a per-episode environment (agentcredit.tools.episodes.EpisodeEnvironments): when set, the engine sends
+        # every call of an episode to that episode's own environment instead of ``tools``
+        self.episodes = episodes
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="agentcredit-tool")
         # ``submit`` runs a whole step (its calls then go to ``_pool``) on a separate pool: a step waiting for its
         # calls must never occupy a worker its own calls need, or a full pool deadlocks.
@@ -82,23 +107,14 @@ class ToolRuntime:
         self.tools[name] = fn
 
     def run_one(self, call: ToolCall) -> ToolResult:
-        start = time.perf_counter()
-        fn = self.tools.get(call.name)
-        if fn is None:
-            known = ", ".join(sorted(self.tools)) or "none"
-            return ToolResult(call.name, f"ERROR: unknown tool {call.name!r}; available: {known}", ok=False)
-        infra = False
-        try:
-            output = fn(call.arguments)
-            infra = isinstance(output, UnavailableText)
-            ok = not infra and not output.startswith("ERROR:")
-        except ToolUnavailableError as exc:
-            output, ok, infra = f"ERROR: tool {call.name!r} is unavailable: {exc}", False, True
-        except Exception as exc:  # a tool bug must not end the batch; the model sees the error
-            output, ok = f"ERROR: tool {call.name!r} failed: {type(exc).__name__}: {exc}", False
-        return ToolResult(call.name, str(output), ok=ok, seconds=time.perf_counter() - start, infra=infra)
+        return run_call(self.tools, call)
 
     def run(self, calls: Sequence[ToolCall]) -> list[ToolResult]:
+        if self.episodes is not None and calls:
+            raise RuntimeError(
+                "this runtime's calls go to a per-episode environment: run them through the rollout engine, or "
+                "agentcredit.tools.episodes.EpisodeTools for one episode"
+            )
         if len(calls) <= 1:
             return [self.run_one(c) for c in calls]
         return list(self._pool.map(self.run_one, calls))
@@ -106,6 +122,10 @@ class ToolRuntime:
     def submit(self, calls: Sequence[ToolCall]):
         """Start ``calls`` in the pool; returns a future of the result list (the engine overlaps tools)."""
         return self._steps.submit(self.run, list(calls))
+
+    def submit_step(self, fn: Callable[..., Any], *args: Any):
+        """Run ``fn(*args)`` (a per-episode environment's step) on the step pool; returns its future."""
+        return self._steps.submit(fn, *args)
 
     def close(self) -> None:
         self._steps.shutdown(wait=False, cancel_futures=True)

@@ -140,6 +140,7 @@ def episode_batch(
                     node=views[traj.tree].step_of[node] if views else 0,
                     anchor=anchors[k] if anchors is not None else (),
                     format_reward=float(tree.segment(node).info.get("format_reward", 0.0)),
+                    env_reward=float(tree.segment(node).info.get("env_reward", 0.0)),
                 )
             )
         potentials = None

@@ -28,6 +28,7 @@ from agentcredit.rollout.replay import replay
 from agentcredit.rollout.tree import RolloutTree
 from agentcredit.tasks import Example
 from agentcredit.tools.base import ToolUnavailableError
+from agentcredit.tools.episodes import EpisodeTools
 from agentcredit.train.batch import build_batch
 from agentcredit.train.demos import scripted_policy
 from agentcredit.train.optim import adamw
@@ -49,13 +50,18 @@ def demonstrations(
     policy = scripted_policy(protocol_name, env.protocol, tool_share=tool_share, tokenizer=tokenizer)
     trees = []
     for example in examples:
-        tree = replay(
-            env.protocol,
-            tokenizer,
-            _FailOnInfra(env.tools),  # an unavailable tool stops SFT: its error is no demonstration
-            example.question,
-            lambda turn, obs, ex=example: policy(ex, turn, obs),
-        )
+        tools = env.tools if env.tools.episodes is None else EpisodeTools(env.tools.episodes, example)
+        try:
+            tree = replay(
+                env.protocol,
+                tokenizer,
+                _FailOnInfra(tools),  # an unavailable tool stops SFT: its error is no demonstration
+                example.question,
+                lambda turn, obs, ex=example: policy(ex, turn, obs),
+            )
+        finally:
+            if tools is not env.tools:
+                tools.close()
         leaf = tree.leaves()[
             0
         ]  # scored as the engine scores an episode (a reward may read the whole episode)
@@ -73,6 +79,9 @@ class _FailOnInfra:
 
     def __init__(self, tools: Any):
         self.tools = tools
+
+    def __getattr__(self, name: str) -> Any:  # a per-episode environment's episodes, done and reward
+        return getattr(self.tools, name)
 
     def run(self, calls: Sequence[Any]) -> list[Any]:
         results = self.tools.run(calls)

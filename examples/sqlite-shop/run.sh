@@ -6,7 +6,7 @@
 #   OUT=runs/a STEPS=8 ./run.sh   # settings below can be overridden like this
 set -euo pipefail
 cd "$(dirname "$0")"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # so that tools.functions can import shop_tools
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # so that tools.environment can import shop_env
 
 AGENTCREDIT=${AGENTCREDIT:-$(command -v agentcredit || echo ../../.venv/bin/agentcredit)}
 PYTHON=${PYTHON:-$(dirname "$AGENTCREDIT")/python}

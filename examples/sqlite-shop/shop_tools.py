@@ -33,15 +33,26 @@ def query(sql: str) -> str:
     path = database_path()
     if not path.is_file():  # the setup is missing, not the model's fault: stop instead of training on it
         raise ToolUnavailableError(f"shop database {path} not found; run make_data.py first")
-    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)  # read-only: a write is an error, not a change
+    db = connect_read_only(path)
+    try:
+        return run_select(db, sql)
+    finally:
+        db.close()
+
+
+def connect_read_only(path: Path) -> sqlite3.Connection:
+    """A read-only connection: a write is an error for the model, never a change to the database."""
+    return sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
+
+
+def run_select(db: sqlite3.Connection, sql: str) -> str:
+    """The rows of one SELECT as the model reads them (header, at most MAX_ROWS rows, MAX_CHARS characters)."""
     try:
         cursor = db.execute(sql)
         rows = cursor.fetchmany(MAX_ROWS + 1)
         header = " | ".join(col[0] for col in cursor.description or ())
     except (sqlite3.Error, sqlite3.Warning) as exc:  # Warning: more than one statement
         return f"ERROR: {exc}"
-    finally:
-        db.close()
     if not header:
         return "ERROR: the statement returned no rows; use a SELECT"
     lines = [header, *(" | ".join(str(v) for v in row) for row in rows[:MAX_ROWS])]

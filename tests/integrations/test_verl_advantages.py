@@ -515,6 +515,8 @@ def _native_trees(b: Batch) -> tuple[list[RolloutTree], list[tuple[int, int]]]:
                 seg = Segment(ids, role="policy", kind=span["kind"], logprobs=[-1.0] * len(ids))
                 if record["format_rewards"]:
                     seg.info["format_reward"] = record["format_rewards"][span["segment"]]
+                if record.get("env_rewards"):
+                    seg.info["env_reward"] = record["env_rewards"][span["segment"]]
             else:
                 seg = Segment(ids, role="observation", kind=span["kind"])
             node = tree.add(seg, node)
@@ -523,8 +525,18 @@ def _native_trees(b: Batch) -> tuple[list[RolloutTree], list[tuple[int, int]]]:
     return list(trees.values()), where
 
 
-@pytest.mark.parametrize("method", ["grpo", "gigpo", "carl-critical", "portool"])
-def test_both_trainers_give_the_same_advantages_from_one_definition(method):
+@pytest.mark.parametrize(
+    ("method", "env"),
+    [
+        ("grpo", False),
+        ("gigpo", False),
+        ("carl-critical", False),
+        ("portool", False),
+        ("grpo", True),
+        ("portool", True),
+    ],
+)
+def test_both_trainers_give_the_same_advantages_from_one_definition(method, env):
     """issue 14: a method is one registry entry that both trainers call on the neutral layout. The same episodes,
     laid out by the native trainer (trees, rows with the prompt) and by the verl adapter (response rows), get the
     same advantage on every policy token. (The critic and teacher methods read signals the two trainers compute
@@ -544,6 +556,13 @@ def test_both_trainers_give_the_same_advantages_from_one_definition(method):
     ]
     cfg = load_config(f"{method}-arith-tools").algorithm
     b = build_batch(eps)
+    if env:  # issue 15: a per-episode environment's step rewards, in the record and in the return
+        records, paid = b.proto.non_tensor_batch["agentcredit"], {}
+        for i, rec in enumerate(records):
+            steps = paid.setdefault(
+                rec["episode_id"], [0.1 * (k + 1) * (len(paid) % 3) for k in range(len(rec["segment_kinds"]))]
+            )
+            records[i] = {**rec, "env_rewards": steps, "outcome": rec["outcome"] + sum(steps)}
     shared = {"grpo": {"eps": cfg.grpo_eps, "scale": cfg.grpo_scale}, "gigpo": cfg.gigpo.model_dump()}
     shared["portool"] = cfg.portool.model_dump(include={"gamma", "w1", "root_is_fork"})
     apply_to_dataproto(b.proto, settings(method, **shared))

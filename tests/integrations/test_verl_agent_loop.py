@@ -73,9 +73,7 @@ def _run_loop(tokenizer, method_config, server, overrides=(), tools=None, **samp
     messages = protocol.messages(protocol.new_episode(question))
     agent_loop_module._RUNTIMES.clear()
     if tools is not None:  # the retrieval server is not running here: give the runtime a local search tool
-        key = agent_loop_module.json.dumps(
-            agent_loop_module.load_settings(cfg.agentcredit).tools.model_dump(), sort_keys=True
-        )
+        key = agent_loop_module.runtime_key(agent_loop_module.load_settings(cfg.agentcredit))
         agent_loop_module._RUNTIMES[key] = ToolRuntime(tools)
 
     async def main():
@@ -265,3 +263,58 @@ def test_chat_protocol_with_your_tools_and_reward_as_on_the_native_trainer(
         and solution.endswith("Jane Doe")
     )
     assert "who wrote X" not in solution and extra["index"] == 0
+
+
+ENV_CODE = '''
+from agentcredit.tools.episodes import ToolEnv
+
+log = []
+
+
+class Library(ToolEnv):
+    tools = ("lookup",)
+
+    def reset(self, example):
+        self.example = example
+        log.append(("reset", example.question))
+
+    def lookup(self, title: str) -> str:
+        """Who wrote a book.
+
+        Args:
+            title: the book's title
+        """
+        return f"{title} was written by Jane Doe."
+
+    def step(self, calls):
+        observations, done, _ = super().step(calls)
+        return observations, done, 0.5
+
+    def close(self):
+        log.append(("close", self.example.question))
+'''
+
+
+def test_a_per_episode_environment_on_verl_as_on_the_native_trainer(byte_tokenizer, tmp_path, monkeypatch):
+    """agentcredit.tools.environment: one environment per episode in the worker (reset on the row's example,
+    closed after it), its schema shown by the chat protocol, its step reward in the record and in the return."""
+    (tmp_path / "my_library_env.py").write_text(ENV_CODE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import my_library_env
+
+    call = '<tool_call>\n{"name": "lookup", "arguments": {"title": "X"}}\n</tool_call>'
+    server = FakeServer(byte_tokenizer, [call, "Jane Doe"])
+    overrides = [
+        "agentcredit.protocol=chat",
+        "~agentcredit.protocol_options.style",
+        "+agentcredit.tools.environment=my_library_env:Library",
+        "agentcredit.tools.search_url=null",  # the environment owns every tool
+    ]
+    out = _run_loop(byte_tokenizer, "ppo", server, overrides)
+    rec = RowRecord.model_validate(out.extra_fields["agentcredit"])
+    assert rec.segment_kinds == ["invoke", "commit"] and rec.answer == "Jane Doe"
+    assert '"name": "lookup"' in byte_tokenizer.decode(out.prompt_ids)
+    assert "X was written by Jane Doe." in byte_tokenizer.decode(out.response_ids)
+    assert my_library_env.log == [("reset", "who wrote X"), ("close", "who wrote X")]
+    assert rec.env_rewards == [0.5, 0.0]
+    assert out.reward_score == rec.outcome == 1.5  # exact match 1.0 plus the step reward

@@ -168,6 +168,7 @@ def _episode_batch(
                     span.end,
                     anchor=tuple(responses[row, : span.start].tolist()) if responses is not None else (),
                     format_reward=float(record.format_rewards[k] or 0.0) if record.format_rewards else 0.0,
+                    env_reward=record.env_rewards[k] if record.env_rewards else 0.0,
                 )
             )
         if preset.shaping == "tips" and record.potentials is None:

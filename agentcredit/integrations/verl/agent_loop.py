@@ -38,6 +38,7 @@ from agentcredit.rollout.engine import episode_reward
 from agentcredit.tasks import Example
 from agentcredit.tasks.scoring import answer_reward, outcome_with_abstention
 from agentcredit.tools.base import ToolCall, ToolResult, ToolRuntime
+from agentcredit.tools.episodes import EpisodeSession, StepOutcome
 
 __all__ = [
     "AgentCreditAgentLoop",
@@ -52,10 +53,15 @@ __all__ = [
 _RUNTIMES: dict[str, ToolRuntime] = {}
 
 
+def runtime_key(settings: AgentCreditSettings) -> str:
+    """The key of a worker's runtime in ``_RUNTIMES``: the protocol and the tool block."""
+    return json.dumps([settings.protocol, settings.tools.model_dump()], sort_keys=True)
+
+
 def _runtime(settings: AgentCreditSettings) -> ToolRuntime:
-    key = json.dumps(settings.tools.model_dump(), sort_keys=True)
+    key = runtime_key(settings)
     if key not in _RUNTIMES:
-        _RUNTIMES[key] = build_runtime(settings.tools)
+        _RUNTIMES[key] = build_runtime(settings.tools, settings.protocol)
     return _RUNTIMES[key]
 
 
@@ -220,17 +226,31 @@ class AgentCreditAgentLoop(AgentLoopBase):
         self._request_id = episode_request_id(self.full_determinism, kwargs.get("priority"))
         self._n_scores = 0
         runtime = _runtime(s)
-        # your own tools (tools.functions / tools.mcp) are shown by the protocol; the parquet's raw_prompt was
-        # written without them, and chat shows tools through the chat template: both render the prompt here
+        # your own tools (tools.functions / tools.mcp / tools.environment) are shown by the protocol; the parquet's
+        # raw_prompt was written without them, and chat shows tools through the chat template: both render the
+        # prompt here
         schemas = [fn.schema for fn in runtime.tools.values() if hasattr(fn, "schema")]
+        if runtime.episodes is not None:
+            schemas = list(runtime.episodes.schemas)
         protocol = get_protocol(s.protocol, **_protocol_options(s, schemas))
         render_here = s.protocol == "chat" or bool(schemas)
         loop = asyncio.get_running_loop()
         timing = {"generate": 0.0, "tools": 0.0}
 
-        async def run_tools(calls: list[ToolCall]) -> list[ToolResult]:
+        example = _example(kwargs, question, golds)
+        # a per-episode environment (tools.environment): made at the episode's first call, closed after it
+        session: EpisodeSession | None = None
+
+        def environment_step(calls: list[ToolCall]) -> StepOutcome:
+            nonlocal session
+            if session is None:
+                session = runtime.episodes.open(example)
+            return session.step(calls)
+
+        async def run_tools(calls: list[ToolCall]) -> list[ToolResult] | StepOutcome:
             start = time.perf_counter()
-            results = await loop.run_in_executor(None, runtime.run, calls)
+            step = runtime.run if runtime.episodes is None else environment_step
+            results = await loop.run_in_executor(None, step, calls)
             timing["tools"] += time.perf_counter() - start
             return results
 
@@ -243,26 +263,33 @@ class AgentCreditAgentLoop(AgentLoopBase):
         else:
             prompt_ids = await self.ct_build_initial_tokens(messages)
         start = time.perf_counter()
-        episode = await run_episode(
-            protocol,
-            state,
-            prompt_ids,
-            tokenizer=self.tokenizer,
-            generate=self._generate,
-            run_tools=run_tools,
-            sampling_params=dict(sampling_params),
-            max_segment_tokens=s.max_segment_tokens,
-            max_response_tokens=self.response_length,
-            eos_token_ids=_eos_ids(self.tokenizer),
-        )
+        try:
+            episode = await run_episode(
+                protocol,
+                state,
+                prompt_ids,
+                tokenizer=self.tokenizer,
+                generate=self._generate,
+                run_tools=run_tools,
+                sampling_params=dict(sampling_params),
+                max_segment_tokens=s.max_segment_tokens,
+                max_response_tokens=self.response_length,
+                eos_token_ids=_eos_ids(self.tokenizer),
+            )
+        finally:
+            if session is not None:
+                session.close()
         timing["generate"] = time.perf_counter() - start - timing["tools"]
         if s.reward is not None:  # your own reward, on the episode's text (the native trainer's definition)
-            example = _example(kwargs, question, golds)
             outcome = episode_reward(
                 _user_reward(s.reward), example, episode.answer, episode.tree, episode.leaf, self.tokenizer
             )
         else:
             outcome = episode_outcome(s, episode.answer, golds)
+        # the return, as the native engine defines it: the outcome plus the environment's step rewards
+        outcome += sum(
+            episode.tree.segment(n).info.get("env_reward", 0.0) for n in episode.tree.path(episode.leaf)
+        )
 
         potentials = teacher = None
         if s.method == "tips":

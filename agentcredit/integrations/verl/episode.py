@@ -30,6 +30,7 @@ from agentcredit.integrations.verl.fields import RowRecord, Span
 from agentcredit.protocols.base import EpisodeState, Protocol
 from agentcredit.rollout.tree import FlatSequence, RolloutTree, Segment
 from agentcredit.tools.base import ToolCall, ToolResult
+from agentcredit.tools.episodes import StepOutcome
 
 __all__ = [
     "Episode",
@@ -55,7 +56,8 @@ GenerateFn = Callable[[list[int], dict[str, Any]], Awaitable[Generation]]
 #: ``prompt_logprobs(ids) -> lp`` with ``lp[j] = log p(ids[j + 1] | ids[: j + 1])``, ``len(ids) - 1`` values.
 PromptLogprobsFn = Callable[[list[int]], Awaitable[list[float]]]
 #: ``run_tools(calls) -> results`` in call order.
-RunToolsFn = Callable[[list[ToolCall]], Awaitable[list[ToolResult]]]
+# the calls' results, or a per-episode environment's whole step (results, done, reward)
+RunToolsFn = Callable[[list[ToolCall]], Awaitable[list[ToolResult] | StepOutcome]]
 
 
 @dataclass
@@ -196,12 +198,17 @@ async def run_episode(
         text = tokenizer.decode(ids, skip_special_tokens=True)
         turn = protocol.read_segment(state, text, finish)
         protocol.record(state, turn, text)
-        observation = None
+        observation, step = None, None
         if not turn.done:
             results = await run_tools(list(turn.calls)) if turn.calls else []
-            observation = protocol.observation(state, turn, results)
+            if isinstance(results, StepOutcome):  # a per-episode environment's step (tools.environment)
+                step, results = results, results.results
+            if step is None or not step.done:
+                observation = protocol.observation(state, turn, results)
         # turn.info is final only now (observation() may complete it), so the segment is built after it.
         seg = Segment(ids, text, role="policy", kind=turn.kind, logprobs=logprobs, info=dict(turn.info))
+        if step is not None:
+            seg.info["env_reward"] = step.reward
         node = tree.add(seg, node)
         visible.append(node)
         if pending_transient is not None and turn.drop_transient:
@@ -209,6 +216,10 @@ async def run_episode(
             pending_transient = None
         if turn.done:
             answer, finished = turn.answer, True
+            break
+        if step is not None and step.done:  # the environment ended it: its results are recorded, not shown
+            seg.info["results"] = [r.to_dict() for r in step.results]
+            finished = True
             break
         if observation is None:
             continue
@@ -290,6 +301,7 @@ def episode_rows(
     policy_order = {node: k for k, node in enumerate(nodes)}
     kinds = [tree.segment(n).kind for n in nodes]
     fmt = [tree.segment(n).info.get(format_reward_key) for n in nodes]
+    env = [float(tree.segment(n).info.get("env_reward", 0.0)) for n in nodes]
     has_logprobs = all(tree.segment(n).logprobs is not None for n in nodes)
     eid = episode_id or uuid.uuid4().hex
     rows = []
@@ -304,6 +316,7 @@ def episode_rows(
             segment_kinds=kinds,
             tool_turns=episode.tool_turns(),
             format_rewards=fmt if any(f is not None for f in fmt) else [],
+            env_rewards=env if any("env_reward" in tree.segment(n).info for n in nodes) else [],
             potentials=potentials,
             teacher_logprobs=teacher[i] if teacher is not None else None,
         )

@@ -67,6 +67,11 @@ class RowRecord(BaseModel):
     format_rewards: list[float | None] = Field(
         default_factory=list, description="per policy segment: the protocol's formatting reward (portool)"
     )
+    env_rewards: list[float] = Field(
+        default_factory=list,
+        description="per policy segment: the step reward of a per-episode environment (tools.environment); "
+        "outcome already includes their sum",
+    )
     potentials: list[float] | None = Field(
         None, description="TIPS: teacher potentials Phi(S_0), ..., Phi(S_M), one more than tool_turns"
     )
@@ -96,6 +101,10 @@ class RowRecord(BaseModel):
         if self.format_rewards and len(self.format_rewards) != n_segments:
             raise ValueError(
                 f"format_rewards has {len(self.format_rewards)} entries for {n_segments} policy segments"
+            )
+        if self.env_rewards and len(self.env_rewards) != n_segments:
+            raise ValueError(
+                f"env_rewards has {len(self.env_rewards)} entries for {n_segments} policy segments"
             )
         if self.potentials is not None and len(self.potentials) != len(self.tool_turns) + 1:
             raise ValueError(

@@ -83,15 +83,22 @@ def _close_resources() -> None:
 atexit.register(_close_resources)
 
 
-def build_runtime(settings: Any) -> ToolRuntime:
+def build_runtime(settings: Any, protocol: str = "tags") -> ToolRuntime:
     """The tool runtime for ``settings.tools`` (a :class:`~.settings.ToolSettings`), your own ``functions`` and
-    ``mcp`` servers' tools included (:func:`agentcredit.environment.load_user_tools`, as the native trainer).
+    ``mcp`` servers' tools included (:func:`agentcredit.environment.load_user_tools`, as the native trainer), or
+    your per-episode ``environment`` (:func:`agentcredit.environment.load_episode_environments`; ``protocol`` chat).
 
     Raises :class:`~agentcredit.tools.base.ToolUnavailableError` when ``settings.python`` is on and the sandbox
     cannot run ``print(1)`` (the same preflight, and message, as ``environment.build_tools``).
     """
-    from agentcredit.environment import load_user_tools
+    from agentcredit.environment import load_episode_environments, load_user_tools
 
+    episodes = load_episode_environments(settings, protocol)
+    if episodes is not None and (settings.suite or settings.search_url or settings.python):
+        raise ValueError(
+            "agentcredit.tools.environment gets every call of an episode: turn off tools.suite, tools.search_url "
+            "and tools.python, and list the environment's tools in its class"
+        )
     tools: dict[str, Any] = {tool.name: tool for tool in load_user_tools(settings, _RESOURCES)}
     if settings.suite:
         from agentcredit.tools.suite import build_suite
@@ -117,4 +124,4 @@ def build_runtime(settings: Any) -> ToolRuntime:
 
         check_available()  # the preflight of environment.build_tools: print(1) in the sandbox, once per process
         tools["python"] = python_tool(retriever, timeout=settings.python_timeout)
-    return ToolRuntime(tools, max_workers=settings.max_workers)
+    return ToolRuntime(tools, max_workers=settings.max_workers, episodes=episodes)
