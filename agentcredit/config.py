@@ -161,7 +161,10 @@ class ToolsConfig(UserToolsConfig):
     )
 
 
-class RolloutConfig(Section):
+class TreeStrategyConfig(Section):
+    """How episodes are sampled per prompt: independently or as a tree. One definition for the native ``rollout``
+    section and verl's ``agentcredit.tree`` block (both build it with ``strategies.from_rollout_config``)."""
+
     strategy: Literal["independent", "entropy_guided", "portool"] = Field(
         "independent", description="How episodes are sampled per prompt."
     )
@@ -180,6 +183,13 @@ class RolloutConfig(Section):
     random_forks: bool = Field(
         False, description="entropy_guided: pick fork states uniformly (carl-critical ablation #2)."
     )
+
+    def leaves(self) -> int:
+        """Episodes (leaves) per prompt: n, or n0 + n for entropy-guided forking."""
+        return self.n0 + self.n if self.strategy == "entropy_guided" else self.n
+
+
+class RolloutConfig(TreeStrategyConfig):
     prompts_per_step: int = Field(
         8, ge=1, description="Prompts per training step (papers: 128-512; CPU-scaled)."
     )

@@ -395,8 +395,11 @@ class RolloutEngine:
             self._loop(runs)
         except BaseException:
             for ep in list(self._live):  # the error that stopped the run is the one to report
-                ep.future = None if ep.future is None or ep.future.cancel() else ep.future
-                _close_quietly(ep)
+                if ep.future is not None and not ep.future.cancel():  # a step still running: close it after
+                    ep.future.add_done_callback(lambda _, ep=ep: _close_quietly(ep))
+                else:
+                    _close_quietly(ep)
+                ep.future = None
                 self._release(ep)
             raise
         for ep in list(self._live):
@@ -752,6 +755,8 @@ class RolloutEngine:
                     info = ep.run.tree.nodes[ep.node].segment.info
                     info["env_reward"] = results.reward
                     if results.done:  # the environment ended the episode: its results are recorded, not shown
+                        # observation() still completes turn.info (chat's formatting reward counts failed calls)
+                        self.protocol.observation(ep.state, ep.turn, results.results)  # type: ignore[arg-type]
                         info.update(ep.turn.info)  # type: ignore[union-attr]
                         info["results"] = [r.to_dict() for r in results.results]
                         self._finish_episode(ep, "env_done")
@@ -835,7 +840,7 @@ class RolloutEngine:
             self.backend.release(ep.seq)
         if ep.future is not None:
             if not ep.future.cancel():  # a step still running: close its environment once it returns
-                ep.future.add_done_callback(lambda _: _close_quietly(ep))
+                ep.future.add_done_callback(lambda _, ep=ep: _close_quietly(ep))
                 ep.future = None
                 return
             ep.future = None

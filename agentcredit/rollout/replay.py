@@ -57,6 +57,7 @@ def replay(
         if turn.calls and getattr(tools, "reward", None) is not None:  # a per-episode environment's step
             segment.info["env_reward"] = tools.reward
             if tools.done:  # it ended the episode: its results are recorded, not shown (as in the engine)
+                protocol.observation(state, turn, results)  # completes turn.info; its text is dropped
                 segment.info.update(turn.info)
                 segment.info["results"] = [r.to_dict() for r in results]
                 break

@@ -30,7 +30,7 @@ from agentcredit.rollout.engine import Job, JobResult, Plan, PlanContext, Strate
 from agentcredit.rollout.tree import RolloutTree
 
 if TYPE_CHECKING:
-    from agentcredit.config import RolloutConfig
+    from agentcredit.config import TreeStrategyConfig
 
 # ---------------------------------------------------------------------------------------------------------
 # independent
@@ -309,7 +309,8 @@ def _step_key(tree: RolloutTree, node: int) -> tuple:
     observations = tuple(
         tuple(tree.segment(c).token_ids) for c in tree.children(node) if tree.segment(c).role == "observation"
     )
-    return (seg.role, seg.kind, tuple(seg.token_ids), seg.transient, observations)
+    # a per-episode environment's step reward too: merged siblings must have earned the same
+    return (seg.role, seg.kind, tuple(seg.token_ids), seg.transient, observations, seg.info.get("env_reward"))
 
 
 def merge_identical_siblings(tree: RolloutTree) -> tuple[RolloutTree, dict[int, int]]:
@@ -361,7 +362,7 @@ __all__ = [
 ]
 
 
-def from_rollout_config(rollout: RolloutConfig) -> Independent | EntropyGuided | PORTool:
+def from_rollout_config(rollout: TreeStrategyConfig) -> Independent | EntropyGuided | PORTool:
     """The strategy ``config.rollout`` names (``independent``, ``entropy_guided`` or ``portool``), with its sizes."""
     if rollout.strategy == "independent":
         return independent(rollout.n)

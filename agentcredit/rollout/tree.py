@@ -250,6 +250,11 @@ class RolloutTree:
             out[leaf] = reward
         return out
 
+    def outcomes(self) -> dict[int, float]:
+        """Leaf -> outcome reward: the reward without a per-episode environment's step rewards (``info
+        ["outcome_reward"]``, set when there are any), what "was the answer right" is judged on."""
+        return {leaf: self.nodes[leaf].info.get("outcome_reward", r) for leaf, r in self.rewards().items()}
+
     # ------------------------------------------------------------------ pruning
     def prune(self, keep_leaves: Iterable[int]) -> tuple[RolloutTree, dict[int, int]]:
         """A new tree without the nodes that have no surviving leaf below them.

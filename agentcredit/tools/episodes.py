@@ -32,7 +32,8 @@ function tools), never a crashed batch. Override ``step`` for rewards or an end 
 :class:`~agentcredit.tools.base.ToolResult` the default step makes), ``done`` True ends the episode after this step
 (its observations are recorded, not shown: no turn follows), and ``reward`` is this step's reward (None = 0).
 An environment need not subclass :class:`ToolEnv`: any class with ``tools``, ``reset``, ``step`` and ``close``
-works. Config: ``tools.environment: "package.module:Class"`` plus ``tools.environment_options`` (keyword arguments
+works. All its methods, the constructor included, run on one thread of its own (a ``sqlite3`` connection made in
+``reset`` may be used in ``step`` and closed in ``close``); environments of different episodes run concurrently. Config: ``tools.environment: "package.module:Class"`` plus ``tools.environment_options`` (keyword arguments
 of the class).
 
 Where step rewards go (one rule for every trainer, :mod:`agentcredit.rollout.engine`): each step's reward is
@@ -54,10 +55,12 @@ be branched: that is an error naming the step). :data:`~agentcredit.rollout.stra
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 import numbers
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -136,14 +139,15 @@ class EpisodeEnvironments:
         self.names = [str(n) for n in names]
 
     def open(self, example: Any) -> EpisodeSession:
-        """A new environment, ``reset`` on ``example``; the caller closes it."""
-        where = self._where("__init__", example)
+        """A new environment, ``reset`` on ``example``; the caller closes it. One that fails in ``reset`` is
+        closed here (quietly: the reset's error is the one reported)."""
+        session = EpisodeSession(self, example)
         try:
-            env = self.cls(**self.options)
-        except Exception as exc:
-            raise UserEnvironmentError(f"{where} raised {type(exc).__name__}: {exc}") from exc
-        session = EpisodeSession(self, env, example)
-        session.call("reset", example)
+            session.call("reset", example)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                session.close()
+            raise
         return session
 
     def _where(self, method: str, example: Any) -> str:
@@ -152,15 +156,27 @@ class EpisodeEnvironments:
 
 
 class EpisodeSession:
-    """One episode's environment: :meth:`step` checks what the user's ``step`` returns; :meth:`close` once."""
+    """One episode's environment: :meth:`step` checks what the user's ``step`` returns; :meth:`close` once.
 
-    def __init__(self, owner: EpisodeEnvironments, env: Any, example: Any):
-        self.owner, self.env, self.example = owner, env, example
+    Every method of the environment, its constructor included, runs on one thread of the session's own: the
+    engine steps episodes from a thread pool and closes them from its loop, and resources such as a ``sqlite3``
+    connection may only be used on the thread that made them.
+    """
+
+    def __init__(self, owner: EpisodeEnvironments, example: Any):
+        self.owner, self.example = owner, example
         self.closed = False
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentcredit-env")
+        try:
+            self.env = self._thread.submit(owner.cls, **owner.options).result()
+        except Exception as exc:
+            self._thread.shutdown(wait=False)
+            where = owner._where("__init__", example)
+            raise UserEnvironmentError(f"{where} raised {type(exc).__name__}: {exc}") from exc
 
     def call(self, method: str, *args: Any) -> Any:
         try:
-            return getattr(self.env, method)(*args)
+            return self._thread.submit(getattr(self.env, method), *args).result()
         except (
             ToolUnavailableError
         ):  # the environment's own resource is missing: the machine's fault, said as is
@@ -217,7 +233,10 @@ class EpisodeSession:
     def close(self) -> None:
         if not self.closed:
             self.closed = True
-            self.call("close")
+            try:
+                self.call("close")
+            finally:
+                self._thread.shutdown(wait=False)
 
 
 class EpisodeTools:

@@ -105,7 +105,7 @@ def rejection_sample(
     trees = engine.run(list(examples), strategy, env.reward)
     raise_on_infra_failures(trees, "rejection sampling")
     for tree in trees:
-        good = [leaf for leaf, r in tree.rewards().items() if r >= threshold]
+        good = [leaf for leaf, r in tree.outcomes().items() if r >= threshold]
         if good:
             kept.append(tree.prune(good)[0])
     return kept

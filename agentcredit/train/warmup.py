@@ -122,7 +122,7 @@ def tier_labels(
     raise_on_infra_failures(trees, "tier labelling")
     labels = {}
     for tree, example in zip(trees, examples, strict=True):
-        correct = any(r >= 1.0 for r in tree.rewards().values())
+        correct = any(r >= 1.0 for r in tree.outcomes().values())
         labels[example.id] = "tier2" if correct else "tier1"
     return labels
 

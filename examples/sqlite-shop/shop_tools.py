@@ -42,7 +42,7 @@ def query(sql: str) -> str:
 
 def connect_read_only(path: Path) -> sqlite3.Connection:
     """A read-only connection: a write is an error for the model, never a change to the database."""
-    return sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
+    return sqlite3.connect(f"file:{path}?mode=ro", uri=True)
 
 
 def run_select(db: sqlite3.Connection, sql: str) -> str:

@@ -154,6 +154,7 @@ def test_an_environment_can_end_the_episode(fitted_env):
         tree = trees[0]
         assert tree.segment(leaf).role == "policy"  # the last tool results are recorded, not shown
         assert tree.segment(leaf).info["results"][0]["output"] == "391"
+        assert tree.segment(leaf).info["format"]["n_success"] == 1  # observation() still read the results
         assert tree.nodes[leaf].reward == pytest.approx(tree.nodes[leaf].info["outcome_reward"] + 1.0)
 
 
@@ -257,3 +258,54 @@ def test_an_environment_is_refused_beside_other_tools_or_protocols(extra, messag
     config = load_config("grpo-arith-tools", [*SMALL, *ENV, *extra])
     with pytest.raises(ValueError, match=message):
         build_environment(config)
+
+
+def test_a_reset_that_fails_still_closes_the_environment():
+    closed = []
+
+    class Env(_Shape):
+        def reset(self, example):
+            raise FileNotFoundError("shop.db")
+
+        def close(self):
+            closed.append(True)
+
+    with pytest.raises(
+        UserEnvironmentError, match=r"Env\.reset on example 'q-hard' raised FileNotFoundError"
+    ):
+        EpisodeEnvironments(Env).open(EXAMPLES[0])
+    assert closed == [True]
+
+
+def test_every_method_of_an_environment_runs_on_one_thread_of_its_own():
+    import sqlite3
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    class Env(_Shape):
+        def __init__(self):
+            self.threads = {threading.get_ident()}
+
+        def reset(self, example):
+            self.db = sqlite3.connect(":memory:")  # usable only on the thread that made it
+            self.threads.add(threading.get_ident())
+
+        def ping(self, host: str) -> str:
+            """Ping a host.
+
+            Args:
+                host: its name
+            """
+            self.threads.add(threading.get_ident())
+            return str(self.db.execute("SELECT 1").fetchone()[0])
+
+        def close(self):
+            self.threads.add(threading.get_ident())
+            self.db.close()
+
+    session = EpisodeEnvironments(Env).open(EXAMPLES[0])
+    with ThreadPoolExecutor(4) as pool:  # the engine steps from a pool and closes from its loop
+        outs = list(pool.map(lambda _: session.step([ToolCall("ping", {"host": "a"})]), range(4)))
+    assert [o.results[0].output for o in outs] == ["1"] * 4
+    session.close()
+    assert len(session.env.threads) == 1 and threading.get_ident() not in session.env.threads

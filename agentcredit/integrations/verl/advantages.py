@@ -308,9 +308,12 @@ def compute_advantages(
         # verl's value loss reads every response token, so the Monte-Carlo target R (carl-segment.md §3.5
         # regresses V(b_k) on R) goes on all of them rather than on the boundaries only
         returns = torch.zeros_like(advantages)
-        for ep in layout.episodes:
-            for s in ep.steps:
-                returns[s.row, s.start : s.end] = float(ep.reward)
+        to_come = (
+            layout.environment_rewards()
+        )  # the outcome on the last step, an environment's rewards on theirs
+        for j, ep in enumerate(layout.episodes):
+            for k, s in enumerate(ep.steps):
+                returns[s.row, s.start : s.end] = float(sum(to_come[j][k:]))
         if settings.carl_segment.segment_mean_loss:
             # Eq. 3 averages tokens within a segment and sums segments; under verl's seq-mean-token-sum that is a
             # per-token weight 1/|g_k| (PPO's clipped surrogate is positively homogeneous in A), and

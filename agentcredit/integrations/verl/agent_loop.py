@@ -286,6 +286,7 @@ class AgentCreditAgentLoop(AgentLoopBase):
             )
         else:
             outcome = episode_outcome(s, episode.answer, golds)
+        accuracy = outcome
         # the return, as the native engine defines it: the outcome plus the environment's step rewards
         outcome += sum(
             episode.tree.segment(n).info.get("env_reward", 0.0) for n in episode.tree.path(episode.leaf)
@@ -337,7 +338,7 @@ class AgentCreditAgentLoop(AgentLoopBase):
                     EXTRA_KEY: row.record.model_dump(),
                     "turn_scores": [],
                     "tool_rewards": [],
-                    "reward_extra_info": {"acc": outcome},
+                    "reward_extra_info": {"acc": accuracy},
                     **self._step_fields(kwargs),
                 },
             )

@@ -20,6 +20,8 @@ prompt log-probs of a token sequence, the call verl's own on-policy-distillation
 from __future__ import annotations
 
 import asyncio
+import copy
+import random
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +30,7 @@ from typing import Any
 from agentcredit.credit import tips_potential
 from agentcredit.integrations.verl.fields import RowRecord, Span
 from agentcredit.protocols.base import EpisodeState, Protocol
+from agentcredit.rollout.engine import Job, JobResult, PlanContext, Strategy
 from agentcredit.rollout.tree import FlatSequence, RolloutTree, Segment
 from agentcredit.tools.base import ToolCall, ToolResult
 from agentcredit.tools.episodes import StepOutcome
@@ -38,7 +41,9 @@ __all__ = [
     "answer_potentials",
     "continuation_logprobs",
     "episode_rows",
+    "TreeRunner",
     "run_episode",
+    "run_tree",
     "teacher_logprobs",
 ]
 
@@ -171,77 +176,206 @@ async def run_episode(
     eos_token_ids: Sequence[int] = (),
 ) -> Episode:
     """Run one episode of ``protocol`` from ``prompt_ids``; the response never exceeds ``max_response_tokens``."""
-    if not prompt_ids:
-        raise ValueError("run_episode: the prompt is empty")
-    eos = frozenset(int(t) for t in eos_token_ids)
-    tree = RolloutTree(Segment(list(prompt_ids), role="prompt", kind="prompt"))
-    node = 0
-    visible: list[int] = [0]  # node ids whose tokens form the current context
-    pending_transient: int | None = None
-    boundaries = [list(prompt_ids)]
-    answer, finished = None, False
+    runner = TreeRunner(
+        protocol,
+        state,
+        prompt_ids,
+        tokenizer=tokenizer,
+        generate=generate,
+        run_tools=run_tools,
+        sampling_params=sampling_params,
+        max_segment_tokens=max_segment_tokens,
+        max_response_tokens=max_response_tokens,
+        eos_token_ids=eos_token_ids,
+    )
+    result = await runner.run_job(Job(0))
+    return runner.episode(runner.tree, result.end)
 
-    def context() -> list[int]:
-        return [t for i in visible for t in tree.segment(i).token_ids]
 
+async def run_tree(
+    runner: TreeRunner, strategy: Strategy, rng: random.Random, max_turns: int
+) -> list[Episode]:
+    """The episodes of ``strategy``'s tree (PORTool's, carl-critical's entropy-guided forking), one per leaf.
+
+    The strategy is the native engine's own (:mod:`agentcredit.rollout.strategies`): it yields jobs ("continue
+    from node v for at most k steps") and reads their results. The jobs of one round run concurrently; every
+    request of the tree carries the caller's routing id, so one replica's prefix cache serves all its branches.
+    """
+    plan = strategy.plan(PlanContext(runner.tree, rng, max_turns))
+    results: list[JobResult] | None = None
     while True:
-        ctx = context()
-        room = max_response_tokens - (len(ctx) - len(prompt_ids))
-        budget = min(protocol.max_new_tokens(state, max_segment_tokens), room)
-        if budget <= 0:
+        try:
+            jobs = next(plan) if results is None else plan.send(results)
+        except StopIteration as stop:
+            final = stop.value if stop.value is not None else runner.tree
             break
-        ids, logprobs, finish = await _generate_segment(
-            protocol, state, tokenizer, generate, ctx, budget, sampling_params, eos
+        if not jobs:
+            raise ValueError(f"strategy {strategy.name} yielded an empty job list")
+        results = list(await asyncio.gather(*(runner.run_job(job) for job in jobs)))
+    return [runner.episode(final, leaf) for leaf in final.leaves()]
+
+
+@dataclass
+class _Snapshot:
+    """What a job continuing from a node needs: the protocol state and the context right after the node."""
+
+    state: EpisodeState
+    visible: list[int]  # node ids whose tokens form the context
+    pending_transient: int | None
+    boundaries: list[list[int]]  # contexts S_0, S_1, ... after each observation so far
+    policy_segments: int  # on the path from the root
+
+
+class TreeRunner:
+    """Grows one rollout tree against the server: :meth:`run_job` continues the episode at a node.
+
+    A single episode is one job from the root (:func:`run_episode`); a tree strategy runs many
+    (:func:`run_tree`). A job ends the episode (the protocol's answer, a turn cap, the response budget) or pauses
+    after ``max_steps`` policy segments and their observation, where later jobs may continue or fork it.
+    """
+
+    def __init__(
+        self,
+        protocol: Protocol,
+        state: EpisodeState,
+        prompt_ids: list[int],
+        *,
+        tokenizer: Any,
+        generate: GenerateFn,
+        run_tools: RunToolsFn,
+        sampling_params: dict[str, Any],
+        max_segment_tokens: int,
+        max_response_tokens: int,
+        eos_token_ids: Sequence[int] = (),
+        branching: bool = False,
+    ):
+        if not prompt_ids:
+            raise ValueError("run_episode: the prompt is empty")
+        self.protocol, self.tokenizer, self.generate, self.run_tools = (
+            protocol,
+            tokenizer,
+            generate,
+            run_tools,
         )
-        if not ids:
-            break
-        text = tokenizer.decode(ids, skip_special_tokens=True)
-        turn = protocol.read_segment(state, text, finish)
-        protocol.record(state, turn, text)
-        observation, step = None, None
-        if not turn.done:
-            results = await run_tools(list(turn.calls)) if turn.calls else []
-            if isinstance(results, StepOutcome):  # a per-episode environment's step (tools.environment)
-                step, results = results, results.results
-            if step is None or not step.done:
+        self.sampling_params = sampling_params
+        self.max_segment_tokens, self.max_response_tokens = max_segment_tokens, max_response_tokens
+        self.eos = frozenset(int(t) for t in eos_token_ids)
+        self.prompt_length = len(prompt_ids)
+        self.tree = RolloutTree(Segment(list(prompt_ids), role="prompt", kind="prompt"))
+        self.snapshots = {0: _Snapshot(state, [0], None, [list(prompt_ids)], 0)}
+        self.branching = (
+            branching  # keep every state for later jobs (a tree strategy); one episode needs none
+        )
+
+    def episode(self, tree: RolloutTree, leaf: int) -> Episode:
+        """The episode ending at ``leaf`` of ``tree`` (this runner's tree, or the strategy's pruned copy)."""
+        info = tree.nodes[leaf].info
+        return Episode(
+            tree,
+            leaf,
+            info.get("answer"),
+            self.prompt_length,
+            info.get("boundaries", []),
+            info.get("finished", False),
+        )
+
+    async def run_job(self, job: Job) -> JobResult:
+        protocol, tree, tokenizer = self.protocol, self.tree, self.tokenizer
+        if job.node not in self.snapshots:
+            raise ValueError(
+                f"job starts at node {job.node}, which is not a state an episode can continue from"
+            )
+        snap = self.snapshots[job.node]
+        state = copy.deepcopy(snap.state)
+        visible, pending_transient = list(snap.visible), snap.pending_transient
+        boundaries, policy_segments = [list(b) for b in snap.boundaries], snap.policy_segments
+        node, added, steps = job.node, [], 0
+        answer, finished = None, False
+
+        def context() -> list[int]:
+            return [t for i in visible for t in tree.segment(i).token_ids]
+
+        while True:
+            ctx = context()
+            room = self.max_response_tokens - (len(ctx) - self.prompt_length)
+            budget = min(protocol.max_new_tokens(state, self.max_segment_tokens), room)
+            if budget <= 0:
+                break
+            ids, logprobs, finish = await _generate_segment(
+                protocol, state, tokenizer, self.generate, ctx, budget, self.sampling_params, self.eos
+            )
+            if not ids:
+                break
+            text = tokenizer.decode(ids, skip_special_tokens=True)
+            turn = protocol.read_segment(state, text, finish)
+            protocol.record(state, turn, text)
+            policy_segments += 1
+            capped = job.max_turns is not None and policy_segments >= job.max_turns and not turn.done
+            observation, step = None, None
+            if not turn.done and not capped:  # at the turn cap the episode ends before its calls run
+                results = await self.run_tools(list(turn.calls)) if turn.calls else []
+                if isinstance(results, StepOutcome):  # a per-episode environment's step (tools.environment)
+                    step, results = results, results.results
                 observation = protocol.observation(state, turn, results)
-        # turn.info is final only now (observation() may complete it), so the segment is built after it.
-        seg = Segment(ids, text, role="policy", kind=turn.kind, logprobs=logprobs, info=dict(turn.info))
-        if step is not None:
-            seg.info["env_reward"] = step.reward
-        node = tree.add(seg, node)
-        visible.append(node)
-        if pending_transient is not None and turn.drop_transient:
-            visible.remove(pending_transient)
-            pending_transient = None
-        if turn.done:
-            answer, finished = turn.answer, True
-            break
-        if step is not None and step.done:  # the environment ended it: its results are recorded, not shown
-            seg.info["results"] = [r.to_dict() for r in step.results]
-            finished = True
-            break
-        if observation is None:
-            continue
-        obs_ids = tokenizer.encode(observation.text, add_special_tokens=False)
-        room = max_response_tokens - (len(context()) - len(prompt_ids))
-        if len(obs_ids) >= room:
-            break  # the observation does not fit and leave room to answer: the episode is cut here
-        node = tree.add(
-            Segment(
-                obs_ids,
-                observation.text,
-                role="observation",
-                kind=observation.kind,
-                transient=observation.transient,
-            ),
-            node,
-        )
-        visible.append(node)
-        if observation.transient:
-            pending_transient = node
-        boundaries.append(context())
-    return Episode(tree, node, answer, len(prompt_ids), boundaries, finished)
+                if (
+                    step is not None and step.done
+                ):  # it completed turn.info; the environment ended the episode
+                    observation = None
+            # turn.info is final only now (observation() may complete it), so the segment is built after it.
+            seg = Segment(ids, text, role="policy", kind=turn.kind, logprobs=logprobs, info=dict(turn.info))
+            if step is not None:
+                seg.info["env_reward"] = step.reward
+            node = tree.add(seg, node)
+            added.append(node)
+            visible.append(node)
+            if pending_transient is not None and turn.drop_transient:
+                visible.remove(pending_transient)
+                pending_transient = None
+            if turn.done:
+                answer, finished = turn.answer, True
+                break
+            if capped:
+                break
+            if (
+                step is not None and step.done
+            ):  # the environment ended it: its results are recorded, not shown
+                seg.info["results"] = [r.to_dict() for r in step.results]
+                finished = True
+                break
+            if observation is not None:
+                obs_ids = tokenizer.encode(observation.text, add_special_tokens=False)
+                room = self.max_response_tokens - (len(context()) - self.prompt_length)
+                if len(obs_ids) >= room:
+                    break  # the observation does not fit and leave room to answer: the episode is cut here
+                node = tree.add(
+                    Segment(
+                        obs_ids,
+                        observation.text,
+                        role="observation",
+                        kind=observation.kind,
+                        transient=observation.transient,
+                    ),
+                    node,
+                )
+                added.append(node)
+                visible.append(node)
+                if observation.transient:
+                    pending_transient = node
+                boundaries.append(context())
+            steps += 1
+            # every state is one a later job may fork from (entropy-guided forking picks any of them)
+            if self.branching:
+                self.snapshots[node] = _Snapshot(
+                    copy.deepcopy(state),
+                    list(visible),
+                    pending_transient,
+                    [list(b) for b in boundaries],
+                    policy_segments,
+                )
+            if job.max_steps is not None and steps >= job.max_steps:
+                return JobResult(job, added, node, False)
+        tree.nodes[node].info.update({"answer": answer, "finished": finished, "boundaries": boundaries})
+        return JobResult(job, added, node, True)
 
 
 def _spans(

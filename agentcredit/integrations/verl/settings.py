@@ -18,6 +18,7 @@ from agentcredit.config import (
     GigpoConfig,
     PortoolAdvantageConfig,
     TipsShapingConfig,
+    TreeStrategyConfig,
     UserRewardConfig,
     UserToolsConfig,
 )
@@ -155,6 +156,12 @@ class AgentCreditSettings(UserRewardConfig):
     portool: PortoolSettings = Field(default_factory=PortoolSettings)
     # the native trainer's section itself: one definition of GiGPO's settings for both trainers
     gigpo: GigpoConfig = Field(default_factory=GigpoConfig)
+    tree: TreeStrategyConfig = Field(
+        default_factory=TreeStrategyConfig,
+        description="the rollout tree of one prompt (the native rollout section's strategy fields): independent "
+        "(verl's rollout.n sessions), or portool / entropy_guided grown by one agent-loop session with one output per "
+        "leaf; then actor_rollout_ref.rollout.n must equal its leaves (n, or n0 + n).",
+    )
 
 
 def _plain(config: Any) -> Any:
