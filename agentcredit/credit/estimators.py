@@ -230,21 +230,43 @@ class Estimate:
     stats: dict[str, float] = field(default_factory=dict)
 
 
-def chain_trees(episodes: Sequence[Episode]) -> tuple[list[Episode], dict[Hashable, DecisionTree]]:
-    """Independent episodes as a decision tree per group: each episode a chain of its steps under the prompt.
+def chain_trees(
+    episodes: Sequence[Episode], step_keys: Sequence[Sequence[Hashable] | None] | None = None
+) -> tuple[list[Episode], dict[Hashable, DecisionTree]]:
+    """The decision tree of each group from its episodes' steps, each episode a path under the prompt.
 
-    Returns the episodes with their steps' node ids set, and the trees. This is what a trainer that samples
-    episodes independently (verl) passes to carl-critical and PORTool: the prompt is then the only fork.
+    ``step_keys``: per episode, one key per step (or None). Steps of one group with the same key are one node: the
+    shared steps of a rollout tree's branches (verl's tree rollouts key them by tree and node id). A step without
+    a key is a node of its own, so independent episodes are chains and the prompt is their only fork.
+
+    Returns the episodes with their steps' node ids set, and the trees.
     """
+    if step_keys is not None and len(step_keys) != len(episodes):
+        raise ValueError(f"step_keys has {len(step_keys)} entries for {len(episodes)} episodes")
     parents: dict[Hashable, list[int]] = {}
+    known: dict[Hashable, dict[Hashable, int]] = {}
     out = []
-    for ep in episodes:
+    for j, ep in enumerate(episodes):
         tree = parents.setdefault(ep.group, [-1])
+        nodes = known.setdefault(ep.group, {})
+        keys = step_keys[j] if step_keys is not None else None
+        if keys is not None and len(keys) != len(ep.steps):
+            raise ValueError(f"episode {j}: {len(keys)} step keys for {len(ep.steps)} steps")
         steps, parent = [], 0
-        for s in ep.steps:
-            tree.append(parent)
-            parent = len(tree) - 1
-            steps.append(Step(s.row, s.start, s.end, parent, s.anchor, s.format_reward, s.env_reward))
+        for k, s in enumerate(ep.steps):
+            key = keys[k] if keys is not None else None
+            node = nodes.get(key) if key is not None else None
+            if node is None:
+                tree.append(parent)
+                node = len(tree) - 1
+                if key is not None:
+                    nodes[key] = node
+            elif tree[node] != parent:
+                raise ValueError(
+                    f"episode {j} step {k}: key {key!r} follows two different steps in group {ep.group!r}"
+                )
+            parent = node
+            steps.append(Step(s.row, s.start, s.end, node, s.anchor, s.format_reward, s.env_reward))
         out.append(Episode(ep.group, ep.reward, tuple(steps), ep.turn_ends, ep.potentials))
     return out, {g: DecisionTree(tuple(p)) for g, p in parents.items()}
 

@@ -34,6 +34,21 @@ def test_chain_trees_give_each_episode_a_chain_under_its_prompt():
     assert out[0].steps[1] == Step(0, 3, 5, node=2)  # spans kept
 
 
+def test_chain_trees_share_the_steps_a_rollout_tree_shares():
+    # verl's tree rollouts key each step by (tree, node): two leaves of tree "t" share their first step; an
+    # episode without keys stays a chain of its own under the same prompt
+    eps = [
+        Episode("a", 1.0, (Step(0, 0, 2), Step(0, 3, 5))),
+        Episode("a", 0.0, (Step(1, 0, 2), Step(1, 3, 4))),
+        Episode("a", 0.0, (Step(2, 0, 1),)),
+    ]
+    out, trees = chain_trees(eps, [[("t", 1), ("t", 3)], [("t", 1), ("t", 4)], None])
+    assert trees["a"].parents == (-1, 0, 1, 1, 0)
+    assert [[s.node for s in ep.steps] for ep in out] == [[1, 2], [1, 3], [4]]
+    with pytest.raises(ValueError, match=r"key \('t', 3\) follows two different steps"):
+        chain_trees(eps[:2], [[("t", 1), ("t", 3)], [("t", 2), ("t", 3)]])
+
+
 def test_tips_step_rewards_put_turn_rewards_on_the_steps_that_end_turns():
     # alpha = 0.5, Phi = (-4, -2, -1), R = 1: turns 0.5 * 2 = 1.0 and 0.5 * 1 = 0.5; final 1 - 0.5 * (-1) = 1.5
     ep = Episode("q", 1.0, (Step(0, 0, 1), Step(0, 2, 3), Step(0, 4, 5)), potentials=(-4.0, -2.0, -1.0))

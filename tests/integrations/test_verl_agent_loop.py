@@ -318,3 +318,67 @@ def test_a_per_episode_environment_on_verl_as_on_the_native_trainer(byte_tokeniz
     assert my_library_env.log == [("reset", "who wrote X"), ("close", "who wrote X")]
     assert rec.env_rewards == [0.5, 0.0]
     assert out.reward_score == rec.outcome == 1.5  # exact match 1.0 plus the step reward
+
+
+def test_portool_grows_its_tree_in_one_session_with_one_output_per_leaf(
+    byte_tokenizer, tmp_path, monkeypatch
+):
+    """issue 16 item 6: agentcredit.tree runs the native PORTool strategy inside the agent loop. Round 1 starts n
+    paths (one call each), DupAndSamp continues them; the identical first calls merge into one node, so both
+    leaves' records name the same first step, and every request of the tree carries one routing id."""
+    (tmp_path / "my_tree_agent.py").write_text(USER_CODE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    call = '<tool_call>\n{"name": "lookup", "arguments": {"title": "X"}}\n</tool_call>'
+    server = FakeServer(byte_tokenizer, [call, call, "Jane Doe", "Jane Doe"])
+    overrides = [
+        "agentcredit.protocol=chat",
+        "agentcredit.tools.suite=false",
+        "+agentcredit.tools.functions=[my_tree_agent:lookup]",
+        "agentcredit.tree.n=2",
+        "agentcredit.tree.t_max=2",
+        "actor_rollout_ref.rollout.n=2",
+    ]
+    outs = _run_loop(byte_tokenizer, "portool", server, overrides)
+    assert isinstance(outs, list) and len(outs) == 2  # one per leaf
+    recs = [RowRecord.model_validate(o.extra_fields["agentcredit"]) for o in outs]
+    assert recs[0].tree_id is not None and recs[0].tree_id == recs[1].tree_id
+    assert [r.segment_kinds for r in recs] == [["invoke", "commit"]] * 2
+    assert recs[0].step_nodes[0] == recs[1].step_nodes[0]  # the merged first call
+    assert recs[0].step_nodes[1] != recs[1].step_nodes[1]  # two answers: two leaves
+    assert [o.reward_score for o in outs] == [1.0, 1.0]
+    assert len(server.request_ids) == 4 and len(set(server.request_ids)) == 1  # one routing id per tree
+
+
+def test_greedy_requests_get_one_episode_even_under_a_tree_strategy():
+    """verl's validation samples greedily: a tree of identical greedy branches would say nothing more."""
+    with initialize_config_dir(str(config_dir()), version_base=None):
+        cfg = compose("portool")
+    settings = agent_loop_module.load_settings(cfg.agentcredit)
+    assert settings.tree.strategy == "portool" and cfg.actor_rollout_ref.rollout.n == settings.tree.leaves()
+    assert agent_loop_module.grows_tree(settings, {"temperature": 1.0})
+    assert not agent_loop_module.grows_tree(settings, {"temperature": 0})
+
+
+def test_carl_critical_forks_its_tree_in_one_session(byte_tokenizer, tmp_path, monkeypatch):
+    """The entropy-guided tree: N0 = 1 episode, then N = 1 fork from the state of largest H(s)/n(s). Every action
+    here has the same entropy (the server's log-probs are all -0.25), so the tie goes to the shallower state: the
+    root, and the fork is a second whole episode of the same tree."""
+    (tmp_path / "my_fork_agent.py").write_text(USER_CODE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    call = '<tool_call>\n{"name": "lookup", "arguments": {"title": "X"}}\n</tool_call>'
+    server = FakeServer(byte_tokenizer, [call, "Jane Doe", call, "J. Doe"])
+    overrides = [
+        "agentcredit.protocol=chat",
+        "~agentcredit.protocol_options.style",
+        "+agentcredit.tools.functions=[my_fork_agent:lookup]",
+        "agentcredit.tools.search_url=null",
+        "agentcredit.tree.n0=1",
+        "agentcredit.tree.n=1",
+        "actor_rollout_ref.rollout.n=2",
+    ]
+    outs = _run_loop(byte_tokenizer, "carl_critical", server, overrides)
+    recs = [RowRecord.model_validate(o.extra_fields["agentcredit"]) for o in outs]
+    assert len(recs) == 2 and recs[0].tree_id == recs[1].tree_id
+    assert [r.answer for r in recs] == ["Jane Doe", "J. Doe"]
+    assert not set(recs[0].step_nodes) & set(recs[1].step_nodes)  # forked at the root: no shared step
+    assert server.texts == [] and len(set(server.request_ids)) == 1

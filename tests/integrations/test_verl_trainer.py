@@ -194,8 +194,10 @@ def _tiny_model_dir(path, tokenizer):
     return path
 
 
-def test_trainer_runs_verls_sync_path(tmp_path, monkeypatch, byte_tokenizer):
-    """main_ppo picks the class by trainer_mode=agentcredit; verl's set-up must then take its sync branches."""
+@pytest.mark.parametrize("config_name", ["grpo", "portool"])
+def test_trainer_runs_verls_sync_path(config_name, tmp_path, monkeypatch, byte_tokenizer):
+    """main_ppo picks the class by trainer_mode=agentcredit; verl's set-up must then take its sync branches.
+    Under a tree strategy (portool) each prompt goes to one agent-loop session, which grows its whole tree."""
     questions = tmp_path / "qa.jsonl"
     questions.write_text(
         "".join(f'{{"id": "q{i}", "question": "who wrote X{i}", "answers": ["A{i}"]}}\n' for i in range(8))
@@ -214,7 +216,7 @@ def test_trainer_runs_verls_sync_path(tmp_path, monkeypatch, byte_tokenizer):
     model = _tiny_model_dir(tmp_path / "model", byte_tokenizer)
     with initialize_config_dir(str(config_dir()), version_base=None):
         cfg = compose(
-            "grpo",
+            config_name,
             overrides=[
                 f"actor_rollout_ref.model.path={model}",
                 f"data.train_files={data / 'train.parquet'}",
@@ -245,3 +247,15 @@ def test_trainer_runs_verls_sync_path(tmp_path, monkeypatch, byte_tokenizer):
     # every other branch (TransferQueue checkpoints, prompt submission) reads the mode verl stored
     assert trainer.trainer_mode == trainer.replay_buffer.trainer_mode == "sync"
     assert trainer.parameter_sync_step == 1
+    batch = trainer._fetch_one_gen_batch()
+    if config_name == "portool":
+        assert batch["__rollout_n__"].tolist() == [1, 1, 1, 1]  # verl's sessions per prompt
+    else:
+        assert "__rollout_n__" not in batch.keys()
+
+
+def test_a_tree_needs_rollout_n_equal_to_its_leaves():
+    with initialize_config_dir(str(config_dir()), version_base=None):
+        cfg = compose("carl_critical", overrides=["actor_rollout_ref.rollout.n=16"])
+    with pytest.raises(ValueError, match=r"grows 17 leaves per prompt .* set actor_rollout_ref.rollout.n=17"):
+        trainer_module.check_trainer_config(cfg)

@@ -140,8 +140,9 @@ def _episode_batch(
     dtype: torch.dtype,
     responses: Tensor | None,
 ) -> EpisodeBatch:
-    """verl's episodes in the neutral layout: steps are the policy segments where their view trains them, and
-    episodes are independent, so each is a chain under its prompt (:func:`chain_trees`)."""
+    """verl's episodes in the neutral layout: steps are the policy segments where their view trains them; the
+    episodes of one rollout tree share its nodes, and independent ones are chains under the prompt
+    (:func:`chain_trees`)."""
     preset = get_preset(settings.method)
     needs = ESTIMATORS[preset.estimator].needs
     out = []
@@ -179,8 +180,14 @@ def _episode_batch(
         potentials = None if record.potentials is None else tuple(record.potentials)
         out.append(LayoutEpisode(ep.uid, record.outcome, tuple(steps), tuple(record.tool_turns), potentials))
     trees = {}
-    if "tree" in needs:
-        out, trees = chain_trees(out)
+    if (
+        "tree" in needs
+    ):  # a tree rollout's episodes share the steps they share (agentcredit.tree); else chains
+        keys = [
+            [(ep.record.tree_id, n) for n in ep.record.step_nodes] if ep.record.tree_id else None
+            for ep in episodes
+        ]
+        out, trees = chain_trees(out, keys)
     return EpisodeBatch(shape=shape, episodes=out, trees=trees, dtype=dtype)
 
 

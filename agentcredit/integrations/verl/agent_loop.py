@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import time
 from typing import Any
 from uuid import uuid4
@@ -25,16 +26,19 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetr
 from agentcredit.environment import UserReward
 from agentcredit.integrations.verl import AGENT_LOOP_NAME, EXTRA_KEY
 from agentcredit.integrations.verl.episode import (
+    Episode,
     Generation,
+    TreeRunner,
     answer_potentials,
     episode_rows,
-    run_episode,
+    run_tree,
     teacher_logprobs,
 )
 from agentcredit.integrations.verl.settings import AgentCreditSettings, load_settings
 from agentcredit.integrations.verl.tools import build_runtime
 from agentcredit.protocols import get_protocol
-from agentcredit.rollout.engine import episode_reward
+from agentcredit.rollout.engine import Job, episode_reward
+from agentcredit.rollout.strategies import from_rollout_config
 from agentcredit.tasks import Example
 from agentcredit.tasks.scoring import answer_reward, outcome_with_abstention
 from agentcredit.tools.base import ToolCall, ToolResult, ToolRuntime
@@ -263,23 +267,50 @@ class AgentCreditAgentLoop(AgentLoopBase):
         else:
             prompt_ids = await self.ct_build_initial_tokens(messages)
         start = time.perf_counter()
+        runner = TreeRunner(
+            protocol,
+            state,
+            prompt_ids,
+            tokenizer=self.tokenizer,
+            generate=self._generate,
+            run_tools=run_tools,
+            sampling_params=dict(sampling_params),
+            max_segment_tokens=s.max_segment_tokens,
+            max_response_tokens=self.response_length,
+            eos_token_ids=_eos_ids(self.tokenizer),
+            branching=grows_tree(s, sampling_params),
+        )
         try:
-            episode = await run_episode(
-                protocol,
-                state,
-                prompt_ids,
-                tokenizer=self.tokenizer,
-                generate=self._generate,
-                run_tools=run_tools,
-                sampling_params=dict(sampling_params),
-                max_segment_tokens=s.max_segment_tokens,
-                max_response_tokens=self.response_length,
-                eos_token_ids=_eos_ids(self.tokenizer),
-            )
+            if runner.branching:  # one session grows the prompt's whole tree: one output per leaf
+                rng = random.Random(f"{self._request_id}:tree")
+                episodes = await run_tree(runner, from_rollout_config(s.tree), rng, protocol.max_segments)
+            else:
+                episodes = [runner.episode(runner.tree, (await runner.run_job(Job(0))).end)]
         finally:
             if session is not None:
                 session.close()
         timing["generate"] = time.perf_counter() - start - timing["tools"]
+        tree_id = uuid4().hex if runner.branching else None
+        outputs = []
+        for episode in episodes:
+            outputs += await self._outputs(
+                episode, prompt_ids, messages, golds, example, kwargs, timing, tree_id
+            )
+        return outputs[0] if len(outputs) == 1 else outputs
+
+    async def _outputs(
+        self,
+        episode: Episode,
+        prompt_ids: list[int],
+        messages: list[dict[str, Any]],
+        golds: list[str],
+        example: Example,
+        kwargs: dict[str, Any],
+        timing: dict[str, float],
+        tree_id: str | None,
+    ) -> list[AgentLoopOutput]:
+        """verl's outputs of one episode (one per training view), scored, with the method's teacher signals."""
+        s, loop = self.settings, asyncio.get_running_loop()
         if s.reward is not None:  # your own reward, on the episode's text (the native trainer's definition)
             outcome = episode_reward(
                 _user_reward(s.reward), example, episode.answer, episode.tree, episode.leaf, self.tokenizer
@@ -323,6 +354,7 @@ class AgentCreditAgentLoop(AgentLoopBase):
             format_reward_key=s.portool.format_reward_key,
             potentials=potentials,
             teacher=teacher,
+            tree_id=tree_id,
         )
         metrics = AgentLoopMetrics(generate_sequences=timing["generate"], tool_calls=timing["tools"])
         outputs = [
@@ -344,7 +376,13 @@ class AgentCreditAgentLoop(AgentLoopBase):
             )
             for row in rows
         ]
-        return outputs[0] if len(outputs) == 1 else outputs
+        return outputs
+
+
+def grows_tree(settings: AgentCreditSettings, sampling_params: dict[str, Any]) -> bool:
+    """Whether a session grows the prompt's tree (``agentcredit.tree``): a tree strategy, when sampling. Greedy
+    requests (verl's validation) get one episode each: a tree of identical greedy branches says nothing more."""
+    return settings.tree.strategy != "independent" and float(sampling_params.get("temperature", 1.0)) > 0
 
 
 def _eos_ids(tokenizer: Any) -> list[int]:

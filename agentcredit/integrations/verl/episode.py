@@ -423,6 +423,7 @@ def episode_rows(
     potentials: list[float] | None = None,
     teacher: list[list[float]] | None = None,
     episode_id: str | None = None,
+    tree_id: str | None = None,
 ) -> list[Row]:
     """The episode as verl rows, one per training view (one row unless tool outputs were transient)."""
     tree, leaf, p = episode.tree, episode.leaf, episode.prompt_length
@@ -451,6 +452,8 @@ def episode_rows(
             tool_turns=episode.tool_turns(),
             format_rewards=fmt if any(f is not None for f in fmt) else [],
             env_rewards=env if any("env_reward" in tree.segment(n).info for n in nodes) else [],
+            tree_id=tree_id,
+            step_nodes=nodes if tree_id is not None else [],
             potentials=potentials,
             teacher_logprobs=teacher[i] if teacher is not None else None,
         )

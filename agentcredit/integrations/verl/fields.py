@@ -72,6 +72,13 @@ class RowRecord(BaseModel):
         description="per policy segment: the step reward of a per-episode environment (tools.environment); "
         "outcome already includes their sum",
     )
+    tree_id: str | None = Field(
+        None, description="the rollout tree the episode is a leaf of (agentcredit.tree; None = independent)"
+    )
+    step_nodes: list[int] = Field(
+        default_factory=list,
+        description="per policy segment: its node in that tree (episodes of one tree share their common steps)",
+    )
     potentials: list[float] | None = Field(
         None, description="TIPS: teacher potentials Phi(S_0), ..., Phi(S_M), one more than tool_turns"
     )
@@ -101,6 +108,13 @@ class RowRecord(BaseModel):
         if self.format_rewards and len(self.format_rewards) != n_segments:
             raise ValueError(
                 f"format_rewards has {len(self.format_rewards)} entries for {n_segments} policy segments"
+            )
+        if (self.tree_id is None) != (not self.step_nodes) or (
+            self.step_nodes and len(self.step_nodes) != n_segments
+        ):
+            raise ValueError(
+                f"tree_id and step_nodes come together, one node per policy segment ({n_segments}); got tree_id="
+                f"{self.tree_id!r} and {len(self.step_nodes)} step_nodes"
             )
         if self.env_rewards and len(self.env_rewards) != n_segments:
             raise ValueError(

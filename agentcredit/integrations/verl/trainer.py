@@ -16,6 +16,7 @@ import logging
 from typing import Any
 
 import numpy as np
+import torch
 import transfer_queue as tq
 from omegaconf import DictConfig, open_dict
 from tensordict import TensorDict
@@ -69,6 +70,7 @@ def check_trainer_config(config: DictConfig) -> AgentCreditSettings:
             )
     if settings.method == "carl-segment":
         _check_carl_segment_loss(config, settings)
+    _check_tree(config, settings)
     agent = config.actor_rollout_ref.rollout.get("agent", {})
     if agent.get("default_agent_loop") != "agentcredit_agent":
         logger.warning(
@@ -77,6 +79,26 @@ def check_trainer_config(config: DictConfig) -> AgentCreditSettings:
             agent.get("default_agent_loop"),
         )
     return settings
+
+
+def _check_tree(config: DictConfig, settings: AgentCreditSettings) -> None:
+    """A tree strategy grows each prompt's tree in one session (:meth:`AgentCreditTrainer._fetch_one_gen_batch`)
+    with one output per leaf, so verl's ``rollout.n`` (the rows of one prompt in its batch arithmetic) must be the
+    leaf count."""
+    tree = settings.tree
+    if tree.strategy == "independent":
+        return
+    n = int(config.actor_rollout_ref.rollout.n)
+    if n != tree.leaves():
+        raise ValueError(
+            f"agentcredit.tree.strategy={tree.strategy} grows {tree.leaves()} leaves per prompt (one output each); set "
+            f"actor_rollout_ref.rollout.n={tree.leaves()} (now {n}) so verl's mini-batches count them"
+        )
+    if settings.tools.environment is not None:
+        raise ValueError(
+            "agentcredit.tree and agentcredit.tools.environment are not combined on verl: a branch would need the "
+            "environment replayed (the native trainer does that); use agentcredit.tree.strategy=independent"
+        )
 
 
 def _check_carl_segment_loss(config: DictConfig, settings: AgentCreditSettings) -> None:
@@ -143,6 +165,14 @@ class AgentCreditTrainer(PPOTrainerSync):
         super().__init__(config)
         self._tips_alpha: float | None = None  # TIPS batch_target: kept when a batch has no non-zero delta
         self._plan: MinibatchPlan | None = None  # this step's mini-batches of whole episodes, if multi-row
+
+    def _fetch_one_gen_batch(self):
+        """verl's next prompts; under a tree strategy each is sent to one agent-loop session (``__rollout_n__`` =
+        1, verl's per-prompt session count), which grows the prompt's whole tree and returns one output per leaf."""
+        batch = super()._fetch_one_gen_batch()
+        if self.agentcredit.tree.strategy != "independent":
+            batch["__rollout_n__"] = torch.ones(len(batch), dtype=torch.long)
+        return batch
 
     def _minibatch_episodes(self, section: str) -> int:
         cfg = self.config.actor_rollout_ref.actor if section == "actor" else self.config.critic
