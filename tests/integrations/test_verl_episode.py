@@ -15,10 +15,10 @@ pytest.importorskip("verl")
 
 from agentcredit.integrations.verl.episode import (  # noqa: E402
     Generation,
+    TreeRunner,
     answer_potentials,
     continuation_logprobs,
     episode_rows,
-    run_episode,
     teacher_logprobs,
 )
 from agentcredit.integrations.verl.fields import RowRecord  # noqa: E402
@@ -77,7 +77,7 @@ def _run(protocol, question, tokenizer, server, tools, max_response=4096):
         return runtime.run(calls)
 
     episode = asyncio.run(
-        run_episode(
+        TreeRunner(
             protocol,
             protocol.new_episode(question),
             prompt_ids,
@@ -88,7 +88,7 @@ def _run(protocol, question, tokenizer, server, tools, max_response=4096):
             max_segment_tokens=512,
             max_response_tokens=max_response,
             eos_token_ids=[tokenizer.eos_token_id],
-        )
+        ).run_episode()
     )
     return prompt_ids, episode
 

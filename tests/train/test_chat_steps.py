@@ -6,10 +6,9 @@ from __future__ import annotations
 import copy
 
 import pytest
-from train_helpers import CHAT, EXAMPLES, METHODS, SMALL, assert_a_real_step
+from train_helpers import CHAT, METHODS, SMALL, assert_a_real_step, one_step
 
 from agentcredit.config import load_config
-from agentcredit.train.trainer import Trainer
 
 BASE_METHODS = ["grpo", "ppo", "carl-segment", "carl-critical", "tips", "gear", "portool", "gigpo"]
 
@@ -19,12 +18,7 @@ def test_one_training_step_on_the_chat_protocol(name, fitted_chat):
     model, tokenizer = copy.deepcopy(fitted_chat[0]), fitted_chat[1]
     preset, overrides = METHODS[name]
     config = load_config(preset, [*SMALL, *overrides, *CHAT])
-    trainer = Trainer(config, model=model, tokenizer=tokenizer, examples=list(EXAMPLES), log=False)
-    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
-    try:
-        result = trainer.train_step()
-    finally:
-        trainer.close()
+    trainer, result, before = one_step(config, model, tokenizer)
     assert_a_real_step(trainer, result, before)
     kinds = {
         tree.segment(node).kind for tree in result.trees for node in range(len(tree.nodes))

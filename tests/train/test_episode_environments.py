@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 from calculator_env import CalculatorEnv, DriftingEnv
-from train_helpers import EXAMPLES, METHODS, SMALL, assert_a_real_step, fit_tiny
+from train_helpers import EXAMPLES, METHODS, SMALL, assert_a_real_step, fit_tiny, one_step
 
 from agentcredit.config import load_config
 from agentcredit.environment import build_environment
@@ -42,12 +42,7 @@ def test_one_step_with_a_per_episode_environment(name, fitted_env):
     preset, overrides = METHODS[name]
     config = load_config(preset, [*SMALL, *overrides, *ENV])
     CalculatorEnv.reset_counters()
-    trainer = Trainer(config, model=model, tokenizer=tokenizer, examples=list(EXAMPLES), log=False)
-    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
-    try:
-        result = trainer.train_step()
-    finally:
-        trainer.close()
+    trainer, result, before = one_step(config, model, tokenizer)
     assert_a_real_step(trainer, result, before)
     assert CalculatorEnv.opened > 0 and CalculatorEnv.opened == CalculatorEnv.closed
     assert set(CalculatorEnv.resets) <= {e.id for e in EXAMPLES}

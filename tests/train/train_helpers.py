@@ -84,6 +84,19 @@ def fit_tiny(preset: str, overrides=(), epochs: int = 100):
     return model, tokenizer
 
 
+def one_step(config, model, tokenizer):
+    """One training step of ``config`` on the fitted model: the trainer, its result and the weights before it."""
+    from agentcredit.train.trainer import Trainer
+
+    trainer = Trainer(config, model=model, tokenizer=tokenizer, examples=list(EXAMPLES), log=False)
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    try:
+        result = trainer.train_step()
+    finally:
+        trainer.close()
+    return trainer, result, before
+
+
 def assert_a_real_step(trainer, result, before) -> None:
     """What every one-step test checks: finite metrics, non-zero advantages, trained tokens, changed weights, and
     a loss that only ever touches policy tokens (prompt and observations never)."""

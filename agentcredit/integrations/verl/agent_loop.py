@@ -1,7 +1,7 @@
 """The verl agent loop ``agentcredit_agent``: agentcredit's protocols and tools inside verl's rollout.
 
 verl instantiates one loop per sample in its agent-loop workers and calls :meth:`AgentCreditAgentLoop.run`,
-which runs :func:`agentcredit.integrations.verl.episode.run_episode` against verl's LLM server (vLLM or SGLang),
+which runs :class:`agentcredit.integrations.verl.episode.TreeRunner` against verl's LLM server (vLLM or SGLang),
 scores the answer, asks the same server for the teacher scores TIPS and GEAR need, and returns one
 ``AgentLoopOutput`` per training view with ``extra_fields["agentcredit"]`` (:mod:`.fields`): segment spans and
 kinds (invoke / assimilate / commit / search / answer / step), which tool outputs were transient, the
@@ -37,7 +37,7 @@ from agentcredit.integrations.verl.episode import (
 from agentcredit.integrations.verl.settings import AgentCreditSettings, load_settings
 from agentcredit.integrations.verl.tools import build_runtime
 from agentcredit.protocols import get_protocol
-from agentcredit.rollout.engine import Job, episode_reward
+from agentcredit.rollout.engine import episode_reward
 from agentcredit.rollout.strategies import from_rollout_config
 from agentcredit.tasks import Example
 from agentcredit.tasks.scoring import answer_reward, outcome_with_abstention
@@ -285,7 +285,7 @@ class AgentCreditAgentLoop(AgentLoopBase):
                 rng = random.Random(f"{self._request_id}:tree")
                 episodes = await run_tree(runner, from_rollout_config(s.tree), rng, protocol.max_segments)
             else:
-                episodes = [runner.episode(runner.tree, (await runner.run_job(Job(0))).end)]
+                episodes = [await runner.run_episode()]
         finally:
             if session is not None:
                 session.close()

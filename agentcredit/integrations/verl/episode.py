@@ -42,7 +42,6 @@ __all__ = [
     "continuation_logprobs",
     "episode_rows",
     "TreeRunner",
-    "run_episode",
     "run_tree",
     "teacher_logprobs",
 ]
@@ -162,36 +161,6 @@ async def _generate_segment(
         # stopped at a stop string the protocol did not confirm: the segment goes on from here
 
 
-async def run_episode(
-    protocol: Protocol,
-    state: EpisodeState,
-    prompt_ids: list[int],
-    *,
-    tokenizer: Any,
-    generate: GenerateFn,
-    run_tools: RunToolsFn,
-    sampling_params: dict[str, Any],
-    max_segment_tokens: int,
-    max_response_tokens: int,
-    eos_token_ids: Sequence[int] = (),
-) -> Episode:
-    """Run one episode of ``protocol`` from ``prompt_ids``; the response never exceeds ``max_response_tokens``."""
-    runner = TreeRunner(
-        protocol,
-        state,
-        prompt_ids,
-        tokenizer=tokenizer,
-        generate=generate,
-        run_tools=run_tools,
-        sampling_params=sampling_params,
-        max_segment_tokens=max_segment_tokens,
-        max_response_tokens=max_response_tokens,
-        eos_token_ids=eos_token_ids,
-    )
-    result = await runner.run_job(Job(0))
-    return runner.episode(runner.tree, result.end)
-
-
 async def run_tree(
     runner: TreeRunner, strategy: Strategy, rng: random.Random, max_turns: int
 ) -> list[Episode]:
@@ -229,7 +198,7 @@ class _Snapshot:
 class TreeRunner:
     """Grows one rollout tree against the server: :meth:`run_job` continues the episode at a node.
 
-    A single episode is one job from the root (:func:`run_episode`); a tree strategy runs many
+    A single episode is one job from the root (:meth:`run_episode`); a tree strategy runs many
     (:func:`run_tree`). A job ends the episode (the protocol's answer, a turn cap, the response budget) or pauses
     after ``max_steps`` policy segments and their observation, where later jobs may continue or fork it.
     """
@@ -250,7 +219,7 @@ class TreeRunner:
         branching: bool = False,
     ):
         if not prompt_ids:
-            raise ValueError("run_episode: the prompt is empty")
+            raise ValueError("TreeRunner: the prompt is empty")
         self.protocol, self.tokenizer, self.generate, self.run_tools = (
             protocol,
             tokenizer,
@@ -266,6 +235,10 @@ class TreeRunner:
         self.branching = (
             branching  # keep every state for later jobs (a tree strategy); one episode needs none
         )
+
+    async def run_episode(self) -> Episode:
+        """One episode from the prompt (a single job from the root)."""
+        return self.episode(self.tree, (await self.run_job(Job(0))).end)
 
     def episode(self, tree: RolloutTree, leaf: int) -> Episode:
         """The episode ending at ``leaf`` of ``tree`` (this runner's tree, or the strategy's pruned copy)."""
