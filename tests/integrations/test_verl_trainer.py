@@ -93,6 +93,8 @@ def _trainer(cfg) -> AgentCreditTrainer:
         ("grpo", lambda: [search_ep("p0", 1.0), search_ep("p0", 0.0, 2, (3, 6, 2))]),
         # gigpo reads the response tokens (a step's anchor state); the trainer did not fetch them (issue 14)
         ("gigpo", lambda: [search_ep("p0", 1.0), search_ep("p0", 0.0, 2, (5, 4, 2)), search_ep("p0", 1.0)]),
+        # a tree strategy: each row's own outcome goes back as its score (verl copies one onto all leaves)
+        ("portool", lambda: [search_ep("p0", 1.0, fmt=[0.25, 0.0]), search_ep("p0", 0.0, fmt=[0.1, -0.2])]),
     ],
 )
 def test_advantage_step_reads_fields_and_writes_nested_advantages(monkeypatch, config_name, method_eps):
@@ -129,6 +131,11 @@ def test_advantage_step_reads_fields_and_writes_nested_advantages(monkeypatch, c
         n = rows[key]["response_mask"].shape[0]
         torch.testing.assert_close(rows[key]["advantages"], reference.proto.batch["advantages"][r, :n])
         torch.testing.assert_close(rows[key]["returns"], reference.proto.batch["returns"][r, :n])
+        if config_name == "portool":
+            outcome = rows[key]["extra_fields"]["agentcredit"]["outcome"]
+            assert rows[key]["rm_scores"].tolist() == [0.0] * (n - 1) + [outcome]
+        else:
+            assert "rm_scores" not in rows[key]
 
 
 @pytest.mark.parametrize(

@@ -295,6 +295,17 @@ class AgentCreditTrainer(PPOTrainerSync):
         metrics.update(result.metrics)
 
         out_fields = ["advantages", "returns"]
+        if self.agentcredit.tree.strategy != "independent":
+            # verl's worker copies the last output's reward_score onto every output of a session, and a tree's
+            # leaves are outputs of one session: put each row's own outcome (its record's) where verl's metrics
+            # read the score (rm_scores: 0 on every response token but the last, as the worker writes it)
+            lengths = [int(row.numel()) for row in nested_mask.unbind(0)]
+            scores = torch.zeros(proto.batch["response_mask"].shape, dtype=torch.float32)
+            for i, (record, pad) in enumerate(zip(proto.non_tensor_batch[EXTRA_KEY], padding, strict=True)):
+                if record is not None and not pad and lengths[i]:
+                    scores[i, lengths[i] - 1] = float(record["outcome"])
+            proto.batch["rm_scores"] = scores
+            out_fields.append("rm_scores")
         if correct:
             out_fields.append("response_mask")
             if "rollout_is_weights" in proto.batch.keys():
