@@ -231,13 +231,18 @@ class Estimate:
 
 
 def chain_trees(
-    episodes: Sequence[Episode], step_keys: Sequence[Sequence[Hashable] | None] | None = None
+    episodes: Sequence[Episode],
+    step_keys: Sequence[Sequence[Hashable] | None] | None = None,
+    fork_counts: Mapping[Hashable, Mapping[Hashable, int]] | None = None,
 ) -> tuple[list[Episode], dict[Hashable, DecisionTree]]:
     """The decision tree of each group from its episodes' steps, each episode a path under the prompt.
 
     ``step_keys``: per episode, one key per step (or None). Steps of one group with the same key are one node: the
     shared steps of a rollout tree's branches (verl's tree rollouts key them by tree and node id). A step without
     a key is a node of its own, so independent episodes are chains and the prompt is their only fork.
+
+    ``fork_counts``: per group, the times each state was forked (carl-critical's ``forked_parent`` rule), keyed by
+    the step key of the action before the state, or None for the prompt.
 
     Returns the episodes with their steps' node ids set, and the trees.
     """
@@ -268,7 +273,20 @@ def chain_trees(
             parent = node
             steps.append(Step(s.row, s.start, s.end, node, s.anchor, s.format_reward, s.env_reward))
         out.append(Episode(ep.group, ep.reward, tuple(steps), ep.turn_ends, ep.potentials))
-    return out, {g: DecisionTree(tuple(p)) for g, p in parents.items()}
+    trees = {}
+    for g, p in parents.items():
+        counts = None
+        if fork_counts is not None and g in fork_counts:
+            counts = {}
+            for key, c in fork_counts[g].items():
+                if key is not None and key not in known[g]:
+                    raise ValueError(
+                        f"fork_counts of group {g!r} name step key {key!r}, which no episode has"
+                    )
+                node = 0 if key is None else known[g][key]
+                counts[node] = counts.get(node, 0) + int(c)
+        trees[g] = DecisionTree(tuple(p), counts)
+    return out, trees
 
 
 # ------------------------------------------------------------------------------------------------ shaping

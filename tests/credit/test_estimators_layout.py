@@ -45,6 +45,11 @@ def test_chain_trees_share_the_steps_a_rollout_tree_shares():
     out, trees = chain_trees(eps, [[("t", 1), ("t", 3)], [("t", 1), ("t", 4)], None])
     assert trees["a"].parents == (-1, 0, 1, 1, 0)
     assert [[s.node for s in ep.steps] for ep in out] == [[1, 2], [1, 3], [4]]
+    # fork counts keyed by the step before the forked state (None = the prompt), as verl's records carry them
+    _, trees = chain_trees(
+        eps, [[("t", 1), ("t", 3)], [("t", 1), ("t", 4)], None], {"a": {None: 2, ("t", 1): 1}}
+    )
+    assert trees["a"].fork_counts == {0: 2, 1: 1}
     with pytest.raises(ValueError, match=r"key \('t', 3\) follows two different steps"):
         chain_trees(eps[:2], [[("t", 1), ("t", 3)], [("t", 2), ("t", 3)]])
 

@@ -381,4 +381,5 @@ def test_carl_critical_forks_its_tree_in_one_session(byte_tokenizer, tmp_path, m
     assert len(recs) == 2 and recs[0].tree_id == recs[1].tree_id
     assert [r.answer for r in recs] == ["Jane Doe", "J. Doe"]
     assert not set(recs[0].step_nodes) & set(recs[1].step_nodes)  # forked at the root: no shared step
+    assert recs[0].fork_counts == recs[1].fork_counts == {0: 1}  # for the forked_parent update rule
     assert server.texts == [] and len(set(server.request_ids)) == 1

@@ -187,7 +187,17 @@ def _episode_batch(
             [(ep.record.tree_id, n) for n in ep.record.step_nodes] if ep.record.tree_id else None
             for ep in episodes
         ]
-        out, trees = chain_trees(out, keys)
+        forks: dict[Hashable, dict[Hashable, int]] = {}
+        seen_trees = set()
+        for ep in episodes:  # every record of a tree carries its fork counts: count each tree once
+            r = ep.record
+            if r.tree_id and r.fork_counts and r.tree_id not in seen_trees:
+                seen_trees.add(r.tree_id)
+                group = forks.setdefault(ep.uid, {})
+                for node, c in r.fork_counts.items():
+                    key = None if node == 0 else (r.tree_id, node)
+                    group[key] = group.get(key, 0) + c
+        out, trees = chain_trees(out, keys, forks or None)
     return EpisodeBatch(shape=shape, episodes=out, trees=trees, dtype=dtype)
 
 
@@ -200,7 +210,7 @@ def _estimator_params(settings: AgentCreditSettings, estimator: str) -> dict[str
     if estimator == "segment":
         return {"gamma": settings.carl_segment.gamma, "lam": settings.carl_segment.lam}
     if estimator == "critical":
-        return {}  # Eq. 13's update rule; the other rules need the native trainer's forking counts
+        return {"update_rule": settings.critical.update_rule}
     if estimator == "portool":
         p = settings.portool
         return {"gamma": p.gamma, "w1": p.w1, "root_is_fork": p.root_is_fork}

@@ -31,6 +31,7 @@ from agentcredit.integrations.verl.episode import (
     TreeRunner,
     answer_potentials,
     episode_rows,
+    fork_counts,
     run_tree,
     teacher_logprobs,
 )
@@ -291,10 +292,11 @@ class AgentCreditAgentLoop(AgentLoopBase):
                 session.close()
         timing["generate"] = time.perf_counter() - start - timing["tools"]
         tree_id = uuid4().hex if runner.branching else None
+        forks = fork_counts(episodes[0].tree) if runner.branching else None
         outputs = []
         for episode in episodes:
             outputs += await self._outputs(
-                episode, prompt_ids, messages, golds, example, kwargs, timing, tree_id
+                episode, prompt_ids, messages, golds, example, kwargs, timing, tree_id, forks
             )
         return outputs[0] if len(outputs) == 1 else outputs
 
@@ -308,6 +310,7 @@ class AgentCreditAgentLoop(AgentLoopBase):
         kwargs: dict[str, Any],
         timing: dict[str, float],
         tree_id: str | None,
+        forks: dict[int, int] | None,
     ) -> list[AgentLoopOutput]:
         """verl's outputs of one episode (one per training view), scored, with the method's teacher signals."""
         s, loop = self.settings, asyncio.get_running_loop()
@@ -355,6 +358,7 @@ class AgentCreditAgentLoop(AgentLoopBase):
             potentials=potentials,
             teacher=teacher,
             tree_id=tree_id,
+            fork_counts=forks,
         )
         metrics = AgentLoopMetrics(generate_sequences=timing["generate"], tool_calls=timing["tools"])
         outputs = [

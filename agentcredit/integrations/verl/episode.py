@@ -184,6 +184,18 @@ async def run_tree(
     return [runner.episode(final, leaf) for leaf in final.leaves()]
 
 
+def fork_counts(tree: RolloutTree) -> dict[int, int]:
+    """An entropy-guided tree's forks per state (``tree.info["fork_counts"]``, keyed by state node), keyed by the
+    policy node the state follows (0 for the prompt): the step a decision tree knows the state by."""
+    out: dict[int, int] = {}
+    for state, count in tree.info.get("fork_counts", {}).items():
+        node = int(state)
+        while node != 0 and tree.segment(node).role != "policy":
+            node = tree.parent(node)
+        out[node] = out.get(node, 0) + int(count)
+    return out
+
+
 @dataclass
 class _Snapshot:
     """What a job continuing from a node needs: the protocol state and the context right after the node."""
@@ -397,6 +409,7 @@ def episode_rows(
     teacher: list[list[float]] | None = None,
     episode_id: str | None = None,
     tree_id: str | None = None,
+    fork_counts: dict[int, int] | None = None,
 ) -> list[Row]:
     """The episode as verl rows, one per training view (one row unless tool outputs were transient)."""
     tree, leaf, p = episode.tree, episode.leaf, episode.prompt_length
@@ -427,6 +440,7 @@ def episode_rows(
             env_rewards=env if any("env_reward" in tree.segment(n).info for n in nodes) else [],
             tree_id=tree_id,
             step_nodes=nodes if tree_id is not None else [],
+            fork_counts=fork_counts or {},
             potentials=potentials,
             teacher_logprobs=teacher[i] if teacher is not None else None,
         )

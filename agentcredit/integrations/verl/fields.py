@@ -79,6 +79,11 @@ class RowRecord(BaseModel):
         default_factory=list,
         description="per policy segment: its node in that tree (episodes of one tree share their common steps)",
     )
+    fork_counts: dict[int, int] = Field(
+        default_factory=dict,
+        description="entropy-guided trees: times each state was forked, keyed by the tree node of the action "
+        "before it (0 = the prompt); the same in every record of the tree (carl-critical's forked_parent rule)",
+    )
     potentials: list[float] | None = Field(
         None, description="TIPS: teacher potentials Phi(S_0), ..., Phi(S_M), one more than tool_turns"
     )

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agentcredit.config import (
+    CriticalConfig,
     GearConfig,
     GigpoConfig,
     PortoolAdvantageConfig,
@@ -156,6 +157,7 @@ class AgentCreditSettings(UserRewardConfig):
     portool: PortoolSettings = Field(default_factory=PortoolSettings)
     # the native trainer's section itself: one definition of GiGPO's settings for both trainers
     gigpo: GigpoConfig = Field(default_factory=GigpoConfig)
+    critical: CriticalConfig = Field(default_factory=CriticalConfig)  # the native algorithm.critical section
     tree: TreeStrategyConfig = Field(
         default_factory=TreeStrategyConfig,
         description="the rollout tree of one prompt (the native rollout section's strategy fields): independent "
