@@ -383,3 +383,42 @@ def test_carl_critical_forks_its_tree_in_one_session(byte_tokenizer, tmp_path, m
     assert not set(recs[0].step_nodes) & set(recs[1].step_nodes)  # forked at the root: no shared step
     assert recs[0].fork_counts == recs[1].fork_counts == {0: 1}  # for the forked_parent update rule
     assert server.texts == [] and len(set(server.request_ids)) == 1
+
+
+def test_verls_worker_stores_every_leaf_of_a_tree(byte_tokenizer, tmp_path, monkeypatch):
+    """The tree's list of outputs through verl's own TQ worker post-processing (AgentLoopWorkerTQ.
+    _agent_loop_postprocess): one TransferQueue row per leaf under {uid}_{session}_{i}, each with its record, and
+    verl's copy of the last output's reward_score onto the others (which the trainer's advantage step undoes in
+    rm_scores; tests/integrations/test_verl_trainer.py). The worker is the real class without its Ray actor and
+    model set-up (it needs neither to post-process): processor None, no distillation, no reward workers."""
+    from verl.trainer.ppo.v1 import agent_loop_tq
+
+    (tmp_path / "my_tq_agent.py").write_text(USER_CODE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    call = '<tool_call>\n{"name": "lookup", "arguments": {"title": "X"}}\n</tool_call>'
+    server = FakeServer(byte_tokenizer, [call, call, "Jane Doe", "Nobody"])
+    overrides = [
+        "agentcredit.protocol=chat",
+        "agentcredit.tools.suite=false",
+        "+agentcredit.tools.functions=[my_tq_agent:lookup]",
+        "agentcredit.tree.n=2",
+        "agentcredit.tree.t_max=2",
+        "actor_rollout_ref.rollout.n=2",
+    ]
+    outs = _run_loop(byte_tokenizer, "portool", server, overrides, global_steps=3)
+    assert [o.reward_score for o in outs] == [1.0, -1.0]  # PORTool's judge-free rule: wrong = -1
+
+    stored = {}
+
+    async def kv_batch_put(keys, fields, tags, partition_id):
+        stored.update({k: (fields[i], t) for i, (k, t) in enumerate(zip(keys, tags, strict=True))})
+
+    monkeypatch.setattr(agent_loop_tq.tq, "async_kv_batch_put", kv_batch_put)
+    worker = object.__new__(agent_loop_tq.AgentLoopWorkerTQ.__ray_actor_class__)
+    worker.reward_loop_worker_handles, worker.distillation_enabled, worker.processor = None, False, None
+    asyncio.run(worker._agent_loop_postprocess(outs, False, uid="u1", session_id=0, global_steps=3))
+    assert sorted(stored) == ["u1_0_0", "u1_0_1"]
+    records = [RowRecord.model_validate(stored[k][0]["extra_fields"]["agentcredit"]) for k in sorted(stored)]
+    assert [r.outcome for r in records] == [1.0, -1.0] and records[0].tree_id == records[1].tree_id
+    assert [float(stored[k][0]["rm_scores"].sum()) for k in sorted(stored)] == [-1.0, -1.0]  # verl's copy
+    assert all(stored[k][1]["status"] == "success" for k in stored)
