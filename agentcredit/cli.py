@@ -195,6 +195,14 @@ def study(
             help="Then copy the report, plots, held-out sets and per-run metrics (no models) to this folder.",
         ),
     ] = None,
+    from_published: Annotated[
+        Path | None,
+        typer.Option(
+            "--from-published",
+            help="Continue a study from the folder --publish wrote (e.g. on a fresh clone): its ended runs go "
+            "into a new --out; the start is rebuilt and must match the published start's weights.",
+        ),
+    ] = None,
 ) -> None:
     """Compare methods from one shared start over seeds on fixed held-out sets; ends in a report with verdicts."""
     from agentcredit.experiment.study import Study, StudyError, load_study
@@ -208,7 +216,10 @@ def study(
             paths = write_study_report(runner, study_dir / "report")
             typer.echo(f"report: {paths['markdown']}")
         else:
-            runner.prepare(resume=resume)
+            if from_published is not None:
+                restored = runner.restore(from_published)
+                typer.echo(f"restored {restored} ended runs from {from_published}")
+            runner.prepare(resume=resume or from_published is not None)
             result = runner.run(only=only, max_runs=max_runs)
             typer.echo(f"report: {result['markdown']} and {result['html']}")
         if publish is not None:

@@ -23,7 +23,8 @@ Layout of a study directory::
     report/                    report.md, report.html, plots/
 
 A study resumes where it stopped: finished runs are skipped, an unfinished run continues from its last
-checkpoint. Several invocations can share the work: each run is claimed with a lock file, so a second
+checkpoint. On a machine that never held the study directory (a fresh clone), ``--from-published`` lays the
+published folder's ended runs into a new one; the start is rebuilt and must match the published start's weights. Several invocations can share the work: each run is claimed with a lock file, so a second
 ``agentcredit study --resume`` started beside the first takes the next free run.
 """
 
@@ -335,6 +336,42 @@ class Study:
         )
         self._fix_heldout()
 
+    def restore(self, published: str | Path) -> int:
+        """Lay a published study (the folder ``--publish`` wrote) into this empty directory, so that a fresh
+        clone can resume it: the study file as run, the held-out sets, the ended runs' records and the start's
+        weight digest. Returns the number of ended runs restored.
+
+        Models are never published, so the shared start is rebuilt by the next :meth:`run`; its weights must come
+        out bit-identical to the published start's (SFT is seeded), because the restored runs trained from those.
+        If they do not, the rebuild stops rather than mixing runs from two starts.
+        """
+        published = Path(published)
+        if (self.dir / "study.yaml").exists():
+            raise StudyError(f"{self.dir}: a study is already there; restore into a new --out directory")
+        as_run = published / "study-as-run.yaml"
+        start_record = published / "start" / "heldout_start.json"
+        for needed in (as_run, start_record):
+            if not needed.is_file():
+                raise StudyError(f"{needed}: missing; --from-published needs a folder written by --publish")
+        weights = json.loads(start_record.read_text()).get("weights")
+        if not weights:
+            raise StudyError(f"{start_record}: no 'weights' digest of the published start")
+        self.start_dir.mkdir(parents=True)
+        shutil.copyfile(as_run, self.dir / "study.yaml")
+        shutil.copyfile(start_record, self.start_dir / "heldout_start.json")
+        (self.start_dir / "published_weights").write_text(weights + "\n")
+        (self.dir / "heldout").mkdir()
+        for path in sorted((published / "heldout").glob("*.jsonl")):
+            shutil.copyfile(path, self.dir / "heldout" / path.name)
+        ended = [
+            run
+            for run in sorted((published / "runs").iterdir() if (published / "runs").is_dir() else [])
+            if (run / "done.json").is_file() or (run / "failed.json").is_file()
+        ]
+        for run in ended:
+            shutil.copytree(run, self.dir / "runs" / run.name)
+        return len(ended)
+
     def _check_runs(self, old: dict[str, Any]) -> None:
         """Refuse a study file under which an existing run would have computed something else.
 
@@ -470,6 +507,13 @@ class Study:
         # value head), so they are kept keyed by a digest of those weights and survive a redone head warm-up
         cache = self.start_dir / "heldout_start.json"
         weights = _weights_digest(model_dir)
+        published = self.start_dir / "published_weights"
+        if published.is_file() and published.read_text().strip() != weights:
+            raise StudyError(
+                f"{model_dir}: the rebuilt start's weights (digest {weights}) differ from the published start's "
+                f"({published.read_text().strip()}), from which the restored runs trained; the two cannot be "
+                "compared in one study. Run it anew in a new --out directory"
+            )
         cached = json.loads(cache.read_text()) if cache.is_file() else {}
         if cached.get("weights") != weights:
             tiers = self._tier_labels(model, tokenizer, start_cfg, sets)

@@ -276,3 +276,41 @@ def test_study_runs_resumes_and_reports(tmp_path):
     (out / "heldout" / "new.jsonl").write_text("{}\n")
     with pytest.raises(StudyError, match="no longer regenerates"):
         Study(load_study(config), out).prepare(resume=True)
+
+
+def test_a_published_study_continues_on_a_machine_that_never_held_it(tmp_path):
+    """A fresh clone has the published folder, not the study directory (models are never published): the ended
+    runs are restored, the start is rebuilt, and it must be the published start bit for bit."""
+    config = write(tmp_path / "study.yaml", tiny_study(seeds=[0]))
+    first, docs = tmp_path / "first", tmp_path / "docs"
+    runner = CliRunner()
+    ran = runner.invoke(
+        app, ["study", "--config", config, "--out", str(first), "--max-runs", "1", "--publish", str(docs)]
+    )
+    assert ran.exit_code == 0, ran.output
+    grpo_done = (docs / "runs" / "grpo-s0" / "done.json").read_text()
+
+    fresh = tmp_path / "fresh"
+    cont = runner.invoke(
+        app, ["study", "--config", config, "--out", str(fresh), "--from-published", str(docs)]
+    )
+    assert cont.exit_code == 0, cont.output
+    assert "restored 1 ended runs" in cont.output
+    assert (fresh / "runs" / "grpo-s0" / "done.json").read_text() == grpo_done  # kept, not rerun
+    assert (fresh / "runs" / "carl-segment-s0" / "done.json").is_file()  # the run that was left
+    assert "Runs finished: 2 of 2" in (fresh / "report" / "report.md").read_text()
+
+    # into a directory that holds a study: refused; a start that comes out different: refused
+    again = runner.invoke(
+        app, ["study", "--config", config, "--out", str(fresh), "--from-published", str(docs)]
+    )
+    assert again.exit_code == 2 and "already there" in again.output
+    other = tmp_path / "other"
+    Study(load_study(config), other).restore(docs)
+    (other / "start" / "published_weights").write_text("0" * 32 + "\n")
+    study = Study(load_study(config), other)
+    study.prepare(resume=True)
+    with pytest.raises(StudyError, match="differ from the published start's"):
+        study.build_start()
+    with pytest.raises(StudyError, match="study-as-run.yaml: missing"):
+        Study(load_study(config), tmp_path / "none").restore(tmp_path)
