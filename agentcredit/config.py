@@ -133,7 +133,7 @@ class UserToolsConfig(Section):
     )
     environment: str | None = Field(
         None,
-        description="chat: a per-episode environment, 'package.module:Class' with reset(example), "
+        description="chat and jsoncall: a per-episode environment, 'package.module:Class' with reset(example), "
         "step(calls) -> (observations, done, reward) and close() (agentcredit.tools.episodes.ToolEnv); one is "
         "created per episode and gets every call of it. Its step rewards add to the episode's reward and reach "
         "the step-reward methods (PPO, carl-segment, PORTool). Not combined with functions, mcp or suite_tools.",

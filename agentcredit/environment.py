@@ -308,9 +308,10 @@ def load_episode_environments(settings: Any, protocol_name: str) -> Any:
         if settings.environment_options:
             raise ValueError("tools.environment_options is set but tools.environment is not")
         return None
-    if protocol_name != "chat":
+    if protocol_name not in ("chat", "jsoncall"):
         raise ValueError(
-            f"tools.environment needs protocol chat (the model's own tool calls), got {protocol_name!r}"
+            "tools.environment needs a protocol that shows tool schemas: chat (the model's own tool calls) or "
+            f"jsoncall (PORTool's format), got {protocol_name!r}"
         )
     if settings.functions or settings.mcp or getattr(settings, "suite_tools", None):
         raise ValueError(
@@ -322,11 +323,22 @@ def load_episode_environments(settings: Any, protocol_name: str) -> Any:
     return EpisodeEnvironments(settings.environment, settings.environment_options)
 
 
+def environment_schemas(episodes: Any, protocol_name: str) -> list[dict[str, Any]]:
+    """The tools a per-episode environment shows: its own, plus jsoncall's ``response_gen``, which ends the episode
+    in the protocol (it never reaches the environment)."""
+    schemas = list(episodes.schemas)
+    if protocol_name == "jsoncall":
+        from agentcredit.tools.suite import suite_schemas
+
+        schemas += [s for s in suite_schemas() if s["function"]["name"] == "response_gen"]
+    return schemas
+
+
 def _build_environment(config: Config, resources: list[Any]) -> Environment:
     protocol_options = dict(config.protocol.options)
     episodes = load_episode_environments(config.tools, config.protocol.name)
     if episodes is not None:
-        protocol_options.setdefault("schemas", episodes.schemas)
+        protocol_options.setdefault("schemas", environment_schemas(episodes, config.protocol.name))
     functions = user_tools(config, resources)
     if (
         config.protocol.name == "jsoncall"

@@ -61,6 +61,8 @@ from agentcredit.tools.base import ToolCall, ToolResult, ToolRuntime
 from agentcredit.tools.episodes import StepOutcome
 
 RewardFn = Callable[[Any, "str | None"], float]
+#: How long a failed run waits for its tool steps still running, to close their environments before it raises.
+_CLEANUP_SECONDS = 30.0
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -394,11 +396,16 @@ class RolloutEngine:
         try:
             self._loop(runs)
         except BaseException:
-            for ep in list(self._live):  # the error that stopped the run is the one to report
-                if ep.future is not None and not ep.future.cancel():  # a step still running: close it after
-                    ep.future.add_done_callback(lambda _, ep=ep: _close_quietly(ep))
-                else:
+            live = list(self._live)
+            # steps still running are let finish (bounded), so every environment is closed before the error that
+            # stopped the run is reported; that error is the one to report
+            running = [ep.future for ep in live if ep.future is not None and not ep.future.cancel()]
+            wait(running, timeout=_CLEANUP_SECONDS)
+            for ep in live:
+                if ep.future is None or ep.future.done():
                     _close_quietly(ep)
+                else:  # still running after the wait: close it when it returns
+                    ep.future.add_done_callback(lambda _, ep=ep: _close_quietly(ep))
                 ep.future = None
                 self._release(ep)
             raise

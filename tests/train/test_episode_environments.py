@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -245,7 +246,7 @@ def test_the_default_step_turns_bad_calls_and_tool_exceptions_into_observations(
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["protocol.name=jsoncall"], "tools.environment needs protocol chat"),
+        (["protocol.name=tags"], "tools.environment needs a protocol that shows tool schemas"),
         (["tools.functions=[calculator_env:CalculatorEnv]"], "list its tools in the environment class"),
     ],
 )
@@ -304,3 +305,40 @@ def test_every_method_of_an_environment_runs_on_one_thread_of_its_own():
     assert [o.results[0].output for o in outs] == ["1"] * 4
     session.close()
     assert len(session.env.threads) == 1 and threading.get_ident() not in session.env.threads
+
+
+def test_portool_in_its_own_format_with_an_environment(fitted_jsoncall):
+    """jsoncall (PORTool's format) with an environment: the model sees its tools and response_gen, which the
+    protocol keeps (it ends the episode and never reaches the environment). The scripted demonstrations show the
+    path exactly (the tiny model's own jsoncall samples rarely parse); then one PORTool step trains on it."""
+    from agentcredit.train.sft import demonstrations
+
+    jsoncall = [
+        "protocol.name=jsoncall",
+        "tools.environment=calculator_env:CalculatorEnv",
+        "tools.suite_tools=[]",
+    ]
+    preset, overrides = METHODS["portool"]
+    config = load_config(preset, [*SMALL, *overrides, *jsoncall])
+    env = build_environment(config)
+    CalculatorEnv.reset_counters()
+    try:
+        assert [s["function"]["name"] for s in env.protocol.schemas] == ["math_calculation", "response_gen"]
+        # the model fitted on the suite's jsoncall format: the step below needs a real update, not tool calls
+        model, tokenizer = copy.deepcopy(fitted_jsoncall[0]), fitted_jsoncall[1]
+        (hard, easy) = demonstrations(env, tokenizer, EXAMPLES, "jsoncall")
+    finally:
+        env.close()
+    steps = [hard.segment(n).info for n in _policy_nodes(hard)]
+    # the answer step's response_gen is the protocol's: no call reaches the environment, no step reward
+    assert [[c["name"] for c in i["calls"]] for i in steps] == [["math_calculation"], []]
+    assert steps[0]["env_reward"] == 0.25 and "env_reward" not in steps[1]
+    assert hard.nodes[hard.leaves()[0]].info["answer"] == "391"
+    assert steps[0]["format_reward"] == 0.25  # a well-formed step with a successful call
+    assert CalculatorEnv.opened == CalculatorEnv.closed == 1  # the one demonstration that calls
+    trainer, result, before = one_step(config, model, tokenizer)
+    # the tiny model's episodes all score the same here: PORTool's formatting reward is the step's only signal, so
+    # a non-zero advantage is not required (assert_a_real_step's check), a real update is
+    m = result.metrics
+    assert all(math.isfinite(v) for v in m.values()) and m["tokens/trained"] > 0
+    assert any(not torch.equal(p, before[n]) for n, p in trainer.model.named_parameters() if p.requires_grad)

@@ -23,7 +23,7 @@ from uuid import uuid4
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 
-from agentcredit.environment import UserReward
+from agentcredit.environment import UserReward, environment_schemas
 from agentcredit.integrations.verl import AGENT_LOOP_NAME, EXTRA_KEY
 from agentcredit.integrations.verl.episode import (
     Episode,
@@ -236,7 +236,7 @@ class AgentCreditAgentLoop(AgentLoopBase):
         # prompt here
         schemas = [fn.schema for fn in runtime.tools.values() if hasattr(fn, "schema")]
         if runtime.episodes is not None:
-            schemas = list(runtime.episodes.schemas)
+            schemas = environment_schemas(runtime.episodes, s.protocol)
         protocol = get_protocol(s.protocol, **_protocol_options(s, schemas))
         render_here = s.protocol == "chat" or bool(schemas)
         loop = asyncio.get_running_loop()
