@@ -20,6 +20,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from agentcredit.models.packing import PACKABLE_ATTENTION, pack_shared_prefixes
+
 
 @dataclass
 class TokenScores:
@@ -61,6 +63,24 @@ def hidden_states(
     return out.last_hidden_state
 
 
+def _shared_hidden_states(model: nn.Module, input_ids, attention_mask, *, autocast: bool):
+    """:func:`hidden_states` with each prefix the rows share forwarded once (:mod:`agentcredit.models.packing`);
+    None when that saves nothing or the model's attention cannot take a tree mask."""
+    implementation = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if implementation not in PACKABLE_ATTENTION or input_ids.shape[0] < 2:
+        return None
+    packed = pack_shared_prefixes(input_ids, attention_mask)
+    if packed.tokens >= int(attention_mask.sum()):
+        return None
+    decoder, _ = _decoder_and_head(model)
+    with autocast_context(model, autocast):
+        mask = packed.attention_mask(implementation, next(model.parameters()).dtype)
+        out = decoder(
+            input_ids=packed.input_ids, attention_mask=mask, position_ids=packed.position_ids, use_cache=False
+        )
+    return out.last_hidden_state[0][packed.index]  # [B, T, d]; padding reads position 0 and is never used
+
+
 def _head_scores(
     head: nn.Module,
     hidden: torch.Tensor,
@@ -92,6 +112,7 @@ def score_tokens(
     autocast: bool = False,
     chunk: int = 256,
     backbone_grad: bool = True,
+    share_prefixes: bool = False,
 ) -> TokenScores:
     """Score the tokens at positions ``want`` (bool ``[B, T]``) under ``model``; optionally values at ``value_mask``.
 
@@ -99,6 +120,10 @@ def score_tokens(
     samples from before top-p/top-k truncation, so PPO ratios compare like with like (as verl does).
     Gradients flow when called outside ``torch.no_grad()``; with ``backbone_grad=False`` only into the value head
     (the backbone's forward keeps no graph).
+
+    ``share_prefixes``: forward each prefix that several rows share once (a tree attention mask over the rows'
+    token trie, :mod:`agentcredit.models.packing`); the scores equal the row-by-row ones up to float rounding, and
+    so do their gradients. Rows are forwarded one by one where nothing is shared.
     """
     if input_ids.shape != attention_mask.shape or input_ids.shape != want.shape:
         raise ValueError(
@@ -110,7 +135,13 @@ def score_tokens(
     want = want.bool().clone()
     want[:, 0] = False  # the first token has no prefix inside this sequence
     with torch.set_grad_enabled(backbone_grad and torch.is_grad_enabled()):
-        hidden = hidden_states(model, input_ids, attention_mask, autocast=autocast)
+        hidden = (
+            _shared_hidden_states(model, input_ids, attention_mask, autocast=autocast)
+            if share_prefixes
+            else None
+        )
+        if hidden is None:
+            hidden = hidden_states(model, input_ids, attention_mask, autocast=autocast)
     _, head = _decoder_and_head(model)
     B, T = input_ids.shape
     logprobs = torch.zeros(B, T, dtype=torch.float32, device=input_ids.device)

@@ -19,6 +19,7 @@ from torch import nn
 
 from agentcredit.config import MICRO_BATCH_TOKENS
 from agentcredit.credit import tips_potential
+from agentcredit.models.packing import shared_prefix_chunks
 from agentcredit.models.scoring import score_tokens
 from agentcredit.train.batch import TrainBatch, segment_spans
 
@@ -53,15 +54,23 @@ def row_chunks(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
     return chunks
 
 
+def row_tokens(batch: TrainBatch, rows: Sequence[int] | None = None) -> list[list[int]]:
+    """The real tokens (no padding) of ``rows`` (default: every row) of ``batch``."""
+    rows = range(batch.num_rows) if rows is None else rows
+    lengths = batch.attention_mask.sum(-1).tolist()
+    return [batch.input_ids[r, : lengths[r]].tolist() for r in rows]
+
+
 def trained_row_chunks(
-    lengths: Sequence[int],
+    seqs: Sequence[Sequence[int]],
     loss_mask: torch.Tensor,
     value_weights: torch.Tensor | None = None,
     *,
     max_tokens: int,
 ) -> list[list[int]]:
-    """:func:`row_chunks` over the rows that carry a loss term: a policy-loss token (``loss_mask``) or, for a
-    critic, a value-loss position (``value_weights != 0``). Rows are given by their index in ``lengths``.
+    """Micro-batches (:func:`agentcredit.models.packing.shared_prefix_chunks`: rows that share a prefix together,
+    each chunk within ``max_tokens`` distinct tokens) of the rows that carry a loss term: a policy-loss token
+    (``loss_mask``) or, for a critic, a value-loss position (``value_weights != 0``). ``seqs[r]`` is row r's tokens.
 
     Rows with neither add nothing to any term (KL and entropy use the policy-loss mask too), and a microbatch of
     only such rows would give a loss with no graph to back-propagate through. They arise whenever the update set
@@ -74,7 +83,7 @@ def trained_row_chunks(
     if value_weights is not None:
         live = live | (value_weights != 0).any(-1)
     rows = live.nonzero(as_tuple=True)[0].tolist()
-    return [[rows[i] for i in chunk] for chunk in row_chunks([lengths[r] for r in rows], max_tokens)]
+    return [[rows[i] for i in chunk] for chunk in shared_prefix_chunks([seqs[r] for r in rows], max_tokens)]
 
 
 def pad_rows(
@@ -107,8 +116,7 @@ def score_batch(
     logp = torch.zeros(N, L)
     entropy = torch.zeros(N, L) if with_entropy else None
     values = torch.zeros(N, L) if value_head is not None else None
-    lengths = batch.attention_mask.sum(-1).tolist()
-    for rows in row_chunks(lengths, max_tokens):
+    for rows in shared_prefix_chunks(row_tokens(batch), max_tokens):
         sub = batch.select(rows)
         vmask = value_mask[rows][:, : sub.input_ids.shape[1]] if value_mask is not None else None
         scores = score_tokens(
@@ -121,6 +129,7 @@ def score_batch(
             temperature=temperature,
             with_entropy=with_entropy,
             autocast=autocast,
+            share_prefixes=True,
         )
         width = sub.input_ids.shape[1]
         logp[rows, :width] = scores.logprobs
@@ -147,13 +156,20 @@ def score_continuations(
         raise ValueError(f"{len(contexts)} contexts but {len(continuations)} continuations")
     seqs = [list(c) + list(x) for c, x in zip(contexts, continuations, strict=True)]
     out: list[list[float]] = [[] for _ in seqs]
-    for rows in row_chunks([len(s) for s in seqs], max_tokens):
+    for rows in shared_prefix_chunks(seqs, max_tokens):
         ids, attn = pad_rows(seqs, rows, pad_id)
         want = torch.zeros_like(attn)
         for k, i in enumerate(rows):
             want[k, len(contexts[i]) : len(seqs[i])] = True
         scores = score_tokens(
-            model, ids, attn, want, temperature=temperature, with_entropy=False, autocast=autocast
+            model,
+            ids,
+            attn,
+            want,
+            temperature=temperature,
+            with_entropy=False,
+            autocast=autocast,
+            share_prefixes=True,
         )
         for k, i in enumerate(rows):
             out[i] = scores.logprobs[k, len(contexts[i]) : len(seqs[i])].tolist()
@@ -271,14 +287,21 @@ def teacher_logprobs(
         p = prompt_lengths[r]
         seqs.append(list(teacher_prompts[r]) + batch.input_ids[r, p:length].tolist())
         shifts.append(len(teacher_prompts[r]) - p)
-    for rows in row_chunks([len(s) for s in seqs], max_tokens):
+    for rows in shared_prefix_chunks(seqs, max_tokens):
         ids, attn = pad_rows(seqs, rows, pad_id)
         want = torch.zeros_like(attn)
         for k, r in enumerate(rows):
             cols = batch.policy_mask[r].nonzero(as_tuple=True)[0]
             want[k, cols + shifts[r]] = True
         scores = score_tokens(
-            model, ids, attn, want, temperature=temperature, with_entropy=False, autocast=autocast
+            model,
+            ids,
+            attn,
+            want,
+            temperature=temperature,
+            with_entropy=False,
+            autocast=autocast,
+            share_prefixes=True,
         )
         for k, r in enumerate(rows):
             cols = batch.policy_mask[r].nonzero(as_tuple=True)[0]
@@ -302,8 +325,7 @@ def values_at(
     """
     out: dict[tuple[int, int], torch.Tensor] = {}
     rows = sorted(positions)
-    lengths = [int(batch.attention_mask[r].sum()) for r in rows]
-    for chunk in row_chunks(lengths, max_tokens):
+    for chunk in shared_prefix_chunks(row_tokens(batch, rows), max_tokens):
         chunk_rows = [rows[i] for i in chunk]
         sub = batch.select(chunk_rows)
         vmask = torch.zeros_like(sub.attention_mask)
@@ -318,6 +340,7 @@ def values_at(
             value_mask=vmask,
             with_entropy=False,
             autocast=autocast,
+            share_prefixes=True,
         )
         for k, r in enumerate(chunk_rows):
             for c in positions[r]:

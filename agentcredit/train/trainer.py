@@ -46,6 +46,7 @@ from agentcredit.train.rng import PromptSampler, rng_state, seed_everything, set
 from agentcredit.train.signals import (
     Signals,
     gear_teacher_logprobs,
+    row_tokens,
     score_batch,
     tips_potentials,
     trained_row_chunks,
@@ -309,9 +310,8 @@ class Trainer:
             "loss/total": 0.0,
         }
         logp_all = torch.zeros_like(mb.old_logp)
-        lengths = mb.attention_mask.sum(-1).tolist()
         for rows in trained_row_chunks(
-            lengths, mb.loss_mask, v_weights, max_tokens=cfg.train.micro_batch_tokens
+            row_tokens(mb), mb.loss_mask, v_weights, max_tokens=cfg.train.micro_batch_tokens
         ):
             sub = mb.select(rows)
             width = sub.input_ids.shape[1]
@@ -328,6 +328,7 @@ class Trainer:
                 with_entropy=a.entropy_coef > 0 and not critic_only,
                 autocast=cfg.model.autocast_bf16,
                 backbone_grad=not critic_only,
+                share_prefixes=True,
             )
             if not torch.isfinite(scores.logprobs[sub.loss_mask]).all():
                 return self._skip_nonfinite()  # a diverged forward pass (the inputs themselves are checked)

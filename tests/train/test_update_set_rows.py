@@ -178,10 +178,11 @@ def test_value_positions_alone_still_train_the_critic():
 def test_trained_row_chunks_keeps_rows_with_a_loss_or_value_term():
     loss = torch.tensor([[False, False], [False, True], [False, False], [True, False]])
     vw = torch.tensor([[0.0, 0.0], [0.0, 0.0], [0.0, 0.5], [0.0, 0.0]])
-    lengths = [2, 2, 2, 2]
-    assert trained_row_chunks(lengths, loss, max_tokens=1) == [[1], [3]]
-    assert trained_row_chunks(lengths, loss, vw, max_tokens=1) == [[1], [2], [3]]
-    assert trained_row_chunks(lengths, loss, vw, max_tokens=100) == [[1, 2, 3]]
+    seqs = [[5, 6], [5, 7], [5, 8], [5, 9]]
+    assert trained_row_chunks(seqs, loss, max_tokens=1) == [[1], [3]]
+    assert trained_row_chunks(seqs, loss, vw, max_tokens=1) == [[1], [2], [3]]
+    assert trained_row_chunks(seqs, loss, vw, max_tokens=100) == [[1, 2, 3]]
+    assert trained_row_chunks(seqs, loss, vw, max_tokens=4) == [[1, 2, 3]]  # the shared token counts once
 
 
 # ------------------------------------------------------------------------------------------ dual clip
