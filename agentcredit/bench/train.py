@@ -14,6 +14,10 @@ GRPO's, measured in the same process; GRPO runs first and again last and the ref
 drifting load on a shared machine shows up (both are reported) instead of biasing every ratio one way. The load
 average at the start and end is recorded.
 
+The update's FLOPs are printed twice, 6 N per token: for the positions fed to the decoder, where a prefix the rows
+of a micro-batch share is forwarded once (:mod:`agentcredit.models.packing`), and for the rows' own tokens, what
+row-by-row forwarding would feed.
+
 Tokens per phase are counted by forward pre-hooks on the decoders of the policy, the KL reference and the TIPS
 teacher (every input position fed, padding included: that is the work done), so
 :mod:`agentcredit.bench.flops` can turn them into achieved FLOP/s.
@@ -180,6 +184,8 @@ def bench_method(
                     "episodes": metrics.get("episode/count", float("nan")),
                     "policy_tokens_per_episode": metrics.get("episode/policy_tokens", float("nan")),
                     "tool_calls_per_episode": metrics.get("episode/tool_calls", float("nan")),
+                    "update_tokens_in_rows": metrics.get("update/tokens_in_rows", float("nan")),
+                    "update_tokens_forwarded": metrics.get("update/tokens_forwarded", float("nan")),
                 }
             )
     finally:
@@ -207,6 +213,10 @@ def bench_method(
         "generated_tokens_per_step": _mean([s["generated_tokens"] for s in per_step]),
         "episodes_per_step": _mean([s["episodes"] for s in per_step]),
         "rollout_tokens_per_second": _mean([s["generated_tokens"] / s["rollout"] for s in per_step]),
+        # the update's decoder work with shared prefixes forwarded once, and what row-by-row forwarding would feed
+        # (the rows' own tokens, no padding): their ratio is the update FLOPs the packing saves
+        "update_tokens_in_rows": _mean([s["update_tokens_in_rows"] for s in per_step]),
+        "update_tokens_forwarded": _mean([s["update_tokens_forwarded"] for s in per_step]),
     }
 
 
@@ -297,15 +307,17 @@ def format_bench_table(result: dict[str, Any]) -> str:
     """A markdown table: seconds per step and per phase, ratio to GRPO, budget actually used."""
     head = (
         "| method | s/step | rollout | signals | update | x GRPO | rollout x | signals x | update x "
-        "| episodes | gen. tokens | epochs |"
+        "| episodes | gen. tokens | epochs | update GFLOP packed / row-by-row |"
     )
-    lines = [head, "|" + "---|" * 12]
+    lines = [head, "|" + "---|" * 13]
+    n = result["non_embedding_parameters"]
     for name, e in result["methods"].items():
         lines.append(
             f"| {name} | {e['seconds_per_step']:.2f} | {e['rollout_seconds']:.2f} | {e['signals_seconds']:.2f} "
             f"| {e['update_seconds']:.2f} | {e['ratio_to_grpo']:.2f} | {e['rollout_ratio_to_grpo']:.2f} "
             f"| {e['signals_ratio_to_grpo']:.2f} | {e['update_ratio_to_grpo']:.2f} | {e['episodes_per_step']:.0f} "
-            f"| {e['generated_tokens_per_step']:.0f} | {e['settings']['epochs']} |"
+            f"| {e['generated_tokens_per_step']:.0f} | {e['settings']['epochs']} "
+            f"| {6 * n * e['update_tokens_forwarded'] / 1e9:.0f} / {6 * n * e['update_tokens_in_rows'] / 1e9:.0f} |"
         )
     load = f"load average {result.get('load_average_start')} -> {result.get('load_average_end')}"
     repeat = result.get("grpo_repeat")

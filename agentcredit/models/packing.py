@@ -104,19 +104,21 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 def shared_prefix_chunks(rows: Sequence[Sequence[int]], max_tokens: int) -> list[list[int]]:
-    """Micro-batches of row indices whose packed size (distinct prefix tokens) stays within ``max_tokens``.
+    """Micro-batches of row indices whose packed size (distinct prefix tokens) stays within the budget.
 
-    Rows are sorted by their tokens, so rows that share a prefix are neighbours and fall into one chunk where the
-    budget allows; a chunk's packed size is the sum over its rows of ``len - lcp(row, previous row)``. A row longer
-    than the budget gets a chunk of its own.
+    The budget is ``max_tokens`` or, if longer, the longest row: row by row, a row longer than ``max_tokens`` is
+    forwarded alone, so no packed forward is ever larger than the largest row-by-row one. Rows are sorted by their
+    tokens, so rows that share a prefix are neighbours and fall into one chunk where the budget allows; a chunk's
+    packed size is the sum over its rows of ``len - lcp(row, previous row)``.
     """
+    budget = max([max_tokens, *map(len, rows)])
     order = sorted(range(len(rows)), key=lambda i: list(rows[i]))
     chunks: list[list[int]] = []
     current: list[int] = []
     size = 0
     for i in order:
         new = len(rows[i]) - (_common_prefix(rows[current[-1]], rows[i]) if current else 0)
-        if current and size + new > max_tokens:
+        if current and size + new > budget:
             chunks.append(current)
             current, size = [], 0
             new = len(rows[i])

@@ -28,6 +28,7 @@ class TokenScores:
     logprobs: torch.Tensor  # [B, T] float32, 0 where not requested
     entropies: torch.Tensor | None  # [B, T] float32, 0 where not requested
     values: torch.Tensor | None  # [B, T] float32, 0 where not requested
+    forwarded: int = 0  # positions fed to the decoder (padding included; each shared prefix once when packed)
 
 
 def _decoder_and_head(model: nn.Module) -> tuple[nn.Module, nn.Module]:
@@ -78,7 +79,8 @@ def _shared_hidden_states(model: nn.Module, input_ids, attention_mask, *, autoca
         out = decoder(
             input_ids=packed.input_ids, attention_mask=mask, position_ids=packed.position_ids, use_cache=False
         )
-    return out.last_hidden_state[0][packed.index]  # [B, T, d]; padding reads position 0 and is never used
+    # [B, T, d]; padding reads position 0 and is never used
+    return out.last_hidden_state[0][packed.index], packed.tokens
 
 
 def _head_scores(
@@ -135,13 +137,16 @@ def score_tokens(
     want = want.bool().clone()
     want[:, 0] = False  # the first token has no prefix inside this sequence
     with torch.set_grad_enabled(backbone_grad and torch.is_grad_enabled()):
-        hidden = (
+        shared = (
             _shared_hidden_states(model, input_ids, attention_mask, autocast=autocast)
             if share_prefixes
             else None
         )
-        if hidden is None:
+        if shared is None:
             hidden = hidden_states(model, input_ids, attention_mask, autocast=autocast)
+            forwarded = input_ids.numel()
+        else:
+            hidden, forwarded = shared
     _, head = _decoder_and_head(model)
     B, T = input_ids.shape
     logprobs = torch.zeros(B, T, dtype=torch.float32, device=input_ids.device)
@@ -177,4 +182,4 @@ def score_tokens(
         values = torch.zeros(B, T, dtype=torch.float32, device=input_ids.device)
         if vr.numel():
             values = values.index_put((vr, vc), value_head(hidden[vr, vc - 1]).float())
-    return TokenScores(logprobs, entropies, values)
+    return TokenScores(logprobs, entropies, values, forwarded)

@@ -52,6 +52,10 @@ from agentcredit.train.signals import (
     trained_row_chunks,
 )
 
+#: Update metrics summed over the update's optimiser steps (the rest are means): the tokens of the rows trained,
+#: and the positions actually fed to the decoder, where each prefix shared within a micro-batch counts once.
+_UPDATE_TOTALS = ("update/tokens_in_rows", "update/tokens_forwarded")
+
 
 @dataclass
 class StepResult:
@@ -287,6 +291,9 @@ class Trainer:
                 for k, v in stats.items():
                     sums[k] = sums.get(k, 0.0) + v
         out = {k: v / counts for k, v in sums.items()} if counts else {}
+        for k in _UPDATE_TOTALS:  # what the whole update cost, not a mean over its optimiser steps
+            if k in sums:
+                out[k] = sums[k]
         out["update/nonfinite_skipped"] = float(skipped)
         return out
 
@@ -308,6 +315,8 @@ class Trainer:
             "loss/entropy": 0.0,
             "loss/value": 0.0,
             "loss/total": 0.0,
+            "update/tokens_in_rows": 0.0,
+            "update/tokens_forwarded": 0.0,
         }
         logp_all = torch.zeros_like(mb.old_logp)
         for rows in trained_row_chunks(
@@ -342,6 +351,8 @@ class Trainer:
             )
             for name, value in parts.items():
                 totals[name] += value
+            totals["update/tokens_in_rows"] += float(sub.attention_mask.sum())
+            totals["update/tokens_forwarded"] += float(scores.forwarded)
             if not torch.isfinite(loss):
                 return self._skip_nonfinite()
             loss.backward()

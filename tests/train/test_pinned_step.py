@@ -6,6 +6,12 @@ signal metrics measured by :meth:`Trainer.learn` on those trees with a fresh tin
 Sampling would turn a rounding difference between CPUs into different trees; learning from stored trees does
 not, so the pin checks the code path the refactor moves -- batch, signals, credit, loss, update -- and only it.
 
+Shared prefixes (issue 13) changed what the update forwards, not what it computes: with PORTool's trees packed
+(update/tokens_forwarded 1,823 instead of the rows' 6,826 tokens) every loss, the grad norm and every advantage
+stayed within 1e-6 of the row-by-row pin. Only the teacher scoring of TIPS and GEAR moved, by fp32 rounding
+(e.g. tips/alpha 1.720166 -> 1.720183; in float64 the packed and row-by-row scores are identical); those entries
+were re-measured on the same stored trees.
+
 Regenerate (only when a change is *meant* to alter a method's numbers, and say so in the commit):
 ``.venv/bin/python tests/train/test_pinned_step.py``
 """
