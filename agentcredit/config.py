@@ -393,8 +393,10 @@ class TrainConfig(Section):
     micro_batch_tokens: int = Field(
         MICRO_BATCH_TOKENS,
         ge=1,
-        description="Tokens (rows x padded width) per forward pass of the trainer's scoring and update, SFT and "
-        "the critic warm-up; gradients accumulate over micro-batches, so only memory and speed depend on it.",
+        description="Positions fed to the decoder per forward pass of the trainer's scoring and update, SFT and "
+        "the critic warm-up: rows x padded width, or, where scoring packs rows (agentcredit.models.packing), their "
+        "distinct tokens (a prefix rows share counts once); a longer row goes alone. Gradients accumulate over "
+        "micro-batches, so only memory and speed depend on it.",
     )
     save_every: int = Field(10, ge=0, description="Checkpoint every N steps (0 = only at the end).")
     critic_warmup: int = Field(

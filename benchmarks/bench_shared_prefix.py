@@ -6,8 +6,8 @@
 The rows are one rollout tree's trajectories: a ``--prompt``-token prompt, then ``--depth`` levels of steps of
 ``--segment`` tokens that fork in two at every level (2^depth trajectories; PORTool's f = 2, the jsoncall prompt
 of its CPU preset is about 1,050 tokens), plus one GRPO-like group with the same prompt and no shared steps. Each
-is scored as the trainer's update scores it (micro-batches of ``trained_row_chunks``, ``score_tokens`` with a
-policy-gradient-shaped loss on the generated tokens, then backward), once with ``share_prefixes`` and once without,
+is scored as the trainer's update scores it (``micro_batches`` packed, or ``padded_chunks`` row by row, within
+``--max-tokens`` positions; ``score_tokens`` with a policy-gradient-shaped loss on the generated tokens, then backward), once with ``share_prefixes`` and once without,
 alternating, ``--repeats`` times; the best time of each is kept. Printed: positions fed to the decoder, seconds and
 their ratios, and the largest difference between the two in log-prob and gradient (they must agree within 1e-5
 up to float rounding). The load average before and after is printed: on a shared machine the times move, the
@@ -24,8 +24,8 @@ import time
 import torch
 
 from agentcredit.models.loading import load_base_model
-from agentcredit.models.scoring import score_tokens
-from agentcredit.train.signals import trained_row_chunks
+from agentcredit.models.packing import padded_chunks
+from agentcredit.models.scoring import micro_batches, score_tokens
 
 
 def tree_rows(prompt: int, depth: int, segment: int, seed: int = 0) -> list[list[int]]:
@@ -60,7 +60,11 @@ def pass_once(model, rows, prompt, max_tokens, shared):
     fed = 0
     logp = torch.zeros(len(rows), T)
     start = time.perf_counter()
-    for chunk in trained_row_chunks(rows, want, max_tokens=max_tokens):
+    # the chunks each path would get: distinct tokens packed, rows x padded width row by row
+    chunks = (
+        micro_batches(model, rows, max_tokens) if shared else padded_chunks(list(map(len, rows)), max_tokens)
+    )
+    for chunk in chunks:
         width = int(attn[chunk].sum(-1).max())
         s = score_tokens(
             model, ids[chunk, :width], attn[chunk, :width], want[chunk, :width], share_prefixes=shared

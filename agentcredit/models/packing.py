@@ -21,12 +21,35 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 #: The attention implementations that take a custom 4D mask as is (transformers passes a 4D mask through); flash
 #: attention and others need their own packed format, so rows are forwarded one by one there.
 PACKABLE_ATTENTION = ("sdpa", "eager")
+
+
+def packable(model: Any) -> str | None:
+    """The model's attention implementation if its rows can be packed under a tree mask, else None.
+
+    A custom 4D mask replaces every mask the model would build, so only plain causal full attention qualifies:
+    not a sliding window (Mistral; Qwen2's sliding layers; any ``layer_types`` entry but full attention), not
+    a non-causal model, and not attention dropout in training (one dropout sample would serve every row that
+    shares the prefix, where row by row each row draws its own).
+    """
+    config = getattr(model, "config", None)
+    implementation = getattr(config, "_attn_implementation", None)
+    if implementation not in PACKABLE_ATTENTION or not getattr(config, "is_causal", True):
+        return None
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None and any(kind != "full_attention" for kind in layer_types):
+        return None
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+        return None
+    if getattr(model, "training", False) and getattr(config, "attention_dropout", 0.0):
+        return None
+    return implementation
 
 
 @dataclass
@@ -66,31 +89,33 @@ def pack_shared_prefixes(input_ids: torch.Tensor, attention_mask: torch.Tensor) 
     node: dict[tuple[int, int], int] = {}  # (parent packed index or -1, token) -> packed index
     tokens: list[int] = []
     depth: list[int] = []
-    index = torch.zeros(B, T, dtype=torch.long)
+    parent: list[int] = []
+    index = [[0] * T for _ in range(B)]
     for b in range(B):
-        parent = -1
+        up = -1
         for t in range(lengths[b]):
-            key = (parent, rows[b][t])
+            key = (up, rows[b][t])
             here = node.get(key)
             if here is None:
                 here = node[key] = len(tokens)
                 tokens.append(rows[b][t])
                 depth.append(t)
-            index[b, t] = here
-            parent = here
+                parent.append(up)
+            index[b][t] = here
+            up = here
     P = len(tokens)
+    # a node attends what its parent attends, and itself (parents come first): O(P^2) row copies
     allowed = torch.zeros(P, P, dtype=torch.bool)
-    for b in range(B):
-        path = index[b, : lengths[b]]
-        causal = torch.ones(len(path), len(path), dtype=torch.bool).tril()
-        q, k = causal.nonzero(as_tuple=True)
-        allowed[path[q], path[k]] = True
+    for i, up in enumerate(parent):
+        if up >= 0:
+            allowed[i] = allowed[up]
+        allowed[i, i] = True
     device = input_ids.device
     return PackedRows(
         input_ids=torch.tensor([tokens], dtype=input_ids.dtype, device=device),
         position_ids=torch.tensor([depth], dtype=torch.long, device=device),
         allowed=allowed.to(device),
-        index=index.to(device),
+        index=torch.tensor(index, dtype=torch.long, device=device),
     )
 
 
@@ -124,6 +149,24 @@ def shared_prefix_chunks(rows: Sequence[Sequence[int]], max_tokens: int) -> list
             new = len(rows[i])
         current.append(i)
         size += new
+    if current:
+        chunks.append(current)
+    return chunks
+
+
+def padded_chunks(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """Group rows into microbatches whose padded size (rows x longest) stays within ``max_tokens``.
+
+    Rows are sorted by length first so that similar lengths share a microbatch (little padding).
+    """
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    chunks: list[list[int]] = []
+    current: list[int] = []
+    for i in order:
+        if current and (len(current) + 1) * max(lengths[i], 1) > max_tokens:
+            chunks.append(current)
+            current = []
+        current.append(i)
     if current:
         chunks.append(current)
     return chunks

@@ -14,13 +14,14 @@ segment's first token.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from agentcredit.models.packing import PACKABLE_ATTENTION, pack_shared_prefixes
+from agentcredit.models.packing import pack_shared_prefixes, packable, padded_chunks, shared_prefix_chunks
 
 
 @dataclass
@@ -65,14 +66,12 @@ def hidden_states(
 
 
 def _shared_hidden_states(model: nn.Module, input_ids, attention_mask, *, autocast: bool):
-    """:func:`hidden_states` with each prefix the rows share forwarded once (:mod:`agentcredit.models.packing`);
-    None when that saves nothing or the model's attention cannot take a tree mask."""
-    implementation = getattr(getattr(model, "config", None), "_attn_implementation", None)
-    if implementation not in PACKABLE_ATTENTION or input_ids.shape[0] < 2:
+    """:func:`hidden_states` with the rows packed into one sequence, each shared prefix once and no padding
+    (:mod:`agentcredit.models.packing`), and the positions fed; None where the model cannot be packed."""
+    implementation = packable(model)
+    if implementation is None or input_ids.shape[0] < 2:
         return None
     packed = pack_shared_prefixes(input_ids, attention_mask)
-    if packed.tokens >= int(attention_mask.sum()):
-        return None
     decoder, _ = _decoder_and_head(model)
     with autocast_context(model, autocast):
         mask = packed.attention_mask(implementation, next(model.parameters()).dtype)
@@ -123,9 +122,11 @@ def score_tokens(
     Gradients flow when called outside ``torch.no_grad()``; with ``backbone_grad=False`` only into the value head
     (the backbone's forward keeps no graph).
 
-    ``share_prefixes``: forward each prefix that several rows share once (a tree attention mask over the rows'
-    token trie, :mod:`agentcredit.models.packing`); the scores equal the row-by-row ones up to float rounding, and
-    so do their gradients. Rows are forwarded one by one where nothing is shared.
+    ``share_prefixes``: pack the rows into one sequence, each prefix several rows share once and no padding (a
+    tree attention mask over the rows' token trie, :mod:`agentcredit.models.packing`); the scores equal the
+    row-by-row ones up to float rounding, and so do their gradients. Models that cannot be packed
+    (:func:`agentcredit.models.packing.packable`) are forwarded as padded rows; :func:`micro_batches` gives
+    chunks that fit the token budget either way.
     """
     if input_ids.shape != attention_mask.shape or input_ids.shape != want.shape:
         raise ValueError(
@@ -183,3 +184,12 @@ def score_tokens(
         if vr.numel():
             values = values.index_put((vr, vc), value_head(hidden[vr, vc - 1]).float())
     return TokenScores(logprobs, entropies, values, forwarded)
+
+
+def micro_batches(model: nn.Module, rows: Sequence[Sequence[int]], max_tokens: int) -> list[list[int]]:
+    """Micro-batches of ``rows`` (token lists) for :func:`score_tokens` with ``share_prefixes``, each within
+    ``max_tokens`` positions fed to the decoder: distinct tokens where the model packs
+    (:func:`agentcredit.models.packing.shared_prefix_chunks`), rows x padded width where it cannot."""
+    if packable(model) is not None:
+        return shared_prefix_chunks(rows, max_tokens)
+    return padded_chunks([len(r) for r in rows], max_tokens)

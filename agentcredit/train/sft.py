@@ -22,6 +22,7 @@ import torch
 from agentcredit.config import MICRO_BATCH_TOKENS
 from agentcredit.credit import aggregation_weights
 from agentcredit.environment import Environment, raise_on_infra_failures
+from agentcredit.models.packing import padded_chunks
 from agentcredit.models.scoring import score_tokens
 from agentcredit.rollout.engine import episode_reward
 from agentcredit.rollout.replay import replay
@@ -32,7 +33,6 @@ from agentcredit.tools.episodes import EpisodeTools
 from agentcredit.train.batch import build_batch
 from agentcredit.train.demos import scripted_policy
 from agentcredit.train.optim import adamw
-from agentcredit.train.signals import row_chunks
 
 
 def demonstrations(
@@ -151,7 +151,7 @@ def sft(
             weights = aggregation_weights(mb.policy_mask, "token-mean").float()
             optimizer.zero_grad(set_to_none=True)
             total = 0.0
-            for micro in row_chunks(mb.attention_mask.sum(-1).tolist(), max_tokens):
+            for micro in padded_chunks(mb.attention_mask.sum(-1).tolist(), max_tokens):
                 sub = mb.select(micro)
                 scores = score_tokens(
                     model,

@@ -19,8 +19,7 @@ from torch import nn
 
 from agentcredit.config import MICRO_BATCH_TOKENS
 from agentcredit.credit import tips_potential
-from agentcredit.models.packing import shared_prefix_chunks
-from agentcredit.models.scoring import score_tokens
+from agentcredit.models.scoring import micro_batches, score_tokens
 from agentcredit.train.batch import TrainBatch, segment_spans
 
 
@@ -36,24 +35,6 @@ class Signals:
     alpha: float | None = None  # TIPS shaping scale used for this batch
 
 
-def row_chunks(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
-    """Group rows into microbatches whose padded size (rows x longest) stays within ``max_tokens``.
-
-    Rows are sorted by length first so that similar lengths share a microbatch (little padding).
-    """
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    chunks: list[list[int]] = []
-    current: list[int] = []
-    for i in order:
-        if current and (len(current) + 1) * max(lengths[i], 1) > max_tokens:
-            chunks.append(current)
-            current = []
-        current.append(i)
-    if current:
-        chunks.append(current)
-    return chunks
-
-
 def row_tokens(batch: TrainBatch, rows: Sequence[int] | None = None) -> list[list[int]]:
     """The real tokens (no padding) of ``rows`` (default: every row) of ``batch``."""
     rows = range(batch.num_rows) if rows is None else rows
@@ -62,14 +43,15 @@ def row_tokens(batch: TrainBatch, rows: Sequence[int] | None = None) -> list[lis
 
 
 def trained_row_chunks(
+    model: nn.Module,
     seqs: Sequence[Sequence[int]],
     loss_mask: torch.Tensor,
     value_weights: torch.Tensor | None = None,
     *,
     max_tokens: int,
 ) -> list[list[int]]:
-    """Micro-batches (:func:`agentcredit.models.packing.shared_prefix_chunks`: rows that share a prefix together,
-    each chunk within ``max_tokens`` distinct tokens) of the rows that carry a loss term: a policy-loss token
+    """Micro-batches (:func:`agentcredit.models.scoring.micro_batches` for ``model``: rows that share a prefix
+    together, each chunk within ``max_tokens`` positions fed) of the rows that carry a loss term: a policy-loss token
     (``loss_mask``) or, for a critic, a value-loss position (``value_weights != 0``). ``seqs[r]`` is row r's tokens.
 
     Rows with neither add nothing to any term (KL and entropy use the policy-loss mask too), and a microbatch of
@@ -83,7 +65,7 @@ def trained_row_chunks(
     if value_weights is not None:
         live = live | (value_weights != 0).any(-1)
     rows = live.nonzero(as_tuple=True)[0].tolist()
-    return [[rows[i] for i in chunk] for chunk in shared_prefix_chunks([seqs[r] for r in rows], max_tokens)]
+    return [[rows[i] for i in chunk] for chunk in micro_batches(model, [seqs[r] for r in rows], max_tokens)]
 
 
 def pad_rows(
@@ -116,7 +98,7 @@ def score_batch(
     logp = torch.zeros(N, L)
     entropy = torch.zeros(N, L) if with_entropy else None
     values = torch.zeros(N, L) if value_head is not None else None
-    for rows in shared_prefix_chunks(row_tokens(batch), max_tokens):
+    for rows in micro_batches(model, row_tokens(batch), max_tokens):
         sub = batch.select(rows)
         vmask = value_mask[rows][:, : sub.input_ids.shape[1]] if value_mask is not None else None
         scores = score_tokens(
@@ -156,7 +138,7 @@ def score_continuations(
         raise ValueError(f"{len(contexts)} contexts but {len(continuations)} continuations")
     seqs = [list(c) + list(x) for c, x in zip(contexts, continuations, strict=True)]
     out: list[list[float]] = [[] for _ in seqs]
-    for rows in shared_prefix_chunks(seqs, max_tokens):
+    for rows in micro_batches(model, seqs, max_tokens):
         ids, attn = pad_rows(seqs, rows, pad_id)
         want = torch.zeros_like(attn)
         for k, i in enumerate(rows):
@@ -287,7 +269,7 @@ def teacher_logprobs(
         p = prompt_lengths[r]
         seqs.append(list(teacher_prompts[r]) + batch.input_ids[r, p:length].tolist())
         shifts.append(len(teacher_prompts[r]) - p)
-    for rows in shared_prefix_chunks(seqs, max_tokens):
+    for rows in micro_batches(model, seqs, max_tokens):
         ids, attn = pad_rows(seqs, rows, pad_id)
         want = torch.zeros_like(attn)
         for k, r in enumerate(rows):
@@ -325,7 +307,7 @@ def values_at(
     """
     out: dict[tuple[int, int], torch.Tensor] = {}
     rows = sorted(positions)
-    for chunk in shared_prefix_chunks(row_tokens(batch, rows), max_tokens):
+    for chunk in micro_batches(model, row_tokens(batch, rows), max_tokens):
         chunk_rows = [rows[i] for i in chunk]
         sub = batch.select(chunk_rows)
         vmask = torch.zeros_like(sub.attention_mask)

@@ -320,7 +320,7 @@ class Trainer:
         }
         logp_all = torch.zeros_like(mb.old_logp)
         for rows in trained_row_chunks(
-            row_tokens(mb), mb.loss_mask, v_weights, max_tokens=cfg.train.micro_batch_tokens
+            self.model, row_tokens(mb), mb.loss_mask, v_weights, max_tokens=cfg.train.micro_batch_tokens
         ):
             sub = mb.select(rows)
             width = sub.input_ids.shape[1]

@@ -283,13 +283,13 @@ def boundary_features(
     model: Any, batch: Any, positions: dict[int, list[int]], *, max_tokens: int = MICRO_BATCH_TOKENS
 ) -> dict[tuple[int, int], torch.Tensor]:
     """The hidden state the value head reads for V at ``(row, col)``: position col - 1, as in :func:`values_at`."""
+    from agentcredit.models.packing import padded_chunks
     from agentcredit.models.scoring import hidden_states
-    from agentcredit.train.signals import row_chunks
 
     out: dict[tuple[int, int], torch.Tensor] = {}
     rows = sorted(positions)
     lengths = [int(batch.attention_mask[r].sum()) for r in rows]
-    for chunk in row_chunks(lengths, max_tokens):
+    for chunk in padded_chunks(lengths, max_tokens):
         chunk_rows = [rows[i] for i in chunk]
         sub = batch.select(chunk_rows)
         hidden = hidden_states(model, sub.input_ids, sub.attention_mask)

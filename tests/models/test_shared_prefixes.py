@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentcredit.models.heads import BoundaryValueHead
-from agentcredit.models.packing import pack_shared_prefixes, shared_prefix_chunks
-from agentcredit.models.scoring import score_tokens
+from agentcredit.models.packing import pack_shared_prefixes, packable, shared_prefix_chunks
+from agentcredit.models.scoring import micro_batches, score_tokens
 from agentcredit.models.tiny import tiny_llama
 
 
@@ -120,3 +120,80 @@ def test_chunk_sizes_are_the_packed_sizes(rows, budget):
         assert pack_shared_prefixes(ids, attn).tokens == len(distinct_prefixes)
         # never more than the larger of the budget and the longest row (row by row, a longer row goes alone)
         assert len(distinct_prefixes) <= max(budget, *map(len, rows))
+
+
+def _padded(rows):
+    T = max(map(len, rows))
+    ids = torch.zeros(len(rows), T, dtype=torch.long)
+    attn = torch.zeros(len(rows), T, dtype=torch.bool)
+    for b, r in enumerate(rows):
+        ids[b, : len(r)] = torch.tensor(r)
+        attn[b, : len(r)] = True
+    return ids, attn
+
+
+def test_duplicate_rows_and_a_row_that_is_another_rows_prefix_pack_exactly():
+    # a duplicate row shares every node (its gradient adds up there, as row by row); a strict prefix ends inside
+    # another row's path
+    p, t = list(range(40, 52)), list(range(300, 306))
+    rows = [p + t, p + t, p + t[:3], p, p + t[:1] + [7, 8]]
+    ids, attn = _padded(rows)
+    assert pack_shared_prefixes(ids, attn).tokens == 12 + 6 + 2
+    model, _ = tiny_llama(seed=4)
+    grads, lps = {}, {}
+    for shared in (False, True):
+        model.zero_grad(set_to_none=True)
+        s = score_tokens(model, ids, attn, attn, share_prefixes=shared)
+        (-(s.logprobs * attn).sum() - s.entropies.sum()).backward()
+        lps[shared] = s.logprobs
+        grads[shared] = torch.cat([q.grad.flatten() for q in model.parameters()])
+    torch.testing.assert_close(lps[True], lps[False], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(grads[True], grads[False], atol=1e-5, rtol=1e-5)
+
+
+def _mistral(**changes):
+    from transformers import MistralConfig, MistralForCausalLM
+
+    kw = dict(
+        vocab_size=100,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        attn_implementation="sdpa",
+    )
+    torch.manual_seed(0)
+    return MistralForCausalLM(MistralConfig(**{**kw, **changes})).eval()
+
+
+def test_a_sliding_window_model_is_not_packed():
+    """A custom 4D mask replaces the model's own masks, sliding windows included: such a model is forwarded as
+    rows (packed, a 4-token window gave log-probs 0.12 off)."""
+    rows = [list(range(10, 30)), list(range(10, 25)) + [3, 4, 5, 6, 7, 8]]
+    ids, attn = _padded(rows)
+    windowed = _mistral(sliding_window=4)
+    assert packable(windowed) is None
+    plain = score_tokens(windowed, ids, attn, attn, share_prefixes=False)
+    shared = score_tokens(windowed, ids, attn, attn, share_prefixes=True)
+    assert torch.equal(plain.logprobs, shared.logprobs) and shared.forwarded == ids.numel()
+    full = _mistral(sliding_window=None)
+    assert packable(full) == "sdpa"
+    torch.testing.assert_close(
+        score_tokens(full, ids, attn, attn, share_prefixes=True).logprobs,
+        score_tokens(full, ids, attn, attn, share_prefixes=False).logprobs,
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+def test_micro_batches_fit_the_budget_in_positions_fed_packed_or_not():
+    """Packed, a chunk's positions are its distinct tokens; a model that cannot be packed is fed padded rows, so
+    its chunks are budgeted by rows x width (one 900-token row beside short rows would otherwise feed 11,700)."""
+    rows = [list(range(900))] + [[1000 + 10 * i + j for j in range(10)] for i in range(12)]
+    model, _ = tiny_llama()
+    packed = micro_batches(model, rows, 1024)
+    assert len(packed) == 1  # 1,020 distinct tokens
+    model.config._attn_implementation = "flash_attention_2"
+    padded = micro_batches(model, rows, 1024)
+    assert all(len(c) * max(len(rows[i]) for i in c) <= max(1024, 900) for c in padded)

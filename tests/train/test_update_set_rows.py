@@ -19,6 +19,7 @@ from train_helpers import EXAMPLES, SMALL
 
 from agentcredit.config import load_config
 from agentcredit.models.loading import load_base_model
+from agentcredit.models.tiny import tiny_llama
 from agentcredit.rollout.strategies import EntropyGuided
 from agentcredit.rollout.tree import RolloutTree, Segment
 from agentcredit.train.advantages import compute_advantages
@@ -179,10 +180,15 @@ def test_trained_row_chunks_keeps_rows_with_a_loss_or_value_term():
     loss = torch.tensor([[False, False], [False, True], [False, False], [True, False]])
     vw = torch.tensor([[0.0, 0.0], [0.0, 0.0], [0.0, 0.5], [0.0, 0.0]])
     seqs = [[5, 6], [5, 7], [5, 8], [5, 9]]
-    assert trained_row_chunks(seqs, loss, max_tokens=1) == [[1], [3]]
-    assert trained_row_chunks(seqs, loss, vw, max_tokens=1) == [[1], [2], [3]]
-    assert trained_row_chunks(seqs, loss, vw, max_tokens=100) == [[1, 2, 3]]
-    assert trained_row_chunks(seqs, loss, vw, max_tokens=4) == [[1, 2, 3]]  # the shared token counts once
+    model, _ = tiny_llama()  # sdpa: rows are packed, so a chunk's size is its distinct tokens
+    assert trained_row_chunks(model, seqs, loss, max_tokens=1) == [[1], [3]]
+    assert trained_row_chunks(model, seqs, loss, vw, max_tokens=1) == [[1], [2], [3]]
+    assert trained_row_chunks(model, seqs, loss, vw, max_tokens=100) == [[1, 2, 3]]
+    assert trained_row_chunks(model, seqs, loss, vw, max_tokens=4) == [
+        [1, 2, 3]
+    ]  # the shared token counts once
+    model.config._attn_implementation = "flash_attention_2"  # not packable: rows x padded width
+    assert trained_row_chunks(model, seqs, loss, vw, max_tokens=4) == [[1, 2], [3]]
 
 
 # ------------------------------------------------------------------------------------------ dual clip
