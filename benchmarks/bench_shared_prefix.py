@@ -26,6 +26,7 @@ import torch
 from agentcredit.models.loading import load_base_model
 from agentcredit.models.packing import padded_chunks
 from agentcredit.models.scoring import micro_batches, score_tokens
+from agentcredit.train.signals import pad_rows
 
 
 def tree_rows(prompt: int, depth: int, segment: int, seed: int = 0) -> list[list[int]]:
@@ -48,12 +49,8 @@ def group_rows(prompt: int, n: int, length: int, seed: int = 1) -> list[list[int
 
 def pass_once(model, rows, prompt, max_tokens, shared):
     """One update-shaped forward + backward over ``rows``; (seconds, positions fed, log-probs, grads)."""
-    T = max(map(len, rows))
-    ids = torch.zeros(len(rows), T, dtype=torch.long)
-    attn = torch.zeros(len(rows), T, dtype=torch.bool)
-    for b, r in enumerate(rows):
-        ids[b, : len(r)] = torch.tensor(r)
-        attn[b, : len(r)] = True
+    ids, attn = pad_rows(rows, range(len(rows)), pad_id=0)
+    T = ids.shape[1]
     want = attn.clone()
     want[:, :prompt] = False
     model.zero_grad(set_to_none=True)

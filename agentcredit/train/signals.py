@@ -122,6 +122,20 @@ def score_batch(
     return logp, entropy, values
 
 
+def _logprobs(model, ids, attn, want, temperature, autocast) -> torch.Tensor:
+    """Log-probs of the ``want`` positions of padded rows, shared prefixes forwarded once."""
+    return score_tokens(
+        model,
+        ids,
+        attn,
+        want,
+        temperature=temperature,
+        with_entropy=False,
+        autocast=autocast,
+        share_prefixes=True,
+    ).logprobs
+
+
 @torch.no_grad()
 def score_continuations(
     model: nn.Module,
@@ -143,18 +157,9 @@ def score_continuations(
         want = torch.zeros_like(attn)
         for k, i in enumerate(rows):
             want[k, len(contexts[i]) : len(seqs[i])] = True
-        scores = score_tokens(
-            model,
-            ids,
-            attn,
-            want,
-            temperature=temperature,
-            with_entropy=False,
-            autocast=autocast,
-            share_prefixes=True,
-        )
+        logprobs = _logprobs(model, ids, attn, want, temperature, autocast)
         for k, i in enumerate(rows):
-            out[i] = scores.logprobs[k, len(contexts[i]) : len(seqs[i])].tolist()
+            out[i] = logprobs[k, len(contexts[i]) : len(seqs[i])].tolist()
     return out
 
 
@@ -275,19 +280,10 @@ def teacher_logprobs(
         for k, r in enumerate(rows):
             cols = batch.policy_mask[r].nonzero(as_tuple=True)[0]
             want[k, cols + shifts[r]] = True
-        scores = score_tokens(
-            model,
-            ids,
-            attn,
-            want,
-            temperature=temperature,
-            with_entropy=False,
-            autocast=autocast,
-            share_prefixes=True,
-        )
+        logprobs = _logprobs(model, ids, attn, want, temperature, autocast)
         for k, r in enumerate(rows):
             cols = batch.policy_mask[r].nonzero(as_tuple=True)[0]
-            out[r, cols] = scores.logprobs[k, cols + shifts[r]]
+            out[r, cols] = logprobs[k, cols + shifts[r]]
     return out
 
 

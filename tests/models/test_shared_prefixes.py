@@ -12,6 +12,11 @@ from agentcredit.models.heads import BoundaryValueHead
 from agentcredit.models.packing import pack_shared_prefixes, packable, shared_prefix_chunks
 from agentcredit.models.scoring import micro_batches, score_tokens
 from agentcredit.models.tiny import tiny_llama
+from agentcredit.train.signals import pad_rows
+
+
+def _padded(rows):
+    return pad_rows(rows, range(len(rows)), pad_id=0)
 
 
 def _tree_rows():
@@ -30,12 +35,7 @@ def _tree_rows():
         prompt + step + tail(5)[:2],
         tail(7),
     ]
-    T = max(map(len, rows))
-    ids = torch.zeros(len(rows), T, dtype=torch.long)
-    attn = torch.zeros(len(rows), T, dtype=torch.bool)
-    for b, r in enumerate(rows):
-        ids[b, : len(r)] = torch.tensor(r)
-        attn[b, : len(r)] = True
+    ids, attn = _padded(rows)
     want = attn.clone()
     want[:, :9] = False  # the prompt is not trained
     return rows, ids, attn, want
@@ -89,12 +89,7 @@ def test_the_chunks_keep_shared_rows_together_within_the_packed_budget():
     chunks = shared_prefix_chunks(rows, max_tokens=40)
     assert sorted(i for c in chunks for i in c) == list(range(len(rows)))
     for chunk in chunks:
-        ids = torch.zeros(len(chunk), max(len(rows[i]) for i in chunk), dtype=torch.long)
-        attn = torch.zeros_like(ids, dtype=torch.bool)
-        for k, i in enumerate(chunk):
-            ids[k, : len(rows[i])] = torch.tensor(rows[i])
-            attn[k, : len(rows[i])] = True
-        assert pack_shared_prefixes(ids, attn).tokens <= 40
+        assert pack_shared_prefixes(*_padded([rows[i] for i in chunk])).tokens <= 40
     # packed, all five rows take 36 tokens (29 for the four that share the prompt, 7 for the lone row), row by row 58
     assert [sorted(c) for c in chunks] == [[0, 1, 2, 3, 4]]
     assert len(shared_prefix_chunks(rows, max_tokens=35)) == 2
@@ -110,26 +105,11 @@ def test_chunk_sizes_are_the_packed_sizes(rows, budget):
     chunks = shared_prefix_chunks(rows, budget)
     assert sorted(i for c in chunks for i in c) == list(range(len(rows)))
     for chunk in chunks:
-        T = max(len(rows[i]) for i in chunk)
-        ids = torch.zeros(len(chunk), T, dtype=torch.long)
-        attn = torch.zeros(len(chunk), T, dtype=torch.bool)
-        for k, i in enumerate(chunk):
-            ids[k, : len(rows[i])] = torch.tensor(rows[i])
-            attn[k, : len(rows[i])] = True
+        ids, attn = _padded([rows[i] for i in chunk])
         distinct_prefixes = {tuple(rows[i][: t + 1]) for i in chunk for t in range(len(rows[i]))}
         assert pack_shared_prefixes(ids, attn).tokens == len(distinct_prefixes)
         # never more than the larger of the budget and the longest row (row by row, a longer row goes alone)
         assert len(distinct_prefixes) <= max(budget, *map(len, rows))
-
-
-def _padded(rows):
-    T = max(map(len, rows))
-    ids = torch.zeros(len(rows), T, dtype=torch.long)
-    attn = torch.zeros(len(rows), T, dtype=torch.bool)
-    for b, r in enumerate(rows):
-        ids[b, : len(r)] = torch.tensor(r)
-        attn[b, : len(r)] = True
-    return ids, attn
 
 
 def test_duplicate_rows_and_a_row_that_is_another_rows_prefix_pack_exactly():
