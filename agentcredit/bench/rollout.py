@@ -9,7 +9,11 @@ One run measures, on the same prompts with the same sampling settings and token 
 2. **naive**: one episode at a time, each turn a ``model.generate`` call that re-prefills the whole context
    (prompt + every earlier segment and observation), the protocol stop checked by a stopping criterion, tools
    run synchronously. One episode per prompt (its tokens/s does not depend on how many episodes it runs);
-3. **trees**: each tree strategy (PORTool with f = 2 by default, and entropy-guided forking) twice with the same
+3. **ceiling**: HF ``generate`` on the same prompts at a constant full batch (prompts x episodes rows, every row
+   decoding the same number of tokens, none stopping early): this CPU's decode and prefill tokens/s when the
+   batch never drains (:func:`run_ceiling`). The engine is set against it three ways (:func:`ceiling_efficiency`):
+   its decode steps against the decode rate, its whole token mix against both rates, and its raw generated tok/s;
+4. **trees**: each tree strategy (PORTool with f = 2 by default, and entropy-guided forking) twice with the same
    seed, with and without prefix reuse: the prefilled and generated token counts of both, and their ratio.
 
 Generated tokens are sampled policy tokens; tokens/s = generated tokens / wall seconds of the whole phase (tool
@@ -202,6 +206,89 @@ def run_naive(
     }
 
 
+# ------------------------------------------------------------------------------------------------ ceiling
+
+
+def run_ceiling(
+    model: Any,
+    tokenizer: Any,
+    protocol: Protocol,
+    examples: Sequence[Any],
+    settings: BenchSettings,
+    *,
+    short: int = 8,
+    extra: int = 32,
+) -> dict[str, Any]:
+    """HF ``generate`` at a constant full batch: the engine's prompts (each ``episodes`` times), no stop.
+
+    Two calls of ``short`` and ``short + extra`` new tokens (``min_new_tokens`` = ``max_new_tokens``, so no row
+    ends early and the batch stays full) separate the two rates: decode seconds per step from their difference,
+    prefill seconds from the rest of the shorter call. These are the ceilings of this CPU for each kind of work
+    at this batch (``generate`` pads to the longest prompt; prefill tokens/s counts the real ones).
+    """
+    from agentcredit.rollout.engine import question_of
+
+    texts = [protocol.prompt(protocol.new_episode(question_of(ex)), tokenizer) for ex in examples]
+    texts = [t for t in texts for _ in range(settings.episodes)]
+    side = tokenizer.padding_side
+    tokenizer.padding_side = "left"
+    try:
+        enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    finally:
+        tokenizer.padding_side = side
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    greedy = settings.temperature == 0
+    seconds = []
+    for new in (short, short + extra):
+        torch.manual_seed(settings.seed)
+        start = time.perf_counter()
+        model.generate(
+            **enc,
+            min_new_tokens=new,
+            max_new_tokens=new,
+            do_sample=not greedy,
+            temperature=settings.temperature if not greedy else None,
+            top_p=settings.top_p if not greedy else None,
+            top_k=0,
+            pad_token_id=pad,
+        )
+        seconds.append(time.perf_counter() - start)
+    batch = len(texts)
+    step = max(1e-9, (seconds[1] - seconds[0]) / extra)
+    prefill = max(1e-9, seconds[0] - short * step)
+    prompt_tokens = int(enc["attention_mask"].sum())
+    return {
+        "batch": batch,
+        "prompt_tokens": prompt_tokens,
+        "padded_prompt_tokens": int(enc["input_ids"].numel()),
+        "seconds": [round(x, 3) for x in seconds],
+        "decode_tokens_per_s": batch / step,
+        "prefill_tokens_per_s": prompt_tokens / prefill,
+    }
+
+
+def ceiling_efficiency(engine: dict[str, Any], ceiling: dict[str, Any]) -> dict[str, float]:
+    """The engine's run set against the constant-batch ceiling.
+
+    * ``decode``: the engine's decode steps (tokens / seconds of its one-token steps) over the ceiling's decode
+      rate: the cost of a batch that drains as episodes end, of gathers and masks;
+    * ``work``: the seconds the engine's token mix (its prefilled and decoded tokens) would take at the ceiling's
+      two rates, over the seconds the whole rollout took (tools and sampling included);
+    * ``generated``: generated tokens/s over the ceiling's decode tokens/s (the raw ratio; low when the episodes
+      prefill long observations, which the ceiling never does).
+    """
+    ideal = (
+        engine["prefill_tokens"] / ceiling["prefill_tokens_per_s"]
+        + engine["decode_tokens"] / ceiling["decode_tokens_per_s"]
+    )
+    decode_rate = engine["decode_step_tokens"] / max(1e-9, engine["decode_seconds"])
+    return {
+        "decode": decode_rate / ceiling["decode_tokens_per_s"],
+        "work": ideal / max(1e-9, engine["seconds"]),
+        "generated": engine["tokens_per_s"] / ceiling["decode_tokens_per_s"],
+    }
+
+
 # ------------------------------------------------------------------------------------------------ engine
 
 
@@ -241,11 +328,15 @@ def _strategy(name: str, episodes: int) -> Any:
 
 
 def _engine_numbers(engine: Any, trees: Sequence[Any]) -> dict[str, Any]:
-    stats = engine.stats
+    stats, backend = engine.stats, engine.backend.stats
     return {
         "episodes": sum(len(t.leaves()) for t in trees),
         "generated_tokens": stats.generated_tokens,
         "prefill_tokens": stats.prefill_tokens,
+        "decode_tokens": stats.decode_tokens,
+        "decode_step_tokens": backend.decode_tokens,
+        "decode_steps": backend.decode_steps,
+        "decode_seconds": round(backend.decode_seconds, 3),
         "tool_turns": stats.tool_turns,
         "turns": stats.segments,
         "forks": stats.forks,
@@ -335,6 +426,14 @@ def bench_rollout(
             log(f"  {result['naive']['tokens_per_s']:.1f} tok/s, {result['naive']['tool_turns']} tool turns")
             # the engine again after the naive loop: on a shared machine the load drifts, and the mean of a run
             # before and a run after is a fairer reference than either (both are reported)
+            log(
+                f"ceiling: generate at a constant batch of {len(examples) * settings.episodes}, no early stop"
+            )
+            result["ceiling"] = run_ceiling(model, tokenizer, protocol, examples, settings)
+            log(
+                f"  decode {result['ceiling']['decode_tokens_per_s']:.1f} tok/s, "
+                f"prefill {result['ceiling']['prefill_tokens_per_s']:.1f} tok/s"
+            )
             log("engine again")
             result["engine_after"] = run_engine(model, tokenizer, protocol, tools, examples, reward, settings)
             log(f"  {result['engine_after']['tokens_per_s']:.1f} tok/s")
@@ -356,6 +455,8 @@ def bench_rollout(
     if "naive" in result:
         result["naive_tokens_per_s"] = result["naive"]["tokens_per_s"]
         result["speedup"] = result["engine_tokens_per_s"] / max(1e-9, result["naive_tokens_per_s"])
+        each = [ceiling_efficiency(result[k], result["ceiling"]) for k in ("engine", "engine_after")]
+        result["of_ceiling"] = {name: sum(e[name] for e in each) / len(each) for name in each[0]}
     if "portool" in result["trees"]:
         result["tree_prefill_ratio"] = result["trees"]["portool"]["prefill_ratio"]
     return result
@@ -381,6 +482,16 @@ def format_result(result: dict[str, Any]) -> str:
         lines.append(
             f"speedup engine (mean of both runs, {result['engine_tokens_per_s']:.1f} tok/s) / naive: "
             f"{result['speedup']:.1f}x"
+        )
+    if "of_ceiling" in result:
+        c, share = result["ceiling"], result["of_ceiling"]
+        lines.append(
+            f"ceiling (generate, constant batch {c['batch']}): decode {c['decode_tokens_per_s']:.1f} tok/s, "
+            f"prefill {c['prefill_tokens_per_s']:.1f} tok/s"
+        )
+        lines.append(
+            f"engine / ceiling (mean of both runs): decode steps {share['decode']:.2f}, whole rollout's token "
+            f"mix {share['work']:.2f}, generated tok/s {share['generated']:.2f}"
         )
     for name, tree in result.get("trees", {}).items():
         lines.append("")

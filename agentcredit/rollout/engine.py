@@ -554,14 +554,17 @@ class RolloutEngine:
         """Give queued job groups a sequence while fewer than ``max_batch`` are in flight."""
         # a leader's clones get their sequences only after its prefill, but they are in flight from admission
         in_flight = len(self._live) + sum(len(ep.clones) for ep in self._live)
+        admitted: list[_Episode] = []
         while self._queue:
             group = self._queue[0]
-            if not force and self._live and in_flight + len(group) > self.config.max_batch:
-                return
+            if not force and (self._live or admitted) and in_flight + len(group) > self.config.max_batch:
+                break
             in_flight += len(group)
             force = False
-            self._queue.popleft()
-            leader = group[0]
+            admitted.append(self._queue.popleft()[0])
+        if admitted:
+            self.backend.reserve(in_flight)  # one allocation for all of them, their leaders' clones included
+        for leader in admitted:
             self._build_sequence(leader)
             self._live.append(leader)
 

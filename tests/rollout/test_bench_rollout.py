@@ -7,7 +7,7 @@ import json
 
 from typer.testing import CliRunner
 
-from agentcredit.bench.rollout import BenchSettings, bench_rollout, format_result
+from agentcredit.bench.rollout import BenchSettings, bench_rollout, ceiling_efficiency, format_result
 from agentcredit.cli import app
 
 SMALL = BenchSettings(
@@ -21,6 +21,15 @@ def test_bench_rollout_reports_both_loops_and_tree_reuse():
     for loop in ("engine", "naive", "engine_after"):
         assert result[loop]["generated_tokens"] > 0 and result[loop]["tokens_per_s"] > 0
     assert result["speedup"] == result["engine_tokens_per_s"] / result["naive_tokens_per_s"]
+    ceiling = result["ceiling"]
+    assert (
+        ceiling["batch"] == 2 * 2
+        and ceiling["decode_tokens_per_s"] > 0
+        and ceiling["prefill_tokens_per_s"] > 0
+    )
+    assert set(result["of_ceiling"]) == {"decode", "work", "generated"}
+    engine = result["engine"]
+    assert 0 < engine["decode_step_tokens"] <= engine["generated_tokens"] and engine["decode_seconds"] > 0
     for name in SMALL.trees:
         tree = result["trees"][name]
         assert tree["same_trees"], f"{name}: reuse changed the sampled trees"
@@ -29,7 +38,7 @@ def test_bench_rollout_reports_both_loops_and_tree_reuse():
         assert tree["prefill_ratio"] == tree["reuse"]["prefill_tokens"] / tree["no_reuse"]["prefill_tokens"]
     assert result["tree_prefill_ratio"] == result["trees"]["portool"]["prefill_ratio"]
     text = format_result(result)
-    assert "speedup engine" in text and "tree portool" in text
+    assert "speedup engine" in text and "tree portool" in text and "engine / ceiling" in text
     json.dumps(result)  # the --json output must serialise
 
 
@@ -57,3 +66,19 @@ def test_bench_rollout_cli_skip_naive_prints_json_last():
     assert "naive" not in result and "speedup" not in result
     assert result["settings"]["max_episode_tokens"] == 24 and result["engine_tokens_per_s"] > 0
     assert 0 < result["tree_prefill_ratio"] <= 1
+
+
+def test_ceiling_efficiency_by_hand():
+    engine = {
+        "prefill_tokens": 600,
+        "decode_tokens": 100,
+        "decode_step_tokens": 90,
+        "decode_seconds": 3.0,
+        "seconds": 10.0,
+        "tokens_per_s": 10.0,
+    }
+    ceiling = {"prefill_tokens_per_s": 200.0, "decode_tokens_per_s": 50.0}
+    share = ceiling_efficiency(engine, ceiling)
+    assert share["decode"] == 30.0 / 50.0  # 90 tokens in 3 s of one-token steps, against 50 tok/s
+    assert share["work"] == (600 / 200 + 100 / 50) / 10.0  # 3 s + 2 s at the ceiling's rates, 10 s taken
+    assert share["generated"] == 10.0 / 50.0
