@@ -34,6 +34,7 @@ from agentcredit.credit import (
 from agentcredit.credit import Episode as LayoutEpisode
 from agentcredit.integrations.verl import EXTRA_KEY
 from agentcredit.integrations.verl.fields import RowRecord, Span, parse_records
+from agentcredit.integrations.verl.losses import LOSS_WEIGHTS
 from agentcredit.integrations.verl.settings import AgentCreditSettings
 
 __all__ = ["AdvantageResult", "Episode", "apply_to_dataproto", "compute_advantages", "group_episodes"]
@@ -47,6 +48,9 @@ class AdvantageResult:
     returns: Tensor
     metrics: dict[str, float] = field(default_factory=dict)
     alpha: float | None = None  # TIPS: the alpha used for this batch (the trainer keeps it for the next one)
+    # carl-segment's segment_mean_loss: each token's weight in the loss (folded into ``advantages`` already; the
+    # actor's entropy and KL terms read it, agentcredit.integrations.verl.losses); None = every token weighs 1
+    loss_weights: Tensor | None = None
 
 
 @dataclass
@@ -319,6 +323,7 @@ def compute_advantages(
         ).to(dtype)
     # verl trains every token of the response mask: an action outside the update set (carl-critical) gets 0
     advantages = torch.where(estimate.loss_mask, advantages, 0.0)
+    loss_weights = None
     returns = estimate.returns if estimate.returns is not None else advantages.clone()
 
     if preset.estimator == "segment":
@@ -334,17 +339,20 @@ def compute_advantages(
         if settings.carl_segment.segment_mean_loss:
             # Eq. 3 averages tokens within a segment and sums segments; under verl's seq-mean-token-sum that is a
             # per-token weight 1/|g_k| (PPO's clipped surrogate is positively homogeneous in A), and
-            # rows/episodes turns verl's mean over rows into the paper's mean over episodes.
+            # rows/episodes turns verl's mean over rows into the paper's mean over episodes. The same weights go
+            # to the entropy and KL terms (A12) through the trainer's actor loss.
             per_episode = rows_per_episode if rows_per_episode is not None else n_rows / len(episodes)
+            loss_weights = torch.zeros_like(advantages)
             for ep in layout.episodes:
                 for s in ep.steps:
-                    advantages[s.row, s.start : s.end] *= per_episode / s.length
+                    loss_weights[s.row, s.start : s.end] = per_episode / s.length
+            advantages = advantages * loss_weights
         metrics["agentcredit/segments_per_episode"] = sum(len(e.steps) for e in layout.episodes) / len(
             episodes
         )
     if preset.estimator == "gae" and settings.gae.whiten:
         advantages = _whiten(advantages, mask.to(advantages.dtype))
-    return AdvantageResult(advantages, returns, metrics, alpha=alpha)
+    return AdvantageResult(advantages, returns, metrics, alpha=alpha, loss_weights=loss_weights)
 
 
 def _teacher_logprobs(records: Sequence[RowRecord], shape: torch.Size, dtype: torch.dtype) -> Tensor:
@@ -447,7 +455,10 @@ def apply_to_dataproto(
         rows_per_episode=rows_per_episode,
     )
     kept = trained[index].cpu().to(torch.float32)
-    for name, value in (("advantages", result.advantages), ("returns", result.returns)):
+    stored = [("advantages", result.advantages), ("returns", result.returns)]
+    if result.loss_weights is not None:
+        stored.append((LOSS_WEIGHTS, result.loss_weights))
+    for name, value in stored:
         full = torch.zeros(mask.shape, dtype=torch.float32)
         full[index] = value.to(torch.float32) * kept
         batch[name] = full.to(mask.device)

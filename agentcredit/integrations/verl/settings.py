@@ -83,7 +83,8 @@ class CarlSegmentSettings(_Section):
         False,
         description=(
             "divide each segment's advantage by its token count (times rows/episodes) so that verl's "
-            "loss_agg_mode=seq-mean-token-sum equals the paper's segment-mean (Eq. 3); off = plain token advantages."
+            "loss_agg_mode=seq-mean-token-sum equals the paper's segment-mean (Eq. 3), and weigh the actor's entropy "
+            "and KL terms the same way (agentcredit's actor loss); off = plain token advantages."
         ),
     )
 

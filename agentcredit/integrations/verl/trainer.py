@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -24,12 +25,14 @@ from verl.protocol import DataProto
 from verl.trainer.ppo.padding_utils import upsample_batch_to_divisible_size
 from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
 from verl.trainer.ppo.v1 import PPOTrainerSync, register_trainer
+from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.utils.padding import response_to_nested
 
 from agentcredit.credit.estimators import ESTIMATORS
 from agentcredit.credit.registry import PRESETS, get_preset
 from agentcredit.integrations.verl import EXTRA_KEY, TRAINER_NAME
 from agentcredit.integrations.verl.advantages import apply_to_dataproto
+from agentcredit.integrations.verl.losses import LOSS_WEIGHTS, trajectory_weighted_ppo_loss
 from agentcredit.integrations.verl.minibatch import MinibatchPlan, plan_minibatches
 from agentcredit.integrations.verl.settings import AgentCreditSettings, load_settings
 
@@ -166,6 +169,20 @@ class AgentCreditTrainer(PPOTrainerSync):
         self._tips_alpha: float | None = None  # TIPS batch_target: kept when a batch has no non-zero delta
         self._plan: MinibatchPlan | None = None  # this step's mini-batches of whole episodes, if multi-row
 
+    def on_init_end(self):
+        """After the workers start: carl-segment's segment-mean weighs the actor's entropy and KL terms per
+        trajectory too, through agentcredit's actor loss on verl's ``set_loss_fn`` hook (:mod:`.losses`)."""
+        if self.weighs_losses:
+            actor = omega_conf_to_dataclass(self.config.actor_rollout_ref.actor)
+            self.actor_rollout_wg.set_loss_fn(partial(trajectory_weighted_ppo_loss, config=actor))
+        super().on_init_end()
+
+    @property
+    def weighs_losses(self) -> bool:
+        """Whether the advantage step writes per-token loss weights (:data:`.losses.LOSS_WEIGHTS`)."""
+        segment = get_preset(self.agentcredit.method).estimator == "segment"
+        return segment and self.agentcredit.carl_segment.segment_mean_loss
+
     def _fetch_one_gen_batch(self):
         """verl's next prompts; under a tree strategy each is sent to one agent-loop session (``__rollout_n__`` =
         1, verl's per-prompt session count), which grows the prompt's whole tree and returns one output per leaf."""
@@ -295,6 +312,8 @@ class AgentCreditTrainer(PPOTrainerSync):
         metrics.update(result.metrics)
 
         out_fields = ["advantages", "returns"]
+        if result.loss_weights is not None:
+            out_fields.append(LOSS_WEIGHTS)  # the actor's loss reads it (installed in on_init_end)
         if self.agentcredit.tree.strategy != "independent":
             # verl's worker copies the last output's reward_score onto every output of a session, and a tree's
             # leaves are outputs of one session: put each row's own outcome (its record's) where verl's metrics

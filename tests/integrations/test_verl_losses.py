@@ -1,0 +1,211 @@
+"""agentcredit's actor loss on verl: verl's ``ppo_loss`` with the entropy and KL terms weighted per token.
+
+carl-segment.md A12: KL and entropy use the segment-mean aggregation of the policy term. With every weight 1 the
+loss is verl 0.9.1's own ``ppo_loss`` (value and gradients); with weights, hand-worked numbers; the trainer writes
+the weights the advantages were scaled by and installs the loss on the actor worker.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import pytest
+import torch
+
+pytest.importorskip("verl")
+
+from hydra import compose, initialize_config_dir  # noqa: E402
+from tensordict import TensorDict  # noqa: E402
+from verl.utils import tensordict_utils as tu  # noqa: E402
+from verl.utils.config import omega_conf_to_dataclass  # noqa: E402
+from verl.workers.utils.losses import ppo_loss  # noqa: E402
+
+from agentcredit.integrations.verl import trainer as trainer_module  # noqa: E402
+from agentcredit.integrations.verl.__main__ import config_dir  # noqa: E402
+from agentcredit.integrations.verl.advantages import apply_to_dataproto  # noqa: E402
+from agentcredit.integrations.verl.losses import LOSS_WEIGHTS, trajectory_weighted_ppo_loss  # noqa: E402
+from agentcredit.integrations.verl.trainer import AgentCreditTrainer  # noqa: E402
+
+from .test_verl_advantages import build_batch, settings  # noqa: E402
+from .test_verl_minibatch import DIRECT, TWO_CALLS, Ep  # noqa: E402
+from .test_verl_trainer import MemoryTQ, Meta, _stored_rows  # noqa: E402
+
+pytestmark = pytest.mark.verl
+
+PROMPTS = [3, 2]  # prompt lengths of the two rows
+SEGMENT_MEAN = [
+    "agentcredit.carl_segment.segment_mean_loss=true",
+    "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum",
+]
+
+
+def _compose(name: str, *overrides: str):
+    with initialize_config_dir(str(config_dir()), version_base=None):
+        return compose(name, overrides=list(overrides))
+
+
+def _actor(**fields):
+    """verl's actor config (a frozen dataclass), as the worker builds it, with ``fields`` set through Hydra."""
+    overrides = [f"actor_rollout_ref.actor.{name}={value}" for name, value in fields.items()]
+    return omega_conf_to_dataclass(
+        _compose("carl_segment", *SEGMENT_MEAN, *overrides).actor_rollout_ref.actor
+    )
+
+
+def _nested(rows: list[torch.Tensor]) -> torch.Tensor:
+    return torch.nested.as_nested_tensor(rows, layout=torch.jagged)
+
+
+def _batch(responses: dict[str, list[list[float]]]) -> TensorDict:
+    """Two rows as the actor worker sees them: nested prompts / responses and per-response-token fields."""
+    lengths = [len(r) for r in responses["advantages"]]
+    fields = {
+        "prompts": _nested([torch.arange(p) + 1 for p in PROMPTS]),
+        "responses": _nested([torch.arange(n) + 1 for n in lengths]),
+        "response_mask": _nested([torch.ones(n, dtype=torch.long) for n in lengths]),
+    }
+    fields.update({name: _nested([torch.tensor(r) for r in rows]) for name, rows in responses.items()})
+    data = TensorDict(fields, batch_size=2)
+    tu.assign_non_tensor(data, dp_size=1, batch_num_tokens=None, global_batch_size=None)
+    return data
+
+
+def _model_output(log_probs: list[list[float]], entropy: list[list[float]]):
+    """Whole-sequence outputs (prompt + response, flat, as verl's no-padding engine gives them) with the response
+    values where ``no_padding_2_padding`` reads them: token t of the response at position prompt + t - 1."""
+    flats = []
+    for values in (log_probs, entropy):
+        rows = []
+        for p, resp in zip(PROMPTS, values, strict=True):
+            row = torch.zeros(p + len(resp))
+            row[p - 1 : p - 1 + len(resp)] = torch.tensor(resp)
+            rows.append(row)
+        flats.append(torch.cat(rows).requires_grad_(True))
+    offsets = torch.tensor(
+        [0, PROMPTS[0] + len(log_probs[0]), sum(PROMPTS) + len(log_probs[0]) + len(log_probs[1])]
+    )
+    out = {
+        "log_probs": torch.nested.nested_tensor_from_jagged(flats[0], offsets),
+        "entropy": torch.nested.nested_tensor_from_jagged(flats[1], offsets),
+    }
+    return out, flats
+
+
+def _random_batch(weights: list[list[float]]):
+    g = torch.Generator().manual_seed(0)
+    lengths = [len(w) for w in weights]
+
+    def rand(scale: float = 1.0) -> list[list[float]]:
+        return [(torch.randn(n, generator=g) * scale).tolist() for n in lengths]
+
+    old = [[-abs(x) for x in row] for row in rand()]
+    data = _batch(
+        {
+            "old_log_probs": old,
+            "advantages": rand(),
+            "ref_log_prob": [[-abs(x) for x in row] for row in rand()],
+            LOSS_WEIGHTS: weights,
+        }
+    )
+    new = [
+        [o + d for o, d in zip(row, delta, strict=True)] for row, delta in zip(old, rand(0.1), strict=True)
+    ]
+    return data, new, [[abs(x) for x in row] for row in rand()]
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"])
+def test_with_unit_weights_it_is_verls_ppo_loss(mode):
+    data, log_probs, entropy = _random_batch([[1.0] * 4, [1.0] * 2])
+    losses, grads = [], []
+    for fn in (ppo_loss, trajectory_weighted_ppo_loss):
+        config = _actor(loss_agg_mode=mode, entropy_coeff=0.01, use_kl_loss=True, kl_loss_coef=0.1)
+        out, flats = _model_output(log_probs, entropy)
+        loss, metrics = fn(config, out, data)
+        loss.backward()
+        losses.append((float(loss), {k: float(getattr(v, "values", [v])[0]) for k, v in metrics.items()}))
+        grads.append([f.grad.clone() for f in flats])
+    assert losses[0] == losses[1]
+    for ours, verls in zip(grads[1], grads[0], strict=True):
+        torch.testing.assert_close(ours, verls, rtol=0, atol=0)
+
+
+def test_entropy_and_kl_weighted_by_hand():
+    """seq-mean-token-sum over 2 rows, zero advantages (no policy term), k1 KL = log p - log p_ref:
+    entropy: row 0 sum(1 x [0.5, 0.5, 2, 2]) = 5, row 1 sum(2 x [1, 1]) = 4, mean over rows 4.5 (unweighted 4);
+    KL: row 0 sum(0.2 x w) = 1.0, row 1 0.1 + 0.3 = 0.4, mean 0.7 (unweighted 0.6);
+    loss = -0.5 x 4.5 + 0.25 x 0.7 = -2.075."""
+    weights = [[0.5, 0.5, 2.0, 2.0], [1.0, 1.0]]
+    data = _batch(
+        {
+            "old_log_probs": [[-1.0] * 4, [-1.0] * 2],
+            "advantages": [[0.0] * 4, [0.0] * 2],
+            "ref_log_prob": [[-1.2] * 4, [-1.1, -1.3]],
+            LOSS_WEIGHTS: weights,
+        }
+    )
+    config = _actor(
+        loss_agg_mode="seq-mean-token-sum",
+        entropy_coeff=0.5,
+        use_kl_loss=True,
+        kl_loss_coef=0.25,
+        kl_loss_type="kl",
+    )
+    out, _ = _model_output([[-1.0] * 4, [-1.0] * 2], [[1.0] * 4, [2.0] * 2])
+    loss, metrics = trajectory_weighted_ppo_loss(config, out, data)
+    assert float(metrics["actor/entropy_loss"].values[0]) == pytest.approx(4.5)
+    assert float(metrics["kl_loss"].values[0]) == pytest.approx(0.7)
+    assert float(loss) == pytest.approx(-2.075)
+    _, verls = ppo_loss(config, out, data)  # verl's own: the same terms on the 0/1 mask
+    assert float(verls["actor/entropy_loss"].values[0]) == pytest.approx(4.0)
+    assert float(verls["kl_loss"].values[0]) == pytest.approx(0.6)
+
+
+def test_a_batch_without_weights_is_refused():
+    data, log_probs, entropy = _random_batch([[1.0] * 4, [1.0] * 2])
+    del data[LOSS_WEIGHTS]
+    out, _ = _model_output(log_probs, entropy)
+    with pytest.raises(ValueError, match=LOSS_WEIGHTS):
+        trajectory_weighted_ppo_loss(_actor(), out, data)
+
+
+class _Recorder:
+    def __init__(self):
+        self.calls = []
+
+    def set_loss_fn(self, loss_fn):
+        self.calls.append(loss_fn)
+
+    def update_weights(self, step):  # the sync trainer's on_init_end pushes the weights to the rollout
+        self.calls.append(("update_weights", step))
+
+
+@pytest.mark.parametrize(
+    ("config_name", "overrides", "installed"),
+    [("carl_segment", SEGMENT_MEAN, True), ("carl_segment", [], False), ("grpo", [], False)],
+)
+def test_the_trainer_writes_the_weights_and_installs_the_loss(monkeypatch, config_name, overrides, installed):
+    cfg = _compose(config_name, *overrides)
+    eps = [Ep("p0", TWO_CALLS, 1.0), Ep("p0", DIRECT, 0.0)]
+    rows = _stored_rows(build_batch(eps, seed=7))
+    monkeypatch.setattr(trainer_module, "tq", MemoryTQ(rows))
+    trainer = AgentCreditTrainer(cfg)
+    trainer._compute_advantage(Meta(list(rows), tags=[{} for _ in rows]), {})
+    assert all((LOSS_WEIGHTS in row) == installed for row in rows.values())
+    if installed:  # the weights are the factor the advantages were scaled by: plain segment advantages x w
+        plain = build_batch(eps, seed=7)
+        apply_to_dataproto(plain.proto, settings("carl-segment"))
+        for r, row in enumerate(rows.values()):
+            n = row["response_mask"].shape[0]
+            expected = plain.proto.batch["advantages"][r, :n] * row[LOSS_WEIGHTS]
+            torch.testing.assert_close(row["advantages"], expected)
+            assert bool((row[LOSS_WEIGHTS][row["response_mask"].bool()] > 0).all())
+
+    trainer.actor_rollout_wg = _Recorder()
+    trainer.checkpoint_manager = trainer.actor_rollout_wg
+    trainer.global_steps = 0  # set by init() before on_init_end
+    trainer.on_init_end()
+    losses = [c for c in trainer.actor_rollout_wg.calls if isinstance(c, partial)]
+    assert len(losses) == int(installed)
+    if installed:
+        assert losses[0].func is trajectory_weighted_ppo_loss
+        assert losses[0].keywords["config"].loss_agg_mode == "seq-mean-token-sum"
