@@ -322,10 +322,14 @@ def _carl_eps():
 
 
 def test_carl_segment_worked_example_across_views():
-    """carl-segment.md §3.2 worked example: V = (0.40, 0.70, 0.50), R = 1 -> (+0.30, -0.20, +0.50)."""
+    """carl-segment.md §3.2 worked example: V = (0.40, 0.70, 0.50), R = 1 -> (+0.30, -0.20, +0.50).
+
+    verl's critic model outputs the head's value before the sigmoid (V = sigmoid(head), §3.4), so the batch
+    holds logit(V)."""
     eps = _carl_eps()
     # rows: 0 = ep0 view 0 (invoke + raw + assimilate), 1 = ep0 view 1 (invoke + assimilate + commit), 2 = ep1
     values_at = {(0, 0): 0.40, (0, 9): 0.70, (1, 8): 0.50, (2, 0): 0.60}
+    values_at = {at: float(torch.logit(torch.tensor(v))) for at, v in values_at.items()}
     b = build_batch(eps, values_at=values_at)
     assert b.row_of == [(0, 0), (0, 1), (1, 0)]
     _, res = apply_to_dataproto(b.proto, settings("carl-segment"))
@@ -336,8 +340,11 @@ def test_carl_segment_worked_example_across_views():
     torch.testing.assert_close(adv[1, 8:14], torch.full((6,), 0.5))
     torch.testing.assert_close(adv[2, 0:4], torch.full((4,), -0.6))
     assert float(adv[0, 5:9].abs().sum() + adv[1, 0:8].abs().sum()) == 0.0  # raw output and replayed context
-    # Monte-Carlo critic target R on every trained token
+    # Monte-Carlo critic target R on every trained token; the critic's loss reads it at the 3 + 1 boundaries only,
+    # each weighing rows/episodes (3/2) over its episode's boundaries
     torch.testing.assert_close(ret, (b.mask * torch.tensor([[1.0], [1.0], [0.0]])).float())
+    weights = {tuple(at): float(res.value_weights[tuple(at)]) for at in res.value_weights.nonzero().tolist()}
+    assert weights == pytest.approx({(0, 0): 0.5, (0, 9): 0.5, (1, 8): 0.5, (2, 0): 1.5})
     assert res.metrics["agentcredit/segments_per_episode"] == 2.0
 
 

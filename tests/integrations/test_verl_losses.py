@@ -23,16 +23,25 @@ from verl.workers.utils.losses import ppo_loss  # noqa: E402
 from agentcredit.integrations.verl import trainer as trainer_module  # noqa: E402
 from agentcredit.integrations.verl.__main__ import config_dir  # noqa: E402
 from agentcredit.integrations.verl.advantages import apply_to_dataproto  # noqa: E402
-from agentcredit.integrations.verl.losses import LOSS_WEIGHTS, trajectory_weighted_ppo_loss  # noqa: E402
+from agentcredit.integrations.verl.losses import (  # noqa: E402
+    LOSS_WEIGHTS,
+    VALUE_WEIGHTS,
+    boundary_value_loss,
+    trajectory_weighted_ppo_loss,
+)
 from agentcredit.integrations.verl.trainer import AgentCreditTrainer  # noqa: E402
 
 from .test_verl_advantages import build_batch, settings  # noqa: E402
 from .test_verl_minibatch import DIRECT, TWO_CALLS, Ep  # noqa: E402
-from .test_verl_trainer import MemoryTQ, Meta, _stored_rows  # noqa: E402
+from .test_verl_trainer import MemoryTQ, Meta, _stored_rows, _tiny_model_dir  # noqa: E402
 
 pytestmark = pytest.mark.verl
 
 PROMPTS = [3, 2]  # prompt lengths of the two rows
+TOKEN_MEAN = [
+    "agentcredit.carl_segment.segment_mean_loss=false",
+    "actor_rollout_ref.actor.loss_agg_mode=token-mean",
+]
 SEGMENT_MEAN = [
     "agentcredit.carl_segment.segment_mean_loss=true",
     "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum",
@@ -42,6 +51,13 @@ SEGMENT_MEAN = [
 def _compose(name: str, *overrides: str):
     with initialize_config_dir(str(config_dir()), version_base=None):
         return compose(name, overrides=list(overrides))
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory, byte_tokenizer) -> str:
+    """A local tiny model: building verl's critic config loads its model config (the default is a hub id)."""
+    path = _tiny_model_dir(tmp_path_factory.mktemp("model"), byte_tokenizer)
+    return f"actor_rollout_ref.model.path={path}"
 
 
 def _actor(**fields):
@@ -70,25 +86,23 @@ def _batch(responses: dict[str, list[list[float]]]) -> TensorDict:
     return data
 
 
+def _sequence_output(responses: list[list[float]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """A whole-sequence model output (prompt + response, flat, as verl's no-padding engine gives it) with the
+    response values where ``no_padding_2_padding`` reads them: token t of the response at position prompt + t - 1.
+    Returns the nested tensor and its flat leaf (for gradients)."""
+    rows = []
+    for p, resp in zip(PROMPTS, responses, strict=True):
+        row = torch.zeros(p + len(resp))
+        row[p - 1 : p - 1 + len(resp)] = torch.tensor(resp)
+        rows.append(row)
+    flat = torch.cat(rows).requires_grad_(True)
+    offsets = torch.tensor([0, len(rows[0]), len(rows[0]) + len(rows[1])])
+    return torch.nested.nested_tensor_from_jagged(flat, offsets), flat
+
+
 def _model_output(log_probs: list[list[float]], entropy: list[list[float]]):
-    """Whole-sequence outputs (prompt + response, flat, as verl's no-padding engine gives them) with the response
-    values where ``no_padding_2_padding`` reads them: token t of the response at position prompt + t - 1."""
-    flats = []
-    for values in (log_probs, entropy):
-        rows = []
-        for p, resp in zip(PROMPTS, values, strict=True):
-            row = torch.zeros(p + len(resp))
-            row[p - 1 : p - 1 + len(resp)] = torch.tensor(resp)
-            rows.append(row)
-        flats.append(torch.cat(rows).requires_grad_(True))
-    offsets = torch.tensor(
-        [0, PROMPTS[0] + len(log_probs[0]), sum(PROMPTS) + len(log_probs[0]) + len(log_probs[1])]
-    )
-    out = {
-        "log_probs": torch.nested.nested_tensor_from_jagged(flats[0], offsets),
-        "entropy": torch.nested.nested_tensor_from_jagged(flats[1], offsets),
-    }
-    return out, flats
+    (lp, lp_flat), (ent, ent_flat) = _sequence_output(log_probs), _sequence_output(entropy)
+    return {"log_probs": lp, "entropy": ent}, [lp_flat, ent_flat]
 
 
 def _random_batch(weights: list[list[float]]):
@@ -180,18 +194,22 @@ class _Recorder:
 
 
 @pytest.mark.parametrize(
-    ("config_name", "overrides", "installed"),
-    [("carl_segment", SEGMENT_MEAN, True), ("carl_segment", [], False), ("grpo", [], False)],
+    ("config_name", "overrides", "actor_loss"),
+    [("carl_segment", SEGMENT_MEAN, True), ("carl_segment", TOKEN_MEAN, False), ("grpo", [], False)],
 )
-def test_the_trainer_writes_the_weights_and_installs_the_loss(monkeypatch, config_name, overrides, installed):
-    cfg = _compose(config_name, *overrides)
+def test_the_trainer_writes_the_weights_and_installs_the_losses(
+    monkeypatch, model_path, config_name, overrides, actor_loss
+):
+    cfg = _compose(config_name, model_path, *overrides)
     eps = [Ep("p0", TWO_CALLS, 1.0), Ep("p0", DIRECT, 0.0)]
     rows = _stored_rows(build_batch(eps, seed=7))
     monkeypatch.setattr(trainer_module, "tq", MemoryTQ(rows))
     trainer = AgentCreditTrainer(cfg)
     trainer._compute_advantage(Meta(list(rows), tags=[{} for _ in rows]), {})
-    assert all((LOSS_WEIGHTS in row) == installed for row in rows.values())
-    if installed:  # the weights are the factor the advantages were scaled by: plain segment advantages x w
+    segment = config_name == "carl_segment"
+    assert all((LOSS_WEIGHTS in row) == actor_loss for row in rows.values())
+    assert all((VALUE_WEIGHTS in row) == segment for row in rows.values())
+    if actor_loss:  # the weights are the factor the advantages were scaled by: plain segment advantages x w
         plain = build_batch(eps, seed=7)
         apply_to_dataproto(plain.proto, settings("carl-segment"))
         for r, row in enumerate(rows.values()):
@@ -199,13 +217,53 @@ def test_the_trainer_writes_the_weights_and_installs_the_loss(monkeypatch, confi
             expected = plain.proto.batch["advantages"][r, :n] * row[LOSS_WEIGHTS]
             torch.testing.assert_close(row["advantages"], expected)
             assert bool((row[LOSS_WEIGHTS][row["response_mask"].bool()] > 0).all())
+    if segment:  # 5 + 1 boundaries, each episode's summing to rows/episodes = 4/2
+        assert sum(float(row[VALUE_WEIGHTS].sum()) for row in rows.values()) == pytest.approx(4.0)
+        assert sum(int((row[VALUE_WEIGHTS] > 0).sum()) for row in rows.values()) == 6
 
-    trainer.actor_rollout_wg = _Recorder()
+    trainer.actor_rollout_wg, trainer.critic_wg = _Recorder(), _Recorder()
     trainer.checkpoint_manager = trainer.actor_rollout_wg
     trainer.global_steps = 0  # set by init() before on_init_end
     trainer.on_init_end()
-    losses = [c for c in trainer.actor_rollout_wg.calls if isinstance(c, partial)]
-    assert len(losses) == int(installed)
-    if installed:
-        assert losses[0].func is trajectory_weighted_ppo_loss
-        assert losses[0].keywords["config"].loss_agg_mode == "seq-mean-token-sum"
+    actor = [c for c in trainer.actor_rollout_wg.calls if isinstance(c, partial)]
+    critic = [c for c in trainer.critic_wg.calls if isinstance(c, partial)]
+    assert [c.func for c in actor] == ([trajectory_weighted_ppo_loss] if actor_loss else [])
+    assert [c.func for c in critic] == ([boundary_value_loss] if segment else [])
+    if actor_loss:
+        assert actor[0].keywords["config"].loss_agg_mode == "seq-mean-token-sum"
+
+
+def test_boundary_value_loss_by_hand_and_as_agentcredits_trainer(model_path):
+    """Row 0 (one episode, boundaries at tokens 0 and 2, R = 1): sigmoid(0) = 0.5, sigmoid(log 3) = 0.75; row 1 (one
+    episode, one boundary, R = 0): sigmoid(-log 3) = 0.25. Weights rows/episodes / boundaries = 1/2, 1/2 and 1.
+    verl's seq-mean-token-sum over 2 rows: (0.5 (0.25 x 0.5 + 0.0625 x 0.5) + 0.5 (0.0625 x 1)) / 2 = 0.0546875,
+    which is agentcredit's own critic loss (value_weights 'boundary': mean over boundaries, then episodes)."""
+    from agentcredit.train.losses import token_value_loss, value_weights
+
+    log3 = float(torch.log(torch.tensor(3.0)))
+    logits = [[0.0, 5.0, log3, 5.0], [-log3, 5.0]]  # 5.0: not a boundary, must not count
+    data = _batch(
+        {
+            "old_log_probs": [[-1.0] * 4, [-1.0] * 2],
+            "advantages": [[0.0] * 4, [0.0] * 2],
+            "returns": [[1.0] * 4, [0.0] * 2],
+            VALUE_WEIGHTS: [[0.5, 0.0, 0.5, 0.0], [1.0, 0.0]],
+        }
+    )
+    values, flat = _sequence_output(logits)
+    critic = omega_conf_to_dataclass(_compose("carl_segment", model_path).critic)
+    loss, metrics = boundary_value_loss(critic, {"values": values}, data)
+    assert float(loss) == pytest.approx(0.0546875)
+    assert float(metrics["critic/boundary_value_mean"].values[0]) == pytest.approx(0.5)
+    boundary = torch.tensor([[True, False, True, False], [True, False, False, False]])
+    native = token_value_loss(
+        torch.sigmoid(torch.tensor([[0.0, 5.0, log3, 5.0], [-log3, 5.0, 0.0, 0.0]])),
+        torch.tensor([[1.0] * 4, [0.0] * 4]),
+        value_weights(boundary, torch.tensor([0, 1]), "boundary"),
+    )
+    assert float(native) == pytest.approx(float(loss))
+    loss.backward()
+    assert int((flat.grad != 0).sum()) == 3  # only the three boundary positions are trained
+    del data[VALUE_WEIGHTS]
+    with pytest.raises(ValueError, match=VALUE_WEIGHTS):
+        boundary_value_loss(critic, {"values": values}, data)

@@ -199,20 +199,19 @@ def _compose(name: str, *overrides: str):
 
 
 def test_carl_segment_config_rejects_per_row_loss_modes():
-    check_trainer_config(_compose("carl_segment"))
+    check_trainer_config(
+        _compose("carl_segment")
+    )  # the shipped config: segment_mean_loss, seq-mean-token-sum
+    with pytest.raises(ValueError, match="loss_agg_mode=seq-mean-token-sum"):
+        check_trainer_config(_compose("carl_segment", "actor_rollout_ref.actor.loss_agg_mode=token-mean"))
+    off = "agentcredit.carl_segment.segment_mean_loss=false"
+    with pytest.raises(ValueError, match="loss_agg_mode=token-mean"):
+        check_trainer_config(_compose("carl_segment", off))
     with pytest.raises(ValueError, match="loss_agg_mode=token-mean"):
         check_trainer_config(
-            _compose("carl_segment", "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean")
+            _compose("carl_segment", off, "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean")
         )
-    with pytest.raises(ValueError, match="loss_agg_mode=seq-mean-token-sum"):
-        check_trainer_config(_compose("carl_segment", "agentcredit.carl_segment.segment_mean_loss=true"))
-    check_trainer_config(
-        _compose(
-            "carl_segment",
-            "agentcredit.carl_segment.segment_mean_loss=true",
-            "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum",
-        )
-    )
+    check_trainer_config(_compose("carl_segment", off, "actor_rollout_ref.actor.loss_agg_mode=token-mean"))
     with pytest.raises(ValueError, match="shuffle=False"):
         check_trainer_config(_compose("carl_segment", "actor_rollout_ref.actor.shuffle=true"))
 

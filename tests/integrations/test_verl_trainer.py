@@ -29,9 +29,9 @@ import agentcredit.integrations.verl.trainer as trainer_module  # noqa: E402
 from agentcredit.integrations.verl import TRAINER_NAME, config_dir  # noqa: E402
 from agentcredit.integrations.verl.__main__ import main as verl_main  # noqa: E402
 from agentcredit.integrations.verl.advantages import apply_to_dataproto  # noqa: E402
-from agentcredit.integrations.verl.trainer import AgentCreditTrainer  # noqa: E402
+from agentcredit.integrations.verl.trainer import AgentCreditTrainer, check_trainer_config  # noqa: E402
 
-from .test_verl_advantages import _carl_eps, build_batch, search_ep, settings  # noqa: E402
+from .test_verl_advantages import _carl_eps, build_batch, search_ep  # noqa: E402
 
 pytestmark = pytest.mark.verl
 
@@ -125,7 +125,9 @@ def test_advantage_step_reads_fields_and_writes_nested_advantages(monkeypatch, c
 
     # the same batch through the adapter directly
     reference = build_batch(method_eps(), seed=5)
-    apply_to_dataproto(reference.proto, settings(trainer.agentcredit.method))
+    apply_to_dataproto(
+        reference.proto, trainer.agentcredit
+    )  # the config's settings (carl-segment: segment-mean)
     assert rows["pad_0_0"]["advantages"].tolist() == [0.0] and rows["pad_0_0"]["returns"].tolist() == [0.0]
     for r, key in enumerate(list(rows)[:n_real]):
         n = rows[key]["response_mask"].shape[0]
@@ -169,7 +171,7 @@ def test_rollout_rejection_keeps_the_credit_and_masks_the_rejected_tokens(
     _trainer(cfg)._compute_advantage(Meta(list(rows), tags=[{} for _ in rows]), metrics)
 
     reference = build_batch(method_eps(), seed=5)  # the credit of the batch as generated
-    apply_to_dataproto(reference.proto, settings(cfg.agentcredit.method))
+    apply_to_dataproto(reference.proto, check_trainer_config(cfg))
     for r, (key, row) in enumerate(rows.items()):
         kept = generated[key].clone()
         kept[rejected.get(key, [])] = 0

@@ -34,7 +34,7 @@ from agentcredit.credit import (
 from agentcredit.credit import Episode as LayoutEpisode
 from agentcredit.integrations.verl import EXTRA_KEY
 from agentcredit.integrations.verl.fields import RowRecord, Span, parse_records
-from agentcredit.integrations.verl.losses import LOSS_WEIGHTS
+from agentcredit.integrations.verl.losses import LOSS_WEIGHTS, VALUE_WEIGHTS
 from agentcredit.integrations.verl.settings import AgentCreditSettings
 
 __all__ = ["AdvantageResult", "Episode", "apply_to_dataproto", "compute_advantages", "group_episodes"]
@@ -51,6 +51,9 @@ class AdvantageResult:
     # carl-segment's segment_mean_loss: each token's weight in the loss (folded into ``advantages`` already; the
     # actor's entropy and KL terms read it, agentcredit.integrations.verl.losses); None = every token weighs 1
     loss_weights: Tensor | None = None
+    # carl-segment's critic: each boundary's weight in the critic's loss (mean over a trajectory's boundaries, then
+    # over the trajectories; agentcredit.integrations.verl.losses.boundary_value_loss); None = verl's value loss
+    value_weights: Tensor | None = None
 
 
 @dataclass
@@ -298,6 +301,10 @@ def compute_advantages(
     )
     if "values" in needs:
         layout.values = need("values", values)
+        if preset.estimator == "segment":
+            # carl-segment's critic is V = sigmoid(head) in [0, 1] (§3.4); verl's critic model outputs the head's
+            # value, which the trainer's boundary loss (losses.boundary_value_loss) trains through the same sigmoid
+            layout.values = torch.sigmoid(layout.values.float())
     alpha = None
     if preset.shaping == "tips":
         alpha, tips_metrics = _tips_alpha(episodes, settings, previous_alpha)
@@ -323,25 +330,29 @@ def compute_advantages(
         ).to(dtype)
     # verl trains every token of the response mask: an action outside the update set (carl-critical) gets 0
     advantages = torch.where(estimate.loss_mask, advantages, 0.0)
-    loss_weights = None
+    loss_weights = value_weights = None
     returns = estimate.returns if estimate.returns is not None else advantages.clone()
 
     if preset.estimator == "segment":
-        # verl's value loss reads every response token, so the Monte-Carlo target R (carl-segment.md §3.5
-        # regresses V(b_k) on R) goes on all of them rather than on the boundaries only
+        # the Monte-Carlo target R (carl-segment.md §3.5 regresses V(b_k) on R) on every token of segment k, where
+        # verl's metrics read returns; the critic's loss reads it at the boundaries only (value_weights)
         returns = torch.zeros_like(advantages)
         to_come = (
             layout.environment_rewards()
         )  # the outcome on the last step, an environment's rewards on theirs
+        # verl's seq-mean-token-sum divides a mini-batch's sum by its rows: rows/episodes makes that a mean over the
+        # mini-batch's episodes (its episodes are whole: the trainer's mini-batch plan)
+        per_episode = rows_per_episode if rows_per_episode is not None else n_rows / len(episodes)
+        value_weights = torch.zeros_like(advantages)
         for j, ep in enumerate(layout.episodes):
             for k, s in enumerate(ep.steps):
                 returns[s.row, s.start : s.end] = float(sum(to_come[j][k:]))
+                # the critic regresses V(s_k) at the boundaries only: mean over them, then over episodes (A12)
+                value_weights[s.row, s.start] = per_episode / len(ep.steps)
         if settings.carl_segment.segment_mean_loss:
             # Eq. 3 averages tokens within a segment and sums segments; under verl's seq-mean-token-sum that is a
-            # per-token weight 1/|g_k| (PPO's clipped surrogate is positively homogeneous in A), and
-            # rows/episodes turns verl's mean over rows into the paper's mean over episodes. The same weights go
-            # to the entropy and KL terms (A12) through the trainer's actor loss.
-            per_episode = rows_per_episode if rows_per_episode is not None else n_rows / len(episodes)
+            # per-token weight 1/|g_k| (PPO's clipped surrogate is positively homogeneous in A) times
+            # rows/episodes. The same weights go to the entropy and KL terms (A12) through the trainer's actor loss.
             loss_weights = torch.zeros_like(advantages)
             for ep in layout.episodes:
                 for s in ep.steps:
@@ -352,7 +363,9 @@ def compute_advantages(
         )
     if preset.estimator == "gae" and settings.gae.whiten:
         advantages = _whiten(advantages, mask.to(advantages.dtype))
-    return AdvantageResult(advantages, returns, metrics, alpha=alpha, loss_weights=loss_weights)
+    return AdvantageResult(
+        advantages, returns, metrics, alpha=alpha, loss_weights=loss_weights, value_weights=value_weights
+    )
 
 
 def _teacher_logprobs(records: Sequence[RowRecord], shape: torch.Size, dtype: torch.dtype) -> Tensor:
@@ -458,6 +471,8 @@ def apply_to_dataproto(
     stored = [("advantages", result.advantages), ("returns", result.returns)]
     if result.loss_weights is not None:
         stored.append((LOSS_WEIGHTS, result.loss_weights))
+    if result.value_weights is not None:
+        stored.append((VALUE_WEIGHTS, result.value_weights))
     for name, value in stored:
         full = torch.zeros(mask.shape, dtype=torch.float32)
         full[index] = value.to(torch.float32) * kept

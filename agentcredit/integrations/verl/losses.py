@@ -1,6 +1,6 @@
-"""The actor's loss on verl when a trajectory's tokens carry weights: the PPO term, entropy and KL alike.
+"""agentcredit's losses on verl's workers, where carl-segment needs its own (installed with verl's ``set_loss_fn``).
 
-carl-segment's segment-mean (Eq. 3, carl-segment.md A12: token-mean within a segment, sum over segments, mean over
+**Actor.** carl-segment's segment-mean (Eq. 3, carl-segment.md A12: token-mean within a segment, sum over segments, mean over
 the trajectories of the mini-batch; "KL and entropy use the same aggregation") is put into verl as a per-token
 weight ``w_t = rows / trajectories / |g_k|`` under ``loss_agg_mode=seq-mean-token-sum``. PPO's clipped surrogate is
 positively homogeneous in the advantage, so the adapter folds ``w`` into the advantages and verl's own policy
@@ -12,14 +12,21 @@ worker with verl's own hook (``set_loss_fn``) when the batch carries :data:`LOSS
 Built from verl's parts (``get_policy_loss_fn``, ``agg_loss``, ``kl_penalty``, ``no_padding_2_padding``), in the
 order of verl 0.9.1's ``ppo_loss``; with every weight 1 it equals that function (tested), so a verl release that
 changes ``ppo_loss`` shows up there.
+
+**Critic.** :func:`boundary_value_loss`: carl-segment's critic objective (sigmoid value, Monte-Carlo MSE at the
+segment boundaries only, no clipping) on verl's critic model, in place of verl's clipped per-token value loss.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 #: The per-token loss-weight field the advantage step writes (nested like ``advantages``).
 LOSS_WEIGHTS = "agentcredit_loss_weights"
+#: carl-segment's critic: each boundary's weight in the value loss, 0 elsewhere (nested like ``returns``).
+VALUE_WEIGHTS = "agentcredit_value_weights"
 
 
 def trajectory_weighted_ppo_loss(config: Any, model_output: Any, data: Any, dp_group: Any = None):
@@ -84,4 +91,54 @@ def trajectory_weighted_ppo_loss(config: Any, model_output: Any, data: Any, dp_g
         loss = loss + kl_loss * config.kl_loss_coef
         metrics["kl_loss"] = Metric(value=kl_loss, aggregation=aggregation)
         metrics["kl_coef"] = config.kl_loss_coef
+    return loss, metrics
+
+
+def boundary_value_loss(config: Any, model_output: Any, data: Any, dp_group: Any = None):
+    """carl-segment's critic loss on verl's critic model: ``0.5 (sigmoid(v) - R)^2`` at the segment boundaries.
+
+    §3.4-3.5 and A12 / A15: V = sigmoid(head) in [0, 1], regressed on the Monte-Carlo target R at every boundary
+    s_k (the first token of each policy segment, transient states included), mean over a trajectory's boundaries,
+    then over the mini-batch's trajectories, no value clipping. :data:`VALUE_WEIGHTS` holds ``rows/episodes /
+    boundaries`` at the boundaries, so verl's ``seq-mean-token-sum`` (sum over the mini-batch / its rows) gives
+    exactly those means (the same construction as the actor's weights). The 0.5 is the paper's c_v, as in
+    agentcredit's trainer (``train.losses.token_value_loss``). Replaces verl's ``value_loss`` (clipped, every
+    token); the trainer installs it with ``set_loss_fn`` for carl-segment.
+    """
+    from verl.trainer.ppo.core_algos import agg_loss
+    from verl.utils.metric import AggregationType, Metric
+    from verl.workers.utils.padding import no_padding_2_padding
+
+    if VALUE_WEIGHTS not in data.keys():
+        raise ValueError(
+            f"boundary_value_loss: the batch has no '{VALUE_WEIGHTS}' field (the agentcredit trainer's advantage "
+            "step writes it for carl-segment)"
+        )
+    vpreds = no_padding_2_padding(model_output["values"], data)
+    dp_size, global_batch_size = data["dp_size"], data["global_batch_size"]
+    global_norm = (
+        dp_size > 1
+        or data["batch_num_tokens"] is not None
+        or global_batch_size is not None
+        or config.loss_scale_factor is not None
+    )
+    aggregation = AggregationType.SUM if global_norm else AggregationType.MEAN
+    data = data.select("returns", "response_mask", VALUE_WEIGHTS).to_padded_tensor()
+    mask = data["response_mask"].to(bool)
+    weights = data[VALUE_WEIGHTS].to(vpreds.dtype)
+    values = torch.sigmoid(vpreds)
+    per_token = 0.5 * (values - data["returns"].to(vpreds.dtype)) ** 2 * weights
+    loss = agg_loss(
+        loss_mat=per_token,
+        loss_mask=mask,
+        loss_agg_mode="seq-mean-token-sum",
+        dp_size=dp_size,
+        global_batch_size=global_batch_size,
+    )
+    at_boundaries = weights > 0
+    boundary_mean = values[at_boundaries].mean() if bool(at_boundaries.any()) else values.new_zeros(())
+    metrics = {
+        "critic/vf_loss": Metric(value=loss, aggregation=aggregation),
+        "critic/boundary_value_mean": Metric(value=boundary_mean.detach(), aggregation=AggregationType.MEAN),
+    }
     return loss, metrics

@@ -32,7 +32,12 @@ from agentcredit.credit.estimators import ESTIMATORS
 from agentcredit.credit.registry import PRESETS, get_preset
 from agentcredit.integrations.verl import EXTRA_KEY, TRAINER_NAME
 from agentcredit.integrations.verl.advantages import apply_to_dataproto
-from agentcredit.integrations.verl.losses import LOSS_WEIGHTS, trajectory_weighted_ppo_loss
+from agentcredit.integrations.verl.losses import (
+    LOSS_WEIGHTS,
+    VALUE_WEIGHTS,
+    boundary_value_loss,
+    trajectory_weighted_ppo_loss,
+)
 from agentcredit.integrations.verl.minibatch import MinibatchPlan, plan_minibatches
 from agentcredit.integrations.verl.settings import AgentCreditSettings, load_settings
 
@@ -170,18 +175,16 @@ class AgentCreditTrainer(PPOTrainerSync):
         self._plan: MinibatchPlan | None = None  # this step's mini-batches of whole episodes, if multi-row
 
     def on_init_end(self):
-        """After the workers start: carl-segment's segment-mean weighs the actor's entropy and KL terms per
-        trajectory too, through agentcredit's actor loss on verl's ``set_loss_fn`` hook (:mod:`.losses`)."""
-        if self.weighs_losses:
-            actor = omega_conf_to_dataclass(self.config.actor_rollout_ref.actor)
-            self.actor_rollout_wg.set_loss_fn(partial(trajectory_weighted_ppo_loss, config=actor))
+        """After the workers start, agentcredit's losses replace verl's where carl-segment needs its own (verl's
+        ``set_loss_fn`` hook, :mod:`.losses`): the critic regresses sigmoid(V) on R at the segment boundaries, and
+        with ``segment_mean_loss`` the actor's entropy and KL terms get the segment-mean weights too."""
+        if get_preset(self.agentcredit.method).estimator == "segment":
+            critic = omega_conf_to_dataclass(self.config.critic)
+            self.critic_wg.set_loss_fn(partial(boundary_value_loss, config=critic))
+            if self.agentcredit.carl_segment.segment_mean_loss:
+                actor = omega_conf_to_dataclass(self.config.actor_rollout_ref.actor)
+                self.actor_rollout_wg.set_loss_fn(partial(trajectory_weighted_ppo_loss, config=actor))
         super().on_init_end()
-
-    @property
-    def weighs_losses(self) -> bool:
-        """Whether the advantage step writes per-token loss weights (:data:`.losses.LOSS_WEIGHTS`)."""
-        segment = get_preset(self.agentcredit.method).estimator == "segment"
-        return segment and self.agentcredit.carl_segment.segment_mean_loss
 
     def _fetch_one_gen_batch(self):
         """verl's next prompts; under a tree strategy each is sent to one agent-loop session (``__rollout_n__`` =
@@ -312,8 +315,12 @@ class AgentCreditTrainer(PPOTrainerSync):
         metrics.update(result.metrics)
 
         out_fields = ["advantages", "returns"]
-        if result.loss_weights is not None:
-            out_fields.append(LOSS_WEIGHTS)  # the actor's loss reads it (installed in on_init_end)
+        # the losses installed in on_init_end read these
+        out_fields += [
+            name
+            for name, value in ((LOSS_WEIGHTS, result.loss_weights), (VALUE_WEIGHTS, result.value_weights))
+            if value is not None
+        ]
         if self.agentcredit.tree.strategy != "independent":
             # verl's worker copies the last output's reward_score onto every output of a session, and a tree's
             # leaves are outputs of one session: put each row's own outcome (its record's) where verl's metrics
