@@ -345,6 +345,9 @@ def test_carl_segment_worked_example_across_views():
     torch.testing.assert_close(ret, (b.mask * torch.tensor([[1.0], [1.0], [0.0]])).float())
     weights = {tuple(at): float(res.value_weights[tuple(at)]) for at in res.value_weights.nonzero().tolist()}
     assert weights == pytest.approx({(0, 0): 0.5, (0, 9): 0.5, (1, 8): 0.5, (2, 0): 1.5})
+    # V at the boundaries (0.4, 0.7, 0.5; 0.6) against R (1, 1, 1; 0): mean 0.55, EV = 1 - 0.225 / 0.1875 = -0.2
+    assert res.metrics["agentcredit/boundary_value_mean"] == pytest.approx(0.55)
+    assert res.metrics["agentcredit/boundary_explained_variance"] == pytest.approx(-0.2)
     assert res.metrics["agentcredit/segments_per_episode"] == 2.0
 
 

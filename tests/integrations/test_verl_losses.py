@@ -8,6 +8,7 @@ the weights the advantages were scaled by and installs the loss on the actor wor
 from __future__ import annotations
 
 from functools import partial
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -72,7 +73,9 @@ def _nested(rows: list[torch.Tensor]) -> torch.Tensor:
     return torch.nested.as_nested_tensor(rows, layout=torch.jagged)
 
 
-def _batch(responses: dict[str, list[list[float]]]) -> TensorDict:
+def _batch(
+    responses: dict[str, list[list[float]]], *, dp_size: int = 1, global_batch_size=None
+) -> TensorDict:
     """Two rows as the actor worker sees them: nested prompts / responses and per-response-token fields."""
     lengths = [len(r) for r in responses["advantages"]]
     fields = {
@@ -82,7 +85,7 @@ def _batch(responses: dict[str, list[list[float]]]) -> TensorDict:
     }
     fields.update({name: _nested([torch.tensor(r) for r in rows]) for name, rows in responses.items()})
     data = TensorDict(fields, batch_size=2)
-    tu.assign_non_tensor(data, dp_size=1, batch_num_tokens=None, global_batch_size=None)
+    tu.assign_non_tensor(data, dp_size=dp_size, batch_num_tokens=None, global_batch_size=global_batch_size)
     return data
 
 
@@ -105,7 +108,7 @@ def _model_output(log_probs: list[list[float]], entropy: list[list[float]]):
     return {"log_probs": lp, "entropy": ent}, [lp_flat, ent_flat]
 
 
-def _random_batch(weights: list[list[float]]):
+def _random_batch(weights: list[list[float]], **global_info):
     g = torch.Generator().manual_seed(0)
     lengths = [len(w) for w in weights]
 
@@ -119,7 +122,8 @@ def _random_batch(weights: list[list[float]]):
             "advantages": rand(),
             "ref_log_prob": [[-abs(x) for x in row] for row in rand()],
             LOSS_WEIGHTS: weights,
-        }
+        },
+        **global_info,
     )
     new = [
         [o + d for o, d in zip(row, delta, strict=True)] for row, delta in zip(old, rand(0.1), strict=True)
@@ -128,8 +132,15 @@ def _random_batch(weights: list[list[float]]):
 
 
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"])
-def test_with_unit_weights_it_is_verls_ppo_loss(mode):
-    data, log_probs, entropy = _random_batch([[1.0] * 4, [1.0] * 2])
+@pytest.mark.parametrize("global_info", [{}, {"dp_size": 2, "global_batch_size": 6}])
+def test_with_unit_weights_it_is_verls_ppo_loss(mode, global_info):
+    """Also with the global batch verl hands a micro-batch (2 of a mini-batch's 6 rows, 2 data-parallel ranks)."""
+    if mode == "token-mean" and global_info:
+        global_info = {
+            **global_info,
+            "dp_size": 1,
+        }  # token-mean over ranks needs batch_num_tokens: dp = 1 here
+    data, log_probs, entropy = _random_batch([[1.0] * 4, [1.0] * 2], **global_info)
     losses, grads = [], []
     for fn in (ppo_loss, trajectory_weighted_ppo_loss):
         config = _actor(loss_agg_mode=mode, entropy_coeff=0.01, use_kl_loss=True, kl_loss_coef=0.1)
@@ -252,9 +263,8 @@ def test_boundary_value_loss_by_hand_and_as_agentcredits_trainer(model_path):
     )
     values, flat = _sequence_output(logits)
     critic = omega_conf_to_dataclass(_compose("carl_segment", model_path).critic)
-    loss, metrics = boundary_value_loss(critic, {"values": values}, data)
+    loss, _ = boundary_value_loss(critic, {"values": values}, data)
     assert float(loss) == pytest.approx(0.0546875)
-    assert float(metrics["critic/boundary_value_mean"].values[0]) == pytest.approx(0.5)
     boundary = torch.tensor([[True, False, True, False], [True, False, False, False]])
     native = token_value_loss(
         torch.sigmoid(torch.tensor([[0.0, 5.0, log3, 5.0], [-log3, 5.0, 0.0, 0.0]])),
@@ -267,3 +277,19 @@ def test_boundary_value_loss_by_hand_and_as_agentcredits_trainer(model_path):
     del data[VALUE_WEIGHTS]
     with pytest.raises(ValueError, match=VALUE_WEIGHTS):
         boundary_value_loss(critic, {"values": values}, data)
+
+
+def test_boundary_value_loss_over_a_global_mini_batch():
+    """verl hands each micro-batch the mini-batch's row count (and multiplies by the ranks, whose gradients it then
+    averages): the same two rows as one micro-batch of a 4-row mini-batch on 2 ranks weigh 2 x 1/4 of their sum."""
+    log3 = float(torch.log(torch.tensor(3.0)))
+    fields = {
+        "old_log_probs": [[-1.0] * 4, [-1.0] * 2],
+        "advantages": [[0.0] * 4, [0.0] * 2],
+        "returns": [[1.0] * 4, [0.0] * 2],
+        VALUE_WEIGHTS: [[0.5, 0.0, 0.5, 0.0], [1.0, 0.0]],
+    }
+    values, _ = _sequence_output([[0.0, 5.0, log3, 5.0], [-log3, 5.0]])
+    critic = SimpleNamespace(loss_scale_factor=None)
+    loss, _ = boundary_value_loss(critic, {"values": values}, _batch(fields, dp_size=2, global_batch_size=4))
+    assert float(loss) == pytest.approx(2 * (0.078125 + 0.03125) / 4)

@@ -214,6 +214,8 @@ def test_carl_segment_config_rejects_per_row_loss_modes():
     check_trainer_config(_compose("carl_segment", off, "actor_rollout_ref.actor.loss_agg_mode=token-mean"))
     with pytest.raises(ValueError, match="shuffle=False"):
         check_trainer_config(_compose("carl_segment", "actor_rollout_ref.actor.shuffle=true"))
+    with pytest.raises(ValueError, match="turn distillation off"):  # its loss would replace agentcredit's
+        check_trainer_config(_compose("carl_segment", "distillation.enabled=true"))
 
 
 class _PlanMeta(Meta):

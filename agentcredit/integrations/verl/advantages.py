@@ -32,6 +32,7 @@ from agentcredit.credit import (
     tips_step_rewards,
 )
 from agentcredit.credit import Episode as LayoutEpisode
+from agentcredit.credit.metrics import explained_variance
 from agentcredit.integrations.verl import EXTRA_KEY
 from agentcredit.integrations.verl.fields import RowRecord, Span, parse_records
 from agentcredit.integrations.verl.losses import LOSS_WEIGHTS, VALUE_WEIGHTS
@@ -344,11 +345,19 @@ def compute_advantages(
         # mini-batch's episodes (its episodes are whole: the trainer's mini-batch plan)
         per_episode = rows_per_episode if rows_per_episode is not None else n_rows / len(episodes)
         value_weights = torch.zeros_like(advantages)
+        boundary_values, boundary_targets = [], []
         for j, ep in enumerate(layout.episodes):
             for k, s in enumerate(ep.steps):
                 returns[s.row, s.start : s.end] = float(sum(to_come[j][k:]))
                 # the critic regresses V(s_k) at the boundaries only: mean over them, then over episodes (A12)
                 value_weights[s.row, s.start] = per_episode / len(ep.steps)
+                boundary_values.append(float(layout.values[s.row, s.start]))
+                boundary_targets.append(float(sum(to_come[j][k:])))
+        # verl's critic metrics read the head's output before the sigmoid; these are V where the method reads it
+        metrics["agentcredit/boundary_value_mean"] = sum(boundary_values) / len(boundary_values)
+        metrics["agentcredit/boundary_explained_variance"] = explained_variance(
+            boundary_values, boundary_targets
+        )
         if settings.carl_segment.segment_mean_loss:
             # Eq. 3 averages tokens within a segment and sums segments; under verl's seq-mean-token-sum that is a
             # per-token weight 1/|g_k| (PPO's clipped surrogate is positively homogeneous in A) times

@@ -135,10 +135,5 @@ def boundary_value_loss(config: Any, model_output: Any, data: Any, dp_group: Any
         dp_size=dp_size,
         global_batch_size=global_batch_size,
     )
-    at_boundaries = weights > 0
-    boundary_mean = values[at_boundaries].mean() if bool(at_boundaries.any()) else values.new_zeros(())
-    metrics = {
-        "critic/vf_loss": Metric(value=loss, aggregation=aggregation),
-        "critic/boundary_value_mean": Metric(value=boundary_mean.detach(), aggregation=AggregationType.MEAN),
-    }
-    return loss, metrics
+    # V and its explained variance at the boundaries are logged by the advantage step (agentcredit/boundary_*)
+    return loss, {"critic/vf_loss": Metric(value=loss, aggregation=aggregation)}

@@ -22,6 +22,7 @@ import transfer_queue as tq
 from omegaconf import DictConfig, open_dict
 from tensordict import TensorDict
 from verl.protocol import DataProto
+from verl.trainer.distillation import is_distillation_enabled
 from verl.trainer.ppo.padding_utils import upsample_batch_to_divisible_size
 from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
 from verl.trainer.ppo.v1 import PPOTrainerSync, register_trainer
@@ -129,6 +130,11 @@ def _check_carl_segment_loss(config: DictConfig, settings: AgentCreditSettings) 
                 f"agentcredit.method=carl-segment needs {key}.shuffle=False: verl shuffles rows, which would "
                 "split the mini-batches of whole episodes the trainer lays out"
             )
+    if settings.carl_segment.segment_mean_loss and is_distillation_enabled(config.get("distillation")):
+        raise ValueError(
+            "agentcredit.method=carl-segment with segment_mean_loss replaces the actor's loss with agentcredit's "
+            "(segment-mean KL and entropy), which would drop verl's distillation loss: turn distillation off"
+        )
 
 
 def episode_keys(extra_fields: list, keys: list) -> list:
