@@ -255,9 +255,8 @@ def run_ceiling(
         seconds.append(time.perf_counter() - start)
     batch = len(texts)
     step = max(1e-9, (seconds[1] - seconds[0]) / extra)
-    prefill = max(
-        1e-9, seconds[0] - (short - 1) * step
-    )  # the first new token comes from the prefill's forward
+    # the first new token comes from the prefill's own forward: the shorter call has short - 1 decode steps
+    prefill = max(1e-9, seconds[0] - (short - 1) * step)
     prompt_tokens = int(enc["attention_mask"].sum())
     return {
         "batch": batch,
@@ -273,8 +272,8 @@ def ceiling_efficiency(engine: dict[str, Any], ceiling: dict[str, Any]) -> dict[
     """The engine's run set against the constant-batch ceiling.
 
     * ``decode``: the engine's one-token steps (tokens / seconds; a one-token prefill, such as a fork's recomputed
-      last token, counts here too) over the ceiling's decode
-      rate: the cost of a batch that drains as episodes end, of gathers and masks;
+      last token, counts here too) over the ceiling's decode rate: the cost of a batch that drains as episodes
+      end, of gathers and masks;
     * ``work``: the seconds the engine's token mix (its prefilled and decoded tokens) would take at the ceiling's
       two rates, over the seconds the whole rollout took (tools and sampling included);
     * ``generated``: generated tokens/s over the ceiling's decode tokens/s (the raw ratio; low when the episodes

@@ -348,11 +348,12 @@ def compute_advantages(
         boundary_values, boundary_targets = [], []
         for j, ep in enumerate(layout.episodes):
             for k, s in enumerate(ep.steps):
-                returns[s.row, s.start : s.end] = float(sum(to_come[j][k:]))
+                target = float(sum(to_come[j][k:]))
+                returns[s.row, s.start : s.end] = target
                 # the critic regresses V(s_k) at the boundaries only: mean over them, then over episodes (A12)
                 value_weights[s.row, s.start] = per_episode / len(ep.steps)
                 boundary_values.append(float(layout.values[s.row, s.start]))
-                boundary_targets.append(float(sum(to_come[j][k:])))
+                boundary_targets.append(target)
         # verl's critic metrics read the head's output before the sigmoid; these are V where the method reads it
         metrics["agentcredit/boundary_value_mean"] = sum(boundary_values) / len(boundary_values)
         metrics["agentcredit/boundary_explained_variance"] = explained_variance(

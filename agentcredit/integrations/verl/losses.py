@@ -38,6 +38,11 @@ def trajectory_weighted_ppo_loss(config: Any, model_output: Any, data: Any, dp_g
     from verl.utils.metric import AggregationType, Metric
     from verl.workers.utils.padding import no_padding_2_padding
 
+    if LOSS_WEIGHTS not in data.keys():
+        raise ValueError(
+            f"trajectory_weighted_ppo_loss: the batch has no '{LOSS_WEIGHTS}' field (the agentcredit trainer's "
+            "advantage step writes it when agentcredit.carl_segment.segment_mean_loss is on)"
+        )
     log_prob = no_padding_2_padding(model_output["log_probs"], data)
     entropy = model_output.get("entropy", None)
     if entropy is not None:
@@ -48,19 +53,7 @@ def trajectory_weighted_ppo_loss(config: Any, model_output: Any, data: Any, dp_g
     info["batch_num_tokens"] = data["batch_num_tokens"]
     info["global_batch_size"] = data["global_batch_size"]
     info["loss_scale_factor"] = config.loss_scale_factor
-    global_norm = (
-        data["dp_size"] > 1
-        or data["batch_num_tokens"] is not None
-        or data["global_batch_size"] is not None
-        or config.loss_scale_factor is not None
-    )
-    aggregation = AggregationType.SUM if global_norm else AggregationType.MEAN
-
-    if LOSS_WEIGHTS not in data.keys():
-        raise ValueError(
-            f"trajectory_weighted_ppo_loss: the batch has no '{LOSS_WEIGHTS}' field (the agentcredit trainer's "
-            "advantage step writes it when agentcredit.carl_segment.segment_mean_loss is on)"
-        )
+    aggregation = _metric_aggregation(config, data)
     fields = ["response_mask", "old_log_probs", "advantages", LOSS_WEIGHTS]
     fields += [name for name in ("rollout_is_weights", "ref_log_prob") if name in data.keys()]
     data = data.select(*fields).to_padded_tensor()
@@ -106,7 +99,7 @@ def boundary_value_loss(config: Any, model_output: Any, data: Any, dp_group: Any
     token); the trainer installs it with ``set_loss_fn`` for carl-segment.
     """
     from verl.trainer.ppo.core_algos import agg_loss
-    from verl.utils.metric import AggregationType, Metric
+    from verl.utils.metric import Metric
     from verl.workers.utils.padding import no_padding_2_padding
 
     if VALUE_WEIGHTS not in data.keys():
@@ -116,13 +109,7 @@ def boundary_value_loss(config: Any, model_output: Any, data: Any, dp_group: Any
         )
     vpreds = no_padding_2_padding(model_output["values"], data)
     dp_size, global_batch_size = data["dp_size"], data["global_batch_size"]
-    global_norm = (
-        dp_size > 1
-        or data["batch_num_tokens"] is not None
-        or global_batch_size is not None
-        or config.loss_scale_factor is not None
-    )
-    aggregation = AggregationType.SUM if global_norm else AggregationType.MEAN
+    aggregation = _metric_aggregation(config, data)
     data = data.select("returns", "response_mask", VALUE_WEIGHTS).to_padded_tensor()
     mask = data["response_mask"].to(bool)
     weights = data[VALUE_WEIGHTS].to(vpreds.dtype)
@@ -137,3 +124,17 @@ def boundary_value_loss(config: Any, model_output: Any, data: Any, dp_group: Any
     )
     # V and its explained variance at the boundaries are logged by the advantage step (agentcredit/boundary_*)
     return loss, {"critic/vf_loss": Metric(value=loss, aggregation=aggregation)}
+
+
+def _metric_aggregation(config: Any, data: Any):
+    """How verl merges a loss metric over micro-batches, by its own rule (``ppo_loss`` / ``value_loss``): a sum
+    when the loss is already normalised over the global mini-batch, else a mean."""
+    from verl.utils.metric import AggregationType
+
+    global_norm = (
+        data["dp_size"] > 1
+        or data["batch_num_tokens"] is not None
+        or data["global_batch_size"] is not None
+        or config.loss_scale_factor is not None
+    )
+    return AggregationType.SUM if global_norm else AggregationType.MEAN
