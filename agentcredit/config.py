@@ -207,7 +207,8 @@ class RolloutConfig(TreeStrategyConfig):
 # --------------------------------------------------------------------------------------------- algorithm
 class TipsShapingConfig(Section):
     """TIPS's shaping settings, defined once: the native ``algorithm.tips`` section and verl's ``agentcredit.tips``
-    block both extend this class, and both trainers pass it to the same ``tips_step_rewards``."""
+    block both extend this class, and both trainers pass it to the same ``tips_step_rewards`` and refresh their
+    teacher on the same schedule."""
 
     alpha: float = Field(
         0.2, ge=0.0, description="Shaping scale alpha (paper: fixed so E|alpha dPhi| ~ 0.2)."
@@ -225,12 +226,16 @@ class TipsShapingConfig(Section):
     terminal_potential: Literal["zero", "hold"] = Field(
         "zero", description="Phi(S_K) = 0 (Eq. 20) or the ablation that holds it."
     )
+    refresh_every: int = Field(
+        200,
+        ge=1,
+        description=(
+            "Teacher = policy snapshot refreshed after every K-th update (paper: 200); K = 1: the current policy."
+        ),
+    )
 
 
 class TipsConfig(TipsShapingConfig):
-    refresh_every: int = Field(
-        200, ge=1, description="Teacher = policy snapshot refreshed every K steps (paper: 200)."
-    )
     potential: Literal["paper", "code"] = Field(
         "paper",
         description="'paper': sum of answer log-probs, logsumexp over aliases; 'code': mean log-prob.",

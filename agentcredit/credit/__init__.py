@@ -48,6 +48,7 @@ from agentcredit.credit.tips import (
     tips_batch_alpha,
     tips_potential,
     tips_step_alpha,
+    tips_teacher_refresh_due,
     tips_token_rewards,
     tips_turn_rewards,
 )
@@ -75,6 +76,7 @@ __all__ = [
     "tips_batch_alpha",
     "tips_step_alpha",
     "tips_token_rewards",
+    "tips_teacher_refresh_due",
     "gear_details",
     "GearDetails",
     "SEGMENTATIONS",

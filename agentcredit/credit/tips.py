@@ -32,7 +32,14 @@ from torch import Tensor
 
 from agentcredit.credit._validate import as_int, as_mask, choice, finite_float, float_list
 
-__all__ = ["tips_turn_rewards", "tips_potential", "tips_batch_alpha", "tips_step_alpha", "tips_token_rewards"]
+__all__ = [
+    "tips_turn_rewards",
+    "tips_potential",
+    "tips_batch_alpha",
+    "tips_step_alpha",
+    "tips_token_rewards",
+    "tips_teacher_refresh_due",
+]
 
 
 def tips_turn_rewards(
@@ -194,3 +201,19 @@ def tips_token_rewards(
             )
         out[pos] += r
     return out
+
+
+def tips_teacher_refresh_due(updates_done: int, refresh_every: int) -> bool:
+    """Whether the teacher becomes a copy of the policy after the ``updates_done``-th update (both trainers).
+
+    The teacher starts as the initial policy and is replaced after every ``refresh_every``-th update, between
+    batches only (tips.md Sec. 4.2: a lagged snapshot, N = 200 in the paper), so a batch's potentials all come
+    from one teacher. ``refresh_every = 1`` makes the teacher the policy that sampled the batch.
+    """
+    updates_done = as_int(updates_done, "updates_done")
+    refresh_every = as_int(refresh_every, "refresh_every")
+    if updates_done < 1 or refresh_every < 1:
+        raise ValueError(
+            f"updates_done and refresh_every must be >= 1, got {updates_done} and {refresh_every}"
+        )
+    return updates_done % refresh_every == 0

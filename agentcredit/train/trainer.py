@@ -28,7 +28,12 @@ from typing import Any
 import torch
 
 from agentcredit.config import Config, dump_config
-from agentcredit.credit import aggregation_weights, policy_loss_stats, tips_step_alpha
+from agentcredit.credit import (
+    aggregation_weights,
+    policy_loss_stats,
+    tips_step_alpha,
+    tips_teacher_refresh_due,
+)
 from agentcredit.environment import Environment, build_environment, load_examples
 from agentcredit.models.heads import initial_value_head
 from agentcredit.models.loading import frozen_copy, load_policy
@@ -428,7 +433,9 @@ class Trainer:
             **update_stats,
             **timings,
         }
-        if self.teacher is not None and self.step % self.cfg.algorithm.tips.refresh_every == 0:
+        if self.teacher is not None and tips_teacher_refresh_due(
+            self.step, self.cfg.algorithm.tips.refresh_every
+        ):
             self.refresh_teacher()
         return StepResult(metrics, trees, batch, examples)
 

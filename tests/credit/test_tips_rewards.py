@@ -11,6 +11,7 @@ from agentcredit.credit import (
     gae_advantages,
     tips_batch_alpha,
     tips_potential,
+    tips_teacher_refresh_due,
     tips_token_rewards,
     tips_turn_rewards,
 )
@@ -139,3 +140,14 @@ def test_step_alpha_by_hand():
     assert tips_step_alpha([[1.0], [2.0]], mode="batch_target", **kw) == 0.02
     with pytest.raises(ValueError, match="alpha mode"):
         tips_step_alpha(potentials, mode="adaptive", **kw)
+
+
+def test_teacher_refresh_schedule_is_the_specs():
+    """tips.md §3.10: teacher = theta_200 for steps 201..400, i.e. replaced after updates 200, 400, ..."""
+    due = [u for u in range(1, 601) if tips_teacher_refresh_due(u, 200)]
+    assert due == [200, 400, 600]
+    assert all(tips_teacher_refresh_due(u, 1) for u in range(1, 10))  # N = 1: the current policy
+    with pytest.raises(ValueError, match="updates_done and refresh_every must be >= 1"):
+        tips_teacher_refresh_due(0, 200)
+    with pytest.raises(ValueError, match="updates_done and refresh_every must be >= 1"):
+        tips_teacher_refresh_due(5, 0)

@@ -117,11 +117,14 @@ def test_grpo_loop_returns_one_output_with_the_record(byte_tokenizer):
     assert (out.extra_fields["min_global_steps"], out.extra_fields["max_global_steps"]) == (7, 8)
 
 
+CURRENT_POLICY_TEACHER = ["agentcredit.tips.refresh_every=1"]  # the rollout server scores the potentials
+
+
 def test_tips_loop_records_teacher_potentials_at_each_boundary(byte_tokenizer):
     """The shipped tips config: TIPS's own style (Qwen tool calls, <tool_response> user turns)."""
     call = '<tool_call>{"name": "search", "arguments": {"query_list": ["author of X"]}}</tool_call>'
     server = FakeServer(byte_tokenizer, [call, "<answer>Jane Doe</answer>"])
-    out = _run_loop(byte_tokenizer, "tips", server, tools=SEARCH)
+    out = _run_loop(byte_tokenizer, "tips", server, overrides=CURRENT_POLICY_TEACHER, tools=SEARCH)
     rec = RowRecord.model_validate(out.extra_fields["agentcredit"])
     assert rec.tool_turns == [0] and out.response_ids.count(byte_tokenizer.eos_token_id) >= 2
     obs = next(s for s in rec.spans if s.role == "observation")
@@ -183,7 +186,7 @@ def test_every_request_of_an_episode_carries_one_routing_id(byte_tokenizer):
     """verl's load balancer keeps a request id on one replica (sticky session), where the prefix is cached."""
     servers = [FakeServer(byte_tokenizer, TIPS_TURNS) for _ in range(2)]
     for server in servers:
-        _run_loop(byte_tokenizer, "tips", server, tools=SEARCH)
+        _run_loop(byte_tokenizer, "tips", server, overrides=CURRENT_POLICY_TEACHER, tools=SEARCH)
     for server in servers:
         assert len(server.request_ids) == 2 and len(server.score_ids) == 4
         # the teacher scores prefixes of the episode: the same replica has them cached
@@ -194,7 +197,7 @@ def test_every_request_of_an_episode_carries_one_routing_id(byte_tokenizer):
 def test_full_determinism_routes_by_priority_as_verls_tool_agent_loop(byte_tokenizer):
     """verl then hands the id to vLLM unchanged, so concurrent teacher requests need ids of their own."""
     server = FakeServer(byte_tokenizer, TIPS_TURNS)
-    overrides = ["actor_rollout_ref.rollout.full_determinism=true"]
+    overrides = ["actor_rollout_ref.rollout.full_determinism=true", *CURRENT_POLICY_TEACHER]
     _run_loop(byte_tokenizer, "tips", server, overrides=overrides, tools=SEARCH, priority=3)
     assert server.request_ids == ["det-3", "det-3"]
     assert len(set(server.score_ids)) == 4 and all(i.startswith("det-3-") for i in server.score_ids)

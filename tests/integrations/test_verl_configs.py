@@ -124,9 +124,12 @@ def test_method_settings_are_the_native_ones(hydra_ctx):
     assert AgentCreditSettings.model_fields["gigpo"].annotation is GigpoConfig
     tips_native = load_config("tips-arith-tools").algorithm.tips
     tips_verl = check_trainer_config(compose("tips")).tips
+    # the CPU preset sets the fallback alpha before a batch has a tool turn (0.02) and a refresh interval its few
+    # dozen steps reach (10); verl's config keeps the paper's (200)
     for name in TipsShapingConfig.model_fields:
-        if name != "alpha":  # the fallback alpha before a batch has a tool turn: the CPU preset sets 0.02
+        if name not in ("alpha", "refresh_every"):
             assert getattr(tips_verl, name) == getattr(tips_native, name), name
+    assert tips_verl.refresh_every == 200 and tips_native.refresh_every == 10
     gear = check_trainer_config(compose("gear"))
     native_gear = load_config("gear-arith-tools").algorithm.gear
     assert gear.gear.template == native_gear.template and gear.gear.lambda_kl == native_gear.lambda_kl

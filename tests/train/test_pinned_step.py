@@ -1,4 +1,5 @@
-"""One learning step of every method, pinned to the numbers it gave before the issue-14 refactor (within 1e-6).
+"""One learning step of every method, pinned to the numbers it gave before the issue-14 refactor (within 1e-6;
+the methods with a teacher within 1e-3, see ``TEACHER_TOLERANCE``).
 
 The rollout is not part of the pin: ``data/pinned_steps.json`` stores each method's trees (sampled once, by the
 fitted tiny model, through the real engine, protocol and tools) and the step's losses, advantage statistics and
@@ -35,6 +36,17 @@ from agentcredit.train.trainer import Trainer
 
 PIN = Path(__file__).parent / "data" / "pinned_steps.json"
 TOLERANCE = 1e-6
+# A teacher's scores (TIPS's potentials, GEAR's teacher log-probs) are differences of fp32 sums of log-probs, and
+# their rounding depends on the CPU's SIMD kernels: on a second CPU (Xeon with AVX-512, 2026-11-27) the same stored
+# trees gave tips/alpha 1.7201755 vs 1.7201826 (4e-6 relative), portool+gear loss/policy 0.0040066 vs 0.0040053
+# (3e-4 relative, 1.3e-6 absolute) and advantage sums 6e-5 apart, while every method without a teacher stayed within
+# 1e-6. Those methods' numbers are pinned to 1e-3 relative / 1e-4 absolute: a changed formula moves them by more.
+TEACHER_TOLERANCE = (1e-3, 1e-4)
+
+
+def tolerance(name: str) -> tuple[float, float]:
+    """(relative, absolute) tolerance of a method's pinned numbers."""
+    return TEACHER_TOLERANCE if "tips" in name or "gear" in name else (TOLERANCE, TOLERANCE)
 
 
 @contextmanager
@@ -77,12 +89,13 @@ def test_learning_step_matches_its_pinned_numbers(name):
     trees = [RolloutTree.from_dict(t) for t in pinned["trees"]]
     measured = learn_metrics(name, trees)
     assert set(measured) == set(pinned["metrics"]), "the step's metrics changed names"
+    rel, abs_ = tolerance(name)
     off = {
         k: (measured[k], v)
         for k, v in pinned["metrics"].items()
-        if not math.isclose(measured[k], v, rel_tol=TOLERANCE, abs_tol=TOLERANCE)
+        if not math.isclose(measured[k], v, rel_tol=rel, abs_tol=abs_)
     }
-    assert not off, f"{name}: (measured, pinned) differ beyond {TOLERANCE}: {off}"
+    assert not off, f"{name}: (measured, pinned) differ beyond {rel} relative / {abs_} absolute: {off}"
     assert pinned["metrics"]["adv/nonzero_frac"] > 0  # the stored trees give the method something to learn
 
 

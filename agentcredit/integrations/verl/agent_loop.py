@@ -18,6 +18,7 @@ import asyncio
 import json
 import random
 import time
+from functools import partial
 from typing import Any
 from uuid import uuid4
 
@@ -36,6 +37,7 @@ from agentcredit.integrations.verl.episode import (
     teacher_logprobs,
 )
 from agentcredit.integrations.verl.settings import AgentCreditSettings, load_settings
+from agentcredit.integrations.verl.teacher import TEACHER_ROUTER, teacher_client, wants_lagged_teacher
 from agentcredit.integrations.verl.tools import build_runtime
 from agentcredit.protocols import get_protocol
 from agentcredit.rollout.engine import episode_reward
@@ -56,6 +58,8 @@ __all__ = [
 
 #: One tool runtime (and its thread pool) per worker process and tool configuration.
 _RUNTIMES: dict[str, ToolRuntime] = {}
+#: One client of TIPS's lagged teacher per worker process (one training job per Ray namespace).
+_TEACHERS: dict[str, Any] = {}
 
 
 def runtime_key(settings: AgentCreditSettings) -> str:
@@ -209,19 +213,28 @@ class AgentCreditAgentLoop(AgentLoopBase):
             steps = [int(kwargs["global_steps"])]
         return {"min_global_steps": min(steps), "max_global_steps": max(steps)} if steps else {}
 
-    async def _prompt_logprobs(self, ids: list[int]) -> list[float]:
+    async def _prompt_logprobs(self, ids: list[int], server: Any = None) -> list[float]:
+        """log p(ids[t] | ids[:t]) for t >= 1, scored by ``server`` (default: the rollout server)."""
         params = {"max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 0, "detokenize": False}
         request_id = score_request_id(self._request_id, self._n_scores, self.full_determinism)
         self._n_scores += 1
-        out = await self.server_manager.generate(
-            request_id=request_id, prompt_ids=ids, sampling_params=params
-        )
+        server = server or self.server_manager
+        out = await server.generate(request_id=request_id, prompt_ids=ids, sampling_params=params)
         raw = out.extra_fields.get("prompt_logprobs")
         if raw is None or len(raw) < len(ids) - 1:
             raise ValueError(
                 "the rollout server returned no prompt_logprobs; TIPS and GEAR need vLLM or SGLang"
             )
         return [float(entry[0]) for entry in raw[: len(ids) - 1]]
+
+    def _tips_scorer(self):
+        """Where TIPS's teacher scores the potentials: the lagged teacher's replicas (:mod:`.teacher`) when it lags
+        the policy, else the rollout server, which serves the current policy."""
+        if not wants_lagged_teacher(self.settings):
+            return self._prompt_logprobs
+        if TEACHER_ROUTER not in _TEACHERS:
+            _TEACHERS[TEACHER_ROUTER] = teacher_client(self.config)
+        return partial(self._prompt_logprobs, server=_TEACHERS[TEACHER_ROUTER])
 
     async def run(
         self, sampling_params: dict[str, Any], **kwargs: Any
@@ -333,7 +346,7 @@ class AgentCreditAgentLoop(AgentLoopBase):
                 episode.boundaries,
                 golds,
                 tokenizer=self.tokenizer,
-                prompt_logprobs=self._prompt_logprobs,
+                prompt_logprobs=self._tips_scorer(),
                 answer_template=t.answer_template,
                 reduce=t.reduce,
                 aggregate=t.aggregate,

@@ -91,7 +91,8 @@ class CarlSegmentSettings(_Section):
 
 class TipsSettings(TipsShapingConfig):
     """The shaping settings of the native ``algorithm.tips`` section (:class:`agentcredit.config.TipsShapingConfig`:
-    alpha, its per-batch rule, and the two edge-case options), plus how the rollout server scores the potential.
+    alpha, its per-batch rule, the two edge-case options and the teacher's refresh interval), plus how the teacher
+    scores the potential and where it runs (:mod:`.teacher`).
     ``config/tips.yaml`` sets the Search-R1 run's values (batch_target alpha with the paper's 0.2 target)."""
 
     reduce: Literal["sum", "mean"] = Field(
@@ -106,6 +107,14 @@ class TipsSettings(TipsShapingConfig):
     )
     max_aliases: int = Field(
         16, ge=1, description="cap on de-duplicated gold aliases per question (tips.md §8.11)."
+    )
+    teacher_replicas: int = Field(
+        1,
+        ge=1,
+        description=(
+            "refresh_every > 1: inference replicas of the lagged teacher (each with the rollout's parallelism, on "
+            "GPUs of their own outside the trainer's pool); refresh_every = 1 scores on the rollout server instead."
+        ),
     )
 
 

@@ -27,6 +27,7 @@ from verl.trainer.ppo.padding_utils import upsample_batch_to_divisible_size
 from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
 from verl.trainer.ppo.v1 import PPOTrainerSync, register_trainer
 from verl.utils.config import omega_conf_to_dataclass
+from verl.utils.debug import marked_timer
 from verl.workers.utils.padding import response_to_nested
 
 from agentcredit.credit.estimators import ESTIMATORS
@@ -41,6 +42,7 @@ from agentcredit.integrations.verl.losses import (
 )
 from agentcredit.integrations.verl.minibatch import MinibatchPlan, plan_minibatches
 from agentcredit.integrations.verl.settings import AgentCreditSettings, load_settings
+from agentcredit.integrations.verl.teacher import LaggedTeacher, check_lagged_teacher, wants_lagged_teacher
 
 __all__ = ["AgentCreditTrainer", "check_trainer_config", "episode_keys", "fields_to_dataproto"]
 
@@ -80,6 +82,7 @@ def check_trainer_config(config: DictConfig) -> AgentCreditSettings:
     if settings.method == "carl-segment":
         _check_carl_segment_loss(config, settings)
     _check_tree(config, settings)
+    check_lagged_teacher(config, settings)
     agent = config.actor_rollout_ref.rollout.get("agent", {})
     if agent.get("default_agent_loop") != "agentcredit_agent":
         logger.warning(
@@ -179,11 +182,18 @@ class AgentCreditTrainer(PPOTrainerSync):
         super().__init__(config)
         self._tips_alpha: float | None = None  # TIPS batch_target: kept when a batch has no non-zero delta
         self._plan: MinibatchPlan | None = None  # this step's mini-batches of whole episodes, if multi-row
+        self._teacher: LaggedTeacher | None = None  # TIPS with refresh_every > 1 (launched in _setup)
+
+    def _setup(self):
+        super()._setup()
+        if wants_lagged_teacher(self.agentcredit):
+            self._teacher = LaggedTeacher.launch(self.config, self.actor_rollout_wg, self.agentcredit)
 
     def on_init_end(self):
         """After the workers start, agentcredit's losses replace verl's where carl-segment needs its own (verl's
         ``set_loss_fn`` hook, :mod:`.losses`): the critic regresses sigmoid(V) on R at the segment boundaries, and
-        with ``segment_mean_loss`` the actor's entropy and KL terms get the segment-mean weights too."""
+        with ``segment_mean_loss`` the actor's entropy and KL terms get the segment-mean weights too. TIPS's lagged
+        teacher gets the actor's weights (the initial policy, or the checkpoint resumed from)."""
         if get_preset(self.agentcredit.method).estimator == "segment":
             critic = omega_conf_to_dataclass(self.config.critic)
             self.critic_wg.set_loss_fn(partial(boundary_value_loss, config=critic))
@@ -191,6 +201,23 @@ class AgentCreditTrainer(PPOTrainerSync):
                 actor = omega_conf_to_dataclass(self.config.actor_rollout_ref.actor)
                 self.actor_rollout_wg.set_loss_fn(partial(trajectory_weighted_ppo_loss, config=actor))
         super().on_init_end()
+        if self._teacher is not None:
+            if self.global_steps % self._teacher.every:
+                # the native trainer's checkpoint holds the teacher; verl's holds the actor only
+                logger.warning(
+                    "resumed at step %d: the TIPS teacher is the resumed policy until the next refresh, not the "
+                    "snapshot of step %d",
+                    self.global_steps,
+                    self.global_steps - self.global_steps % self._teacher.every,
+                )
+            self._teacher.refresh(self.global_steps)
+
+    def on_step_end(self):
+        """verl's weight update of the rollout replicas, then TIPS's teacher refresh when one is due."""
+        super().on_step_end()
+        if self._teacher is not None:
+            with marked_timer("agentcredit_teacher_refresh", self.timing_raw, color="red"):
+                self._teacher.after_update(self.global_steps)
 
     def _fetch_one_gen_batch(self):
         """verl's next prompts; under a tree strategy each is sent to one agent-loop session (``__rollout_n__`` =
@@ -319,6 +346,8 @@ class AgentCreditTrainer(PPOTrainerSync):
         if result.alpha is not None:
             self._tips_alpha = result.alpha
         metrics.update(result.metrics)
+        if self._teacher is not None:  # the actor step whose weights scored this batch's potentials
+            metrics["agentcredit/tips_teacher_step"] = float(self._teacher.weights_step)
 
         out_fields = ["advantages", "returns"]
         # the losses installed in on_init_end read these

@@ -1,0 +1,144 @@
+"""TIPS's lagged teacher on verl: inference replicas serving a snapshot of the actor, refreshed every N updates.
+
+The paper's teacher is a frozen copy of the policy, refreshed every N = 200 updates and fixed within a batch
+(tips.md §3.8); the native trainer keeps it as a second model. On verl it is built from verl's own parts:
+
+* the replicas are launched like verl's distillation teachers (``RolloutReplica(is_teacher_model=True)``), but
+  standalone (``init_standalone``: a placement group of their own, outside the trainer's pool), with the
+  rollout's engine, parallelism and limits;
+* their weights come from the actor through a ``CheckpointEngineManager`` over the configured transport
+  (``actor_rollout_ref.rollout.checkpoint_engine.backend``, e.g. nccl), as verl's separate-async trainer
+  refreshes its standalone replicas; the trainer refreshes them once before the first rollout (the initial
+  policy, or the resumed one) and after every update :func:`agentcredit.credit.tips_teacher_refresh_due` names;
+* their load balancer is verl's ``GlobalRequestLoadBalancer`` registered under the Ray name
+  :data:`TEACHER_ROUTER`, because verl builds agent loops with the rollout client only: the agent loop finds the
+  teacher by that name (:func:`teacher_client`).
+
+With ``agentcredit.tips.refresh_every=1`` none of this runs: the teacher is the current policy, which the
+rollout server already serves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import ray
+from omegaconf import DictConfig
+from verl.checkpoint_engine import CheckpointEngineManager
+from verl.utils.config import omega_conf_to_dataclass
+from verl.utils.ray_utils import auto_await
+from verl.workers.rollout.llm_server import LLMServerClient
+from verl.workers.rollout.replica import RolloutReplica, get_rollout_replica_class
+from verl.workers.rollout.router import DEFAULT_ROUTING_CACHE_SIZE, GlobalRequestLoadBalancer
+
+from agentcredit.credit import tips_teacher_refresh_due
+from agentcredit.integrations.verl.settings import AgentCreditSettings
+
+__all__ = [
+    "TEACHER_ROUTER",
+    "LaggedTeacher",
+    "check_lagged_teacher",
+    "teacher_client",
+    "wants_lagged_teacher",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Ray name of the lagged teacher's load balancer (one training job per Ray namespace, as verl's own actors).
+TEACHER_ROUTER = "agentcredit_tips_teacher_router"
+#: Suffix of the teacher replicas' Ray names, beside verl's distillation teachers' ``rollout_teacher_*``.
+_NAME_SUFFIX = "agentcredit_tips"
+
+
+def wants_lagged_teacher(settings: AgentCreditSettings) -> bool:
+    """TIPS with a teacher that lags the policy (``refresh_every > 1``): the trainer launches :class:`LaggedTeacher`
+    and the agent loop scores the potentials on it; otherwise the rollout server (the current policy) scores them."""
+    return settings.method == "tips" and settings.tips.refresh_every > 1
+
+
+def check_lagged_teacher(config: DictConfig, settings: AgentCreditSettings) -> None:
+    """Raise with the key to change when verl's config cannot host the lagged teacher."""
+    if not wants_lagged_teacher(settings):
+        return
+    backend = config.actor_rollout_ref.rollout.checkpoint_engine.backend
+    if backend == "naive":
+        raise ValueError(
+            f"agentcredit.tips.refresh_every={settings.tips.refresh_every} keeps a lagged teacher on replicas of its "
+            "own, which the actor's weights reach over a transport: set actor_rollout_ref.rollout.checkpoint_engine"
+            ".backend=nccl (or nixl; 'naive' only reaches colocated replicas), or agentcredit.tips.refresh_every=1 "
+            "to score on the rollout server (the current policy)"
+        )
+
+
+@auto_await
+async def _launch(replicas: list[RolloutReplica]) -> None:
+    await asyncio.gather(*(replica.init_standalone() for replica in replicas))
+
+
+class LaggedTeacher:
+    """The teacher replicas, their named load balancer, and the weight sync from the actor."""
+
+    def __init__(
+        self, replicas: list[RolloutReplica], router: Any, sync: CheckpointEngineManager, every: int
+    ):
+        self.replicas = replicas
+        self.router = router
+        self.sync = sync
+        self.every = every
+        self.weights_step: int | None = None  # the actor step whose weights the teacher serves
+
+    @classmethod
+    def launch(cls, config: DictConfig, actor_wg: Any, settings: AgentCreditSettings) -> LaggedTeacher:
+        """Start ``agentcredit.tips.teacher_replicas`` replicas (random weights until :meth:`refresh`)."""
+        rollout = config.actor_rollout_ref.rollout
+        replica_cls = get_rollout_replica_class(rollout.name)
+        replicas = [
+            replica_cls(
+                replica_rank=rank,
+                config=rollout,
+                model_config=config.actor_rollout_ref.model,
+                gpus_per_node=int(rollout.n_gpus_per_node),
+                is_teacher_model=True,
+                name_suffix=_NAME_SUFFIX,
+            )
+            for rank in range(settings.tips.teacher_replicas)
+        ]
+        _launch(replicas)
+        servers = {replica._server_address: replica._server_handle for replica in replicas}
+        router = (
+            ray.remote(GlobalRequestLoadBalancer)
+            .options(name=TEACHER_ROUTER)
+            .remote(servers=servers, max_cache_size=DEFAULT_ROUTING_CACHE_SIZE)
+        )
+        sync = CheckpointEngineManager(
+            config=omega_conf_to_dataclass(rollout.checkpoint_engine), actor_wg=actor_wg, replicas=replicas
+        )
+        logger.info("TIPS lagged teacher: %d replicas at %s", len(replicas), list(servers))
+        return cls(replicas, router, sync, settings.tips.refresh_every)
+
+    def refresh(self, global_steps: int) -> None:
+        """The teacher becomes the actor as it is now (between batches only)."""
+        self.sync.update_weights(global_steps)
+        self.weights_step = int(global_steps)
+
+    def after_update(self, global_steps: int) -> bool:
+        """Refresh after the ``global_steps``-th update when the schedule says so; whether it did."""
+        if not tips_teacher_refresh_due(global_steps, self.every):
+            return False
+        self.refresh(global_steps)
+        return True
+
+
+def teacher_client(config: DictConfig) -> LLMServerClient:
+    """A client of the lagged teacher the trainer launched, found by its load balancer's Ray name."""
+    try:
+        router = ray.get_actor(TEACHER_ROUTER)
+    except ValueError:
+        raise RuntimeError(
+            f"agentcredit.tips.refresh_every > 1 scores TIPS's potentials on the lagged teacher, but no actor "
+            f"named {TEACHER_ROUTER!r} is running: it is started by the agentcredit trainer "
+            "(trainer.v1.trainer_mode=agentcredit)"
+        ) from None
+    return LLMServerClient(config=config, load_balancer_handle=router)
