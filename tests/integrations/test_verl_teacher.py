@@ -16,6 +16,7 @@ pytest.importorskip("verl")
 
 import ray  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
+from verl.trainer.ppo.v1 import PPOTrainerSync  # noqa: E402
 from verl.workers.rollout.replica import TokenOutput  # noqa: E402
 
 import agentcredit.integrations.verl.agent_loop as agent_loop_module  # noqa: E402
@@ -24,7 +25,7 @@ from agentcredit.integrations.verl import config_dir  # noqa: E402
 from agentcredit.integrations.verl.fields import RowRecord  # noqa: E402
 from agentcredit.integrations.verl.settings import load_settings  # noqa: E402
 from agentcredit.integrations.verl.teacher import TEACHER_ROUTER, LaggedTeacher  # noqa: E402
-from agentcredit.integrations.verl.trainer import check_trainer_config  # noqa: E402
+from agentcredit.integrations.verl.trainer import AgentCreditTrainer, check_trainer_config  # noqa: E402
 
 from .test_verl_agent_loop import SEARCH, TIPS_TURNS, FakeServer, _run_loop  # noqa: E402
 
@@ -138,7 +139,7 @@ def test_the_lagged_teacher_scores_the_potentials_and_follows_the_actor_every_n_
         return [_phi(lengths[:2], answer_tokens, 1 + step), _phi(lengths[2:], answer_tokens, 1 + step)]
 
     assert episode() == pytest.approx(expected(0), rel=1e-9)
-    assert [teacher.after_update(step) for step in (1, 2, 3)] == [False, True, False]
+    assert [teacher.after_update(step) is not None for step in (1, 2, 3)] == [False, True, False]
     assert teacher.weights_step == 2
     assert episode() == pytest.approx(expected(2), rel=1e-9)  # theta_2 scores steps 3 and 4
     served = ray.get([replica._server_handle.requests.remote() for replica in teacher.replicas])
@@ -156,3 +157,40 @@ def test_the_lagged_teacher_needs_a_transport_to_its_replicas():
     assert teacher_module.wants_lagged_teacher(
         load_settings(_config().agentcredit)
     )  # the shipped config: N = 200
+
+
+def test_the_teacher_is_refused_where_it_cannot_run():
+    with pytest.raises(ValueError, match=r"rollout\.name=vllm"):
+        check_trainer_config(_config(["actor_rollout_ref.rollout.name=trtllm"]))
+    cfg = _config()  # one node of 8 GPUs for the trainer, one teacher replica of tensor parallel size 1
+    settings = load_settings(cfg.agentcredit)
+    assert teacher_module.teacher_gpus(cfg, settings) == 1
+    with pytest.raises(ValueError, match=r"needs 1 GPUs of its own .* beside the trainer's 8 .* has 8"):
+        teacher_module.check_teacher_gpus(cfg, settings, cluster_gpus=8)
+    teacher_module.check_teacher_gpus(cfg, settings, cluster_gpus=9)
+    wide = _config(
+        ["actor_rollout_ref.rollout.tensor_model_parallel_size=2", "agentcredit.tips.teacher_replicas=2"]
+    )
+    assert teacher_module.teacher_gpus(wide, load_settings(wide.agentcredit)) == 4
+    current = _config(["agentcredit.tips.refresh_every=1"])
+    assert teacher_module.teacher_gpus(current, load_settings(current.agentcredit)) == 0
+    teacher_module.check_teacher_gpus(current, load_settings(current.agentcredit), cluster_gpus=0)
+
+
+def test_the_teacher_is_refreshed_before_the_rollout_wakes(monkeypatch):
+    """verl's sync trainer wakes the colocated rollout in on_step_end; the teacher's transfer goes first, while it
+    sleeps, and its sync metrics reach the step's log."""
+    order = []
+    monkeypatch.setattr(PPOTrainerSync, "on_step_end", lambda self: order.append("rollout"))
+
+    class Teacher:
+        def after_update(self, step):
+            order.append(f"teacher {step}")
+            return {"sync_seconds": 1.5}
+
+    trainer = object.__new__(AgentCreditTrainer)  # only the hook: no workers
+    trainer._teacher, trainer.timing_raw, trainer.global_steps = Teacher(), {}, 200
+    trainer.on_step_end()
+    assert order == ["teacher 200", "rollout"]
+    assert trainer._pending_sync_metrics == {"agentcredit/teacher_sync/sync_seconds": 1.5}
+    assert "agentcredit_teacher_refresh" in trainer.timing_raw

@@ -3,13 +3,15 @@
 The paper's teacher is a frozen copy of the policy, refreshed every N = 200 updates and fixed within a batch
 (tips.md §3.8); the native trainer keeps it as a second model. On verl it is built from verl's own parts:
 
-* the replicas are launched like verl's distillation teachers (``RolloutReplica(is_teacher_model=True)``), but
-  standalone (``init_standalone``: a placement group of their own, outside the trainer's pool), with the
-  rollout's engine, parallelism and limits;
+* the replicas are verl's teacher replicas (``RolloutReplica(is_teacher_model=True)``, as its distillation teachers),
+  launched standalone as ``LLMServerManager`` launches a separate rollout (``init_standalone``: a placement group of
+  their own, outside the trainer's pool, so the cluster needs :func:`teacher_gpus` more GPUs), with the rollout's
+  engine, parallelism and limits;
 * their weights come from the actor through a ``CheckpointEngineManager`` over the configured transport
   (``actor_rollout_ref.rollout.checkpoint_engine.backend``, e.g. nccl), as verl's separate-async trainer
-  refreshes its standalone replicas; the trainer refreshes them once before the first rollout (the initial
-  policy, or the resumed one) and after every update :func:`agentcredit.credit.tips_teacher_refresh_due` names;
+  refreshes its standalone replicas, and before the colocated rollout wakes (so the transfer buffers never share the
+  GPU with vLLM's KV cache); the trainer refreshes them once before the first rollout (the initial policy, or the
+  resumed one) and after every update :func:`agentcredit.credit.tips_teacher_refresh_due` names;
 * their load balancer is verl's ``GlobalRequestLoadBalancer`` registered under the Ray name
   :data:`TEACHER_ROUTER`, because verl builds agent loops with the rollout client only: the agent loop finds the
   teacher by that name (:func:`teacher_client`).
@@ -62,13 +64,48 @@ def check_lagged_teacher(config: DictConfig, settings: AgentCreditSettings) -> N
     """Raise with the key to change when verl's config cannot host the lagged teacher."""
     if not wants_lagged_teacher(settings):
         return
-    backend = config.actor_rollout_ref.rollout.checkpoint_engine.backend
-    if backend == "naive":
+    rollout = config.actor_rollout_ref.rollout
+    fallback = "or agentcredit.tips.refresh_every=1 to score on the rollout server (the current policy)"
+    if rollout.checkpoint_engine.backend == "naive":
         raise ValueError(
             f"agentcredit.tips.refresh_every={settings.tips.refresh_every} keeps a lagged teacher on replicas of its "
             "own, which the actor's weights reach over a transport: set actor_rollout_ref.rollout.checkpoint_engine"
-            ".backend=nccl (or nixl; 'naive' only reaches colocated replicas), or agentcredit.tips.refresh_every=1 "
-            "to score on the rollout server (the current policy)"
+            f".backend=nccl (or nixl; 'naive' only reaches colocated replicas), {fallback}"
+        )
+    if rollout.name == "trtllm":  # verl's TRTLLMReplica raises NotImplementedError for is_teacher_model
+        raise ValueError(
+            "TIPS's lagged teacher runs on verl's teacher replicas, which trtllm does not provide: set "
+            f"actor_rollout_ref.rollout.name=vllm (or sglang), {fallback}"
+        )
+
+
+def teacher_gpus(config: DictConfig, settings: AgentCreditSettings) -> int:
+    """GPUs the lagged teacher's replicas take beside the trainer's pool (0 when the teacher is the policy)."""
+    if not wants_lagged_teacher(settings):
+        return 0
+    rollout = config.actor_rollout_ref.rollout
+    world = (
+        int(rollout.tensor_model_parallel_size)
+        * int(rollout.get("data_parallel_size", 1))
+        * int(rollout.get("pipeline_model_parallel_size", 1))
+    )
+    return settings.tips.teacher_replicas * world
+
+
+def check_teacher_gpus(config: DictConfig, settings: AgentCreditSettings, cluster_gpus: float) -> None:
+    """Refuse, before any worker starts, a cluster without GPUs for both the trainer's pool and the teacher's
+    replicas (their placement groups are their own; verl would otherwise fail after building every worker)."""
+    needed = teacher_gpus(config, settings)
+    if not needed:
+        return
+    pool = int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node)
+    if pool + needed > cluster_gpus:
+        raise ValueError(
+            f"TIPS's lagged teacher needs {needed} GPUs of its own (agentcredit.tips.teacher_replicas="
+            f"{settings.tips.teacher_replicas} x the rollout's tensor x data x pipeline parallel size) beside the "
+            f"trainer's {pool} (trainer.nnodes x trainer.n_gpus_per_node), but the Ray cluster has "
+            f"{cluster_gpus:g}: lower trainer.n_gpus_per_node, or set agentcredit.tips.refresh_every=1 to score on "
+            "the rollout server (the current policy)"
         )
 
 
@@ -107,10 +144,14 @@ class LaggedTeacher:
         ]
         _launch(replicas)
         servers = {replica._server_address: replica._server_handle for replica in replicas}
-        router = (
+        router = (  # as verl's get_router_handle builds it, under a name the agent loops can find
             ray.remote(GlobalRequestLoadBalancer)
             .options(name=TEACHER_ROUTER)
-            .remote(servers=servers, max_cache_size=DEFAULT_ROUTING_CACHE_SIZE)
+            .remote(
+                servers=servers,
+                max_cache_size=DEFAULT_ROUTING_CACHE_SIZE,
+                full_determinism=bool(rollout.get("full_determinism", False)),
+            )
         )
         sync = CheckpointEngineManager(
             config=omega_conf_to_dataclass(rollout.checkpoint_engine), actor_wg=actor_wg, replicas=replicas
@@ -118,17 +159,17 @@ class LaggedTeacher:
         logger.info("TIPS lagged teacher: %d replicas at %s", len(replicas), list(servers))
         return cls(replicas, router, sync, settings.tips.refresh_every)
 
-    def refresh(self, global_steps: int) -> None:
-        """The teacher becomes the actor as it is now (between batches only)."""
-        self.sync.update_weights(global_steps)
+    def refresh(self, global_steps: int) -> dict[str, Any]:
+        """The teacher becomes the actor as it is now (between batches only); the transport's sync metrics."""
+        metrics = self.sync.update_weights(global_steps) or {}
         self.weights_step = int(global_steps)
+        return dict(metrics)
 
-    def after_update(self, global_steps: int) -> bool:
-        """Refresh after the ``global_steps``-th update when the schedule says so; whether it did."""
+    def after_update(self, global_steps: int) -> dict[str, Any] | None:
+        """Refresh after the ``global_steps``-th update when the schedule says so: its sync metrics, else None."""
         if not tips_teacher_refresh_due(global_steps, self.every):
-            return False
-        self.refresh(global_steps)
-        return True
+            return None
+        return self.refresh(global_steps)
 
 
 def teacher_client(config: DictConfig) -> LLMServerClient:

@@ -17,6 +17,7 @@ from functools import partial
 from typing import Any
 
 import numpy as np
+import ray
 import torch
 import transfer_queue as tq
 from omegaconf import DictConfig, open_dict
@@ -42,7 +43,12 @@ from agentcredit.integrations.verl.losses import (
 )
 from agentcredit.integrations.verl.minibatch import MinibatchPlan, plan_minibatches
 from agentcredit.integrations.verl.settings import AgentCreditSettings, load_settings
-from agentcredit.integrations.verl.teacher import LaggedTeacher, check_lagged_teacher, wants_lagged_teacher
+from agentcredit.integrations.verl.teacher import (
+    LaggedTeacher,
+    check_lagged_teacher,
+    check_teacher_gpus,
+    wants_lagged_teacher,
+)
 
 __all__ = ["AgentCreditTrainer", "check_trainer_config", "episode_keys", "fields_to_dataproto"]
 
@@ -185,6 +191,8 @@ class AgentCreditTrainer(PPOTrainerSync):
         self._teacher: LaggedTeacher | None = None  # TIPS with refresh_every > 1 (launched in _setup)
 
     def _setup(self):
+        if wants_lagged_teacher(self.agentcredit):  # before any worker starts
+            check_teacher_gpus(self.config, self.agentcredit, ray.cluster_resources().get("GPU", 0))
         super()._setup()
         if wants_lagged_teacher(self.agentcredit):
             self._teacher = LaggedTeacher.launch(self.config, self.actor_rollout_wg, self.agentcredit)
@@ -200,8 +208,9 @@ class AgentCreditTrainer(PPOTrainerSync):
             if self.agentcredit.carl_segment.segment_mean_loss:
                 actor = omega_conf_to_dataclass(self.config.actor_rollout_ref.actor)
                 self.actor_rollout_wg.set_loss_fn(partial(trajectory_weighted_ppo_loss, config=actor))
-        super().on_init_end()
-        if self._teacher is not None:
+        if (
+            self._teacher is not None
+        ):  # first, while the colocated rollout is still asleep (as _setup left it)
             if self.global_steps % self._teacher.every:
                 # the native trainer's checkpoint holds the teacher; verl's holds the actor only
                 logger.warning(
@@ -211,13 +220,22 @@ class AgentCreditTrainer(PPOTrainerSync):
                     self.global_steps - self.global_steps % self._teacher.every,
                 )
             self._teacher.refresh(self.global_steps)
+        super().on_init_end()
 
     def on_step_end(self):
-        """verl's weight update of the rollout replicas, then TIPS's teacher refresh when one is due."""
-        super().on_step_end()
+        """TIPS's teacher refresh when one is due, then verl's weight update of the rollout replicas: the teacher's
+        transfer runs while the colocated rollout sleeps (as verl's separate-async trainer orders its two syncs)."""
+        synced = None
         if self._teacher is not None:
             with marked_timer("agentcredit_teacher_refresh", self.timing_raw, color="red"):
-                self._teacher.after_update(self.global_steps)
+                synced = self._teacher.after_update(self.global_steps)
+        super().on_step_end()
+        if synced:
+            pending = getattr(self, "_pending_sync_metrics", None) or {}
+            self._pending_sync_metrics = {
+                **pending,
+                **{f"agentcredit/teacher_sync/{k}": v for k, v in synced.items()},
+            }
 
     def _fetch_one_gen_batch(self):
         """verl's next prompts; under a tree strategy each is sent to one agent-loop session (``__rollout_n__`` =
