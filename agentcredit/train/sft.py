@@ -22,8 +22,7 @@ import torch
 from agentcredit.config import MICRO_BATCH_TOKENS
 from agentcredit.credit import aggregation_weights
 from agentcredit.environment import Environment, raise_on_infra_failures
-from agentcredit.models.packing import padded_chunks
-from agentcredit.models.scoring import score_tokens
+from agentcredit.models.scoring import micro_batches, score_tokens
 from agentcredit.rollout.engine import episode_reward
 from agentcredit.rollout.replay import replay
 from agentcredit.rollout.tree import RolloutTree
@@ -33,6 +32,7 @@ from agentcredit.tools.episodes import EpisodeTools
 from agentcredit.train.batch import build_batch
 from agentcredit.train.demos import scripted_policy
 from agentcredit.train.optim import adamw
+from agentcredit.train.signals import row_tokens
 
 
 def demonstrations(
@@ -151,7 +151,9 @@ def sft(
             weights = aggregation_weights(mb.policy_mask, "token-mean").float()
             optimizer.zero_grad(set_to_none=True)
             total = 0.0
-            for micro in padded_chunks(mb.attention_mask.sum(-1).tolist(), max_tokens):
+            # as the RL update: rows that share a prefix (the system prompt, the question) are packed and the prefix
+            # forwarded once, equal to row-by-row forwarding up to float rounding (agentcredit.models.packing)
+            for micro in micro_batches(model, row_tokens(mb), max_tokens):
                 sub = mb.select(micro)
                 scores = score_tokens(
                     model,
@@ -160,6 +162,7 @@ def sft(
                     sub.policy_mask,
                     with_entropy=False,
                     autocast=autocast,
+                    share_prefixes=True,
                 )
                 loss = -(scores.logprobs * weights[micro][:, : sub.input_ids.shape[1]]).sum()
                 loss.backward()
