@@ -24,7 +24,9 @@ Layout of a study directory::
 
 A study resumes where it stopped: finished runs are skipped, an unfinished run continues from its last
 checkpoint. On a machine that never held the study directory (a fresh clone), ``--from-published`` lays the
-published folder's ended runs into a new one; the start is rebuilt and must match the published start's weights. Several invocations can share the work: each run is claimed with a lock file, so a second
+published folder's ended runs into a new one; the start is rebuilt and must match the published start's weights,
+or, where another CPU rounds differently, its held-out results on every metric (each run records the digest of the
+start it trained from in ``start_weights``). Several invocations can share the work: each run is claimed with a lock file, so a second
 ``agentcredit study --resume`` started beside the first takes the next free run.
 """
 
@@ -33,6 +35,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import math
 import os
 import shutil
 import socket
@@ -507,19 +510,22 @@ class Study:
         # value head), so they are kept keyed by a digest of those weights and survive a redone head warm-up
         cache = self.start_dir / "heldout_start.json"
         weights = _weights_digest(model_dir)
-        published = self.start_dir / "published_weights"
-        if published.is_file() and published.read_text().strip() != weights:
-            raise StudyError(
-                f"{model_dir}: the rebuilt start's weights (digest {weights}) differ from the published start's "
-                f"({published.read_text().strip()}), from which the restored runs trained; the two cannot be "
-                "compared in one study. Run it anew in a new --out directory"
-            )
         cached = json.loads(cache.read_text()) if cache.is_file() else {}
+        published_file = self.start_dir / "published_weights"
+        published = published_file.read_text().strip() if published_file.is_file() else None
         if cached.get("weights") != weights:
             tiers = self._tier_labels(model, tokenizer, start_cfg, sets)
             evaluation = self._evaluate(model, tokenizer, start_cfg, sets, tiers)
-            cached = {"weights": weights, "tiers": tiers, "heldout": evaluation}
+            fresh = {"weights": weights, "tiers": tiers, "heldout": evaluation}
+            if published and published != weights:
+                fresh["equivalent_to"] = self._check_equivalent_rebuild(published, cached, fresh)
+            cached = fresh
             _write_json(cache, cached)
+        elif published and published != weights and published not in cached.get("equivalent_to", []):
+            raise StudyError(
+                f"{model_dir}: the start's weights (digest {weights}) differ from the published start's "
+                f"({published}), from which the restored runs trained; run it anew in a new --out directory"
+            )
         summary["tiers"], summary["heldout"] = cached["tiers"], cached["heldout"]
         summary["seconds"] = time.perf_counter() - started
         summary["model"] = str(model_dir)
@@ -532,6 +538,39 @@ class Study:
             )
         )
         return summary
+
+    def _check_equivalent_rebuild(
+        self, published: str, record: dict[str, Any], rebuilt: dict[str, Any]
+    ) -> list[str]:
+        """Accept a rebuilt start whose weights differ from the published start's only where its greedy held-out
+        results (every metric of every held-out set, and the tier labels) are the published ones; else refuse.
+
+        SFT is seeded, but fp32 sums round differently under other SIMD kernels: the kb-multihop start rebuilt on
+        an AVX-512 Xeon (2026-11-27) came out with other bits than on the machine that published it. Bit equality
+        would tie a study to one CPU model, and models are never published. Equal held-out behaviour is checked
+        instead, and each run records the digest it trained from (``<run>/start_weights``), so the report can say
+        which runs came from which build. Returns the chain of digests this rebuild is equivalent to.
+        """
+        differ = {
+            f"{name}/{key}": (value, rebuilt["heldout"].get(name, {}).get(key))
+            for name, metrics in record.get("heldout", {}).items()
+            for key, value in metrics.items()
+            if not math.isclose(value, rebuilt["heldout"].get(name, {}).get(key, math.nan), rel_tol=1e-9)
+        }
+        if record.get("weights") != published or differ or record.get("tiers", {}) != rebuilt["tiers"]:
+            shown = "; ".join(f"{k}: published {a}, rebuilt {b}" for k, (a, b) in sorted(differ.items())[:6])
+            raise StudyError(
+                f"{self.start_dir}: the rebuilt start's weights (digest {rebuilt['weights']}) differ from the "
+                f"published start's ({published}), from which the restored runs trained, and so does its held-out "
+                f"behaviour ({shown or 'tier labels differ'}); the two cannot be compared in one study. Run it anew "
+                "in a new --out directory"
+            )
+        self.log(
+            f"[start] the rebuilt start's weights differ from the published start's by float rounding (digest "
+            f"{rebuilt['weights']} vs {published}: this CPU's kernels), and its held-out results are the published "
+            "ones on every metric: going on; new runs record the digest they trained from"
+        )
+        return [published, *record.get("equivalent_to", [])]
 
     def _tier_labels(self, model, tokenizer, cfg, sets) -> dict[str, str]:
         if self.spec.tier_samples == 0:
@@ -570,6 +609,9 @@ class Study:
         return out
 
     # ---------------------------------------------------------------- runs
+    def _start_weights(self) -> str:
+        return json.loads((self.start_dir / "heldout_start.json").read_text())["weights"]
+
     def arm_start(self, arm: ArmSpec) -> Path:
         """The model an arm starts from: the warmed-up one for arms with a critic, else the SFT model.
 
@@ -613,6 +655,11 @@ class Study:
             fingerprint = run_dir / "fingerprint"
             if not fingerprint.is_file():  # what this run computes; a later study file is checked against it
                 fingerprint.write_text(self.spec.run_fingerprint(arm.name, seed) + "\n")
+            start_weights = run_dir / "start_weights"
+            if (
+                not start_weights.is_file()
+            ):  # which build of the start it trains from (_check_equivalent_rebuild)
+                start_weights.write_text(self._start_weights() + "\n")
             cfg = self.run_config(arm, seed)
             progress_path = run_dir / "progress.json"
             spent = json.loads(progress_path.read_text())["seconds"] if progress_path.is_file() else 0.0
@@ -706,6 +753,7 @@ class Study:
                 "progress.json",
                 "done.json",
                 "failed.json",
+                "start_weights",
             ):
                 pairs.append((run / name, dest / "runs" / run.name / name))
         written = []

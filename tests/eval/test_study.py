@@ -314,3 +314,52 @@ def test_a_published_study_continues_on_a_machine_that_never_held_it(tmp_path):
         study.build_start()
     with pytest.raises(StudyError, match="study-as-run.yaml: missing"):
         Study(load_study(config), tmp_path / "none").restore(tmp_path)
+
+
+def test_a_start_rebuilt_with_other_rounding_goes_on_only_with_the_published_held_out_results(tmp_path):
+    """Another CPU's SIMD kernels round SFT's fp32 sums differently (the kb-multihop start, rebuilt on an AVX-512
+    Xeon, came out with other bits): the rebuild is accepted where its held-out results are the published start's
+    on every metric, each new run records the digest it trained from, and a rebuild that behaves differently is
+    refused, naming the metric."""
+    config = write(tmp_path / "study.yaml", tiny_study(seeds=[0]))
+    docs = tmp_path / "docs"
+    ran = CliRunner().invoke(
+        app,
+        [
+            "study",
+            "--config",
+            config,
+            "--out",
+            str(tmp_path / "first"),
+            "--max-runs",
+            "1",
+            "--publish",
+            str(docs),
+        ],
+    )
+    assert ran.exit_code == 0, ran.output
+    record_file = docs / "start" / "heldout_start.json"
+    record = json.loads(record_file.read_text())
+    built_here = record["weights"]
+    # as if the published start had been built on another CPU: other bits, the same held-out results
+    record["weights"] = "f" * 32
+    record_file.write_text(json.dumps(record))
+
+    study = Study(load_study(config), tmp_path / "fresh")
+    study.restore(docs)
+    study.prepare(resume=True)
+    study.run()
+    rebuilt = json.loads((tmp_path / "fresh" / "start" / "heldout_start.json").read_text())
+    assert rebuilt["weights"] == built_here and rebuilt["equivalent_to"] == ["f" * 32]
+    assert (
+        tmp_path / "fresh" / "runs" / "carl-segment-s0" / "start_weights"
+    ).read_text().strip() == built_here
+
+    first_set = next(iter(record["heldout"]))
+    record["heldout"][first_set]["accuracy"] += 0.5  # a rebuild that answers differently
+    record_file.write_text(json.dumps(record))
+    other = Study(load_study(config), tmp_path / "other")
+    other.restore(docs)
+    other.prepare(resume=True)
+    with pytest.raises(StudyError, match=f"held-out behaviour \\({first_set}/accuracy: published"):
+        other.build_start()
