@@ -9,25 +9,20 @@ from __future__ import annotations
 import copy
 
 import pytest
-from train_helpers import EXAMPLES, SMALL
+from train_helpers import SMALL, tiny_demonstrations
 
 from agentcredit.config import load_config
 from agentcredit.credit import aggregation_weights
-from agentcredit.environment import build_environment
 from agentcredit.models.loading import load_base_model
 from agentcredit.models.scoring import score_tokens
 from agentcredit.train.batch import build_batch
-from agentcredit.train.sft import demonstrations, sft
+from agentcredit.train.sft import sft
 
 
 def test_sft_forwards_the_shared_prompt_once_for_the_row_by_row_loss():
     config = load_config("grpo-arith-tools", SMALL)
     model, tokenizer = load_base_model("tiny", seed=0)
-    env = build_environment(config)
-    try:
-        trees = demonstrations(env, tokenizer, EXAMPLES, config.protocol.name)
-    finally:
-        env.close()
+    trees = tiny_demonstrations(config, tokenizer)
     batch = build_batch(trees, pad_id=tokenizer.pad_token_id)
     lengths = batch.attention_mask.sum(-1).tolist()
     prompt = min(batch.policy_mask[r].nonzero()[0].item() for r in range(batch.num_rows))

@@ -70,16 +70,22 @@ METHODS = {
 CHAT = ["protocol.name=chat", "protocol.options={max_segments: 3}", "tools.suite_tools=[math_calculation]"]
 
 
-def fit_tiny(preset: str, overrides=(), epochs: int = 100):
-    torch.manual_seed(0)
-    config = load_config(preset, [*SMALL, *overrides])
-    model, tokenizer = load_base_model("tiny", seed=0)
+def tiny_demonstrations(config, tokenizer):
+    """The scripted demonstrations of :data:`EXAMPLES` in ``config``'s protocol, one tree per example."""
     env = build_environment(config)
     try:
         trees = demonstrations(env, tokenizer, EXAMPLES, config.protocol.name)
     finally:
         env.close()
     assert len(trees) == len(EXAMPLES)
+    return trees
+
+
+def fit_tiny(preset: str, overrides=(), epochs: int = 100):
+    torch.manual_seed(0)
+    config = load_config(preset, [*SMALL, *overrides])
+    model, tokenizer = load_base_model("tiny", seed=0)
+    trees = tiny_demonstrations(config, tokenizer)
     sft(model, trees, pad_id=tokenizer.pad_token_id, epochs=epochs, batch_trajectories=2, lr=3e-3)
     return model, tokenizer
 
