@@ -656,9 +656,8 @@ class Study:
             if not fingerprint.is_file():  # what this run computes; a later study file is checked against it
                 fingerprint.write_text(self.spec.run_fingerprint(arm.name, seed) + "\n")
             start_weights = run_dir / "start_weights"
-            if (
-                not start_weights.is_file()
-            ):  # which build of the start it trains from (_check_equivalent_rebuild)
+            # which build of the start it trains from (_check_equivalent_rebuild)
+            if not start_weights.is_file():
                 start_weights.write_text(self._start_weights() + "\n")
             cfg = self.run_config(arm, seed)
             progress_path = run_dir / "progress.json"

@@ -42,7 +42,9 @@ __all__ = [
     "TEACHER_ROUTER",
     "LaggedTeacher",
     "check_lagged_teacher",
+    "check_teacher_gpus",
     "teacher_client",
+    "teacher_gpus",
     "wants_lagged_teacher",
 ]
 

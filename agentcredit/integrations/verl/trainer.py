@@ -208,9 +208,8 @@ class AgentCreditTrainer(PPOTrainerSync):
             if self.agentcredit.carl_segment.segment_mean_loss:
                 actor = omega_conf_to_dataclass(self.config.actor_rollout_ref.actor)
                 self.actor_rollout_wg.set_loss_fn(partial(trajectory_weighted_ppo_loss, config=actor))
-        if (
-            self._teacher is not None
-        ):  # first, while the colocated rollout is still asleep (as _setup left it)
+        # the teacher first, while the colocated rollout is still asleep (as _setup left it)
+        if self._teacher is not None:
             if self.global_steps % self._teacher.every:
                 # the native trainer's checkpoint holds the teacher; verl's holds the actor only
                 logger.warning(
