@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import resource
 
 log = logging.getLogger(__name__)
 
@@ -42,3 +43,17 @@ def fix_malloc_mmap_threshold(threshold: int = MMAP_THRESHOLD_BYTES) -> bool:
     if not ok:
         log.warning("mallopt(M_MMAP_THRESHOLD, %d) failed; memory use may be higher", threshold)
     return ok
+
+
+def peak_rss_gib() -> float:
+    """This process's peak resident set size so far, in GiB (2**30 bytes; Linux reports ``ru_maxrss`` in KiB).
+
+    Reports print GiB with the decimal GB beside it (:func:`format_rss`), because the two differ by 7%: the demo's
+    3.77 GiB is 4.05 GB.
+    """
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
+
+
+def format_rss(gib: float) -> str:
+    """``3.77 GiB (4.05 GB)``."""
+    return f"{gib:.2f} GiB ({gib * 1024**3 / 1e9:.2f} GB)"

@@ -18,10 +18,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
+
+from agentcredit.runtime import format_rss, peak_rss_gib
 
 MIB = 1 << 20
 SETTINGS = [
@@ -78,7 +79,7 @@ def child(args: argparse.Namespace) -> dict:
     tokens = int(build_batch(timed, pad_id=0).attention_mask.sum())
     return {
         "tokens_per_s": tokens / seconds,
-        "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2,
+        "peak_rss_gib": peak_rss_gib(),
         "steps": args.steps,
         "tokens_per_step": tokens / args.steps,
     }
@@ -120,7 +121,8 @@ def main() -> None:
             sys.exit(f"setting {name!r} failed:\n{out.stderr[-3000:]}")
         rows.append({"setting": name, **json.loads(out.stdout.strip().splitlines()[-1])})
         print(
-            f"  {name}: {rows[-1]['peak_rss_gb']:.2f} GB, {rows[-1]['tokens_per_s']:.0f} tokens/s", flush=True
+            f"  {name}: {format_rss(rows[-1]['peak_rss_gib'])}, {rows[-1]['tokens_per_s']:.0f} tokens/s",
+            flush=True,
         )
     result = {"load_before": load_before, "load_after": os.getloadavg(), "settings": rows}
     if args.json:
@@ -132,7 +134,7 @@ def main() -> None:
     print("| setting | peak RSS GiB | x first | tokens/s | x first |\n|---|---|---|---|---|")
     for r in rows:
         print(
-            f"| {r['setting']} | {r['peak_rss_gb']:.2f} | {r['peak_rss_gb'] / ref['peak_rss_gb']:.2f} | "
+            f"| {r['setting']} | {r['peak_rss_gib']:.2f} | {r['peak_rss_gib'] / ref['peak_rss_gib']:.2f} | "
             f"{r['tokens_per_s']:.0f} | {r['tokens_per_s'] / ref['tokens_per_s']:.2f} |"
         )
 

@@ -17,6 +17,7 @@ from agentcredit.environment import build_environment, load_examples
 from agentcredit.eval.evaluate import evaluate, require_all_scored, rollout_caps
 from agentcredit.models.heads import initial_value_head
 from agentcredit.models.loading import load_base_model, load_policy
+from agentcredit.runtime import format_rss, peak_rss_gib
 from agentcredit.train.rng import seed_everything
 from agentcredit.train.trainer import Trainer
 
@@ -362,13 +363,6 @@ DEMO_OVERRIDES = (
 DEMO_TOOL_SHARE = 0.5
 
 
-def peak_rss_gb() -> float:
-    """This process's peak resident set size so far, in GB (Linux reports ru_maxrss in KiB)."""
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
-
-
 def run_demo(
     out_dir: Path | None = None,
     *,
@@ -443,7 +437,7 @@ def run_demo(
         trainer.close()
     table = demo_table(before, after)
     minutes = (time.perf_counter() - start) / 60
-    rss = peak_rss_gb()
+    rss = peak_rss_gib()
     gate = warm.gate
     report = (
         "# agentcredit demo: carl-segment on arith-tools\n\n"
@@ -456,7 +450,7 @@ def run_demo(
         f"({rl_config.rollout.prompts_per_step} prompts x {rl_config.rollout.n} episodes per step). Evaluation: "
         f"{eval_limit} held-out test "
         "questions, greedy. Unnecessary calls: tool calls on easy questions, which the model can answer without "
-        f"the tool.\n\n{table}\n\nTotal time: {minutes:.1f} min; peak RSS {rss:.1f} GB. Episodes: "
+        f"the tool.\n\n{table}\n\nTotal time: {minutes:.1f} min; peak RSS {format_rss(rss)}. Episodes: "
         "`eval_after_sft.jsonl`, `eval_after_rl.jsonl`; training metrics: `carl-segment/metrics.jsonl`; the last "
         "step's credit, token by token: "
         f"`agentcredit view {out_dir / 'carl-segment' / 'episodes' / f'step-{rl_steps:06d}.jsonl'}`.\n"
@@ -469,12 +463,12 @@ def run_demo(
                 "after_rl": after,
                 "warmup_gate": gate,
                 "minutes": minutes,
-                "peak_rss_gb": rss,
+                "peak_rss_gib": rss,
             },
             indent=2,
         )
     )
     (out_dir / "config.yaml").write_text(dump_config(rl_config))
     log(table)
-    log(f"report: {out_dir / 'report.md'} ({minutes:.1f} min, peak RSS {rss:.1f} GB)")
+    log(f"report: {out_dir / 'report.md'} ({minutes:.1f} min, peak RSS {format_rss(rss)})")
     return {"before": before, "after": after, "minutes": minutes, "out_dir": str(out_dir)}

@@ -23,7 +23,7 @@ def test_bench_memory_on_the_tiny_model():
     names = [row["setting"] for row in result["settings"]]
     assert names == ["before: 4096 tok, malloc default", "1024 tok + checkpointing, 4 MiB (demo)"]
     for row in result["settings"]:
-        assert row["tokens_per_s"] > 0 and row["peak_rss_gb"] > 0 and row["steps"] == 1
+        assert row["tokens_per_s"] > 0 and row["peak_rss_gib"] > 0 and row["steps"] == 1
     assert len(result["load_before"]) == 3
 
 

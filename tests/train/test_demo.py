@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 from agentcredit.experiment.run import DEMO_ROWS, run_demo
 
@@ -44,7 +45,7 @@ def test_demo_runs_every_stage_and_writes_its_report(tmp_path):
     for label, _ in DEMO_ROWS:
         assert f"| {label}" in report
     assert (tmp_path / "carl-segment" / "episodes" / "step-000001.jsonl").stat().st_size > 0
-    assert "peak RSS" in report
+    assert re.search(r"peak RSS \d+\.\d\d GiB \(\d+\.\d\d GB\)", report)
     assert len((tmp_path / "eval_after_rl.jsonl").read_text().splitlines()) == 4
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert json.dumps(summary["after_rl"], sort_keys=True) == json.dumps(
