@@ -379,7 +379,10 @@ def bench_rollout_cmd(
     prompts: Annotated[int, typer.Option(min=1, help="Prompts of the task (the same for both loops).")] = 16,
     episodes: Annotated[int, typer.Option(min=2, help="Engine episodes per prompt (tree leaves too).")] = 4,
     task: Annotated[
-        str, typer.Option(help="kb-multihop (tags + BM25) or arith-tools (codefence + sandbox).")
+        str,
+        typer.Option(
+            help="kb-multihop (tags + BM25) or arith-tools (codefence + sandbox); its grpo preset with --set."
+        ),
     ] = "kb-multihop",
     tree_prompts: Annotated[int, typer.Option(min=1, help="Prompts of the tree-strategy runs.")] = 8,
     max_segment_tokens: Annotated[int, typer.Option(min=1, help="Token cap per segment.")] = 128,
@@ -387,6 +390,7 @@ def bench_rollout_cmd(
     skip_naive: Annotated[
         bool, typer.Option("--skip-naive", help="Only the engine and the tree strategies.")
     ] = False,
+    set_: SetOpt = None,
     threads: Annotated[
         int | None, typer.Option(min=1, help="torch threads (default: torch's choice).")
     ] = None,
@@ -398,6 +402,7 @@ def bench_rollout_cmd(
     import json
 
     from agentcredit.bench.rollout import BenchSettings, bench_rollout, format_result
+    from agentcredit.config import ConfigError
 
     settings = BenchSettings(
         prompts=prompts,
@@ -406,6 +411,7 @@ def bench_rollout_cmd(
         tree_prompts=tree_prompts,
         max_segment_tokens=max_segment_tokens,
         max_episode_tokens=max_episode_tokens,
+        overrides=tuple(set_ or ()),
     )
     try:
         result = bench_rollout(
@@ -416,7 +422,7 @@ def bench_rollout_cmd(
             skip_naive=skip_naive,
             log=(lambda _msg: None) if json_out else typer.echo,
         )
-    except (FileNotFoundError, ValueError, ToolUnavailableError) as exc:
+    except (ConfigError, FileNotFoundError, ValueError, ToolUnavailableError) as exc:
         _fail(exc)
     typer.echo(json.dumps(result) if json_out else format_result(result))
 

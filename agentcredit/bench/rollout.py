@@ -47,7 +47,7 @@ from agentcredit.rollout.sampling import SamplingParams
 from agentcredit.tools.base import ToolRuntime
 
 Log = Callable[[str], None]
-TASK_PROTOCOLS = {"kb-multihop": ("tags", {"style": "search-r1"}), "arith-tools": ("codefence", {})}
+TASKS = ("kb-multihop", "arith-tools")
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,9 @@ class BenchSettings:
     trees: tuple[str, ...] = ("portool", "entropy_guided")
     tree_prompts: int = 8
     seed: int = 0
+    # config overrides of the task's preset (``grpo-<task>``), e.g. PORTool's format on kb-multihop:
+    # ("protocol.name=jsoncall", "tools.suite_tools=[knowledge_search]")
+    overrides: tuple[str, ...] = ()
 
 
 def _load_average() -> list[float]:
@@ -75,35 +78,25 @@ def _load_average() -> list[float]:
 
 
 def build_task(
-    task: str, prompts: int
+    task: str, prompts: int, overrides: Sequence[str] = ()
 ) -> tuple[list[Any], Protocol, ToolRuntime, Callable[[Any, str | None], float]]:
-    """Examples, protocol, tools and reward for the benchmark task.
+    """Examples, protocol, tools and reward for the benchmark task, built as training builds them
+    (:func:`agentcredit.environment.build_environment` on the task's ``grpo-<task>`` preset plus ``overrides``):
+    kb-multihop with Search-R1's tags and BM25, arith-tools with code fences and the python sandbox, or any
+    protocol an override names.
 
-    Raises :class:`~agentcredit.tools.base.ToolUnavailableError` when the python sandbox cannot run ``print(1)``.
+    Raises :class:`~agentcredit.tools.base.ToolUnavailableError` when the python sandbox cannot run ``print(1)``
+    or the corpus cannot be loaded.
     """
-    from agentcredit.protocols import get_protocol
-    from agentcredit.tasks import load_task, score, task_corpus
+    from agentcredit.config import load_config
+    from agentcredit.environment import build_environment
+    from agentcredit.tasks import load_task
 
-    if task not in TASK_PROTOCOLS:
-        raise ValueError(f"bench rollout: task must be one of {sorted(TASK_PROTOCOLS)}, got {task!r}")
+    if task not in TASKS:
+        raise ValueError(f"bench rollout: task must be one of {sorted(TASKS)}, got {task!r}")
+    env = build_environment(load_config(f"grpo-{task}", list(overrides)))
     examples = load_task(task, split="train", limit=prompts, seed=0)
-    name, options = TASK_PROTOCOLS[task]
-    protocol = get_protocol(name, **options)
-    if task == "kb-multihop":
-        from agentcredit.tools.search import load_retriever
-
-        corpus = task_corpus(task)
-        tools = ToolRuntime({"search": load_retriever(corpus).as_tool(3)})
-    else:
-        from agentcredit.tools.sandbox import check_available, python_tool
-
-        check_available()  # the preflight of environment.build_tools: print(1) in the sandbox, once per process
-        tools = ToolRuntime({"python": python_tool()})
-
-    def reward(example: Any, answer: str | None) -> float:
-        return 0.0 if answer is None else score(answer, example.answers, metric=example.metric)
-
-    return examples, protocol, tools, reward
+    return examples, env.protocol, env.tools, env.reward
 
 
 # ------------------------------------------------------------------------------------------------ naive loop
@@ -414,8 +407,9 @@ def bench_rollout(
         "load_average_start": _load_average(),
     }
     result["settings"]["trees"] = list(settings.trees)
+    result["settings"]["overrides"] = list(settings.overrides)
     model, tokenizer = load_base_model(model_path, dtype=dtype, seed=settings.seed)
-    examples, protocol, tools, reward = build_task(settings.task, settings.prompts)
+    examples, protocol, tools, reward = build_task(settings.task, settings.prompts, settings.overrides)
     try:
         log(
             f"engine: {len(examples)} prompts x {settings.episodes} episodes ({settings.task}, {protocol.name})"

@@ -82,3 +82,30 @@ def test_ceiling_efficiency_by_hand():
     assert share["decode"] == 30.0 / 50.0  # 90 tokens in 3 s of one-token steps, against 50 tok/s
     assert share["work"] == (600 / 200 + 100 / 50) / 10.0  # 3 s + 2 s at the ceiling's rates, 10 s taken
     assert share["generated"] == 10.0 / 50.0
+
+
+def test_build_task_builds_what_training_builds_and_takes_overrides():
+    """The benchmark's protocol and tools come from the task's preset, as in training (it had its own table of
+    protocols, so PORTool's jsoncall format could not be benchmarked); --set reaches them."""
+    from agentcredit.bench.rollout import build_task
+
+    examples, protocol, tools, _ = build_task("kb-multihop", 2)
+    try:
+        assert len(examples) == 2 and protocol.name == "tags" and "search" in tools.tools
+    finally:
+        tools.close()
+    overrides = ("protocol.name=jsoncall", "tools.suite_tools=[knowledge_search]")
+    _, protocol, tools, reward = build_task("kb-multihop", 1, overrides)
+    try:
+        assert protocol.name == "jsoncall" and "knowledge_search" in tools.tools
+        assert reward(examples[0], examples[0].answers[0]) == 1.0
+    finally:
+        tools.close()
+
+
+def test_bench_rollout_cli_passes_set_and_names_a_bad_key():
+    out = CliRunner().invoke(
+        app, ["bench", "rollout", "--model", "tiny", "--skip-naive", "-s", "protocol.nope=1", "--json"]
+    )
+    assert out.exit_code == 2
+    assert "protocol.nope" in out.output
