@@ -18,7 +18,6 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
-import resource
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +50,8 @@ def peak_rss_gib() -> float:
     Reports print GiB with the decimal GB beside it (:func:`format_rss`), because the two differ by 7%: the demo's
     3.77 GiB is 4.05 GB.
     """
+    import resource  # Unix only: imported here, as before, so that importing this module (every CLI start) works anywhere
+
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
 
 
