@@ -38,13 +38,16 @@ import platform
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from agentcredit.protocols.base import Protocol
 from agentcredit.rollout.sampling import SamplingParams
 from agentcredit.tools.base import ToolRuntime
+
+if TYPE_CHECKING:
+    from agentcredit.environment import Environment
 
 Log = Callable[[str], None]
 TASKS = ("kb-multihop", "arith-tools")
@@ -77,13 +80,12 @@ def _load_average() -> list[float]:
         return []
 
 
-def build_task(
-    task: str, prompts: int, overrides: Sequence[str] = ()
-) -> tuple[list[Any], Protocol, ToolRuntime, Callable[[Any, str | None], float]]:
-    """Examples, protocol, tools and reward for the benchmark task, built as training builds them
+def build_task(task: str, prompts: int, overrides: Sequence[str] = ()) -> tuple[list[Any], Environment]:
+    """Examples and environment (protocol, tools, reward) for the benchmark task, built as training builds them
     (:func:`agentcredit.environment.build_environment` on the task's ``grpo-<task>`` preset plus ``overrides``):
     kb-multihop with Search-R1's tags and BM25, arith-tools with code fences and the python sandbox, or any
-    protocol an override names.
+    protocol an override names. The caller closes the environment: that stops its tools and whatever else it
+    started (the MCP servers of ``tools.mcp``).
 
     Raises :class:`~agentcredit.tools.base.ToolUnavailableError` when the python sandbox cannot run ``print(1)``
     or the corpus cannot be loaded.
@@ -96,7 +98,7 @@ def build_task(
         raise ValueError(f"bench rollout: task must be one of {sorted(TASKS)}, got {task!r}")
     env = build_environment(load_config(f"grpo-{task}", list(overrides)))
     examples = load_task(task, split="train", limit=prompts, seed=0)
-    return examples, env.protocol, env.tools, env.reward
+    return examples, env
 
 
 # ------------------------------------------------------------------------------------------------ naive loop
@@ -409,7 +411,8 @@ def bench_rollout(
     result["settings"]["trees"] = list(settings.trees)
     result["settings"]["overrides"] = list(settings.overrides)
     model, tokenizer = load_base_model(model_path, dtype=dtype, seed=settings.seed)
-    examples, protocol, tools, reward = build_task(settings.task, settings.prompts, settings.overrides)
+    examples, env = build_task(settings.task, settings.prompts, settings.overrides)
+    protocol, tools, reward = env.protocol, env.tools, env.reward
     try:
         log(
             f"engine: {len(examples)} prompts x {settings.episodes} episodes ({settings.task}, {protocol.name})"
@@ -444,7 +447,7 @@ def bench_rollout(
             )
             log(f"  prefilled tokens with / without reuse: {result['trees'][name]['prefill_ratio']:.3f}")
     finally:
-        tools.close()
+        env.close()
     result["load_average_end"] = _load_average()
     runs = [result[k]["tokens_per_s"] for k in ("engine", "engine_after") if k in result]
     result["engine_tokens_per_s"] = sum(runs) / len(runs)

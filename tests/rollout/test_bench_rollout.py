@@ -89,18 +89,41 @@ def test_build_task_builds_what_training_builds_and_takes_overrides():
     protocols, so PORTool's jsoncall format could not be benchmarked); --set reaches them."""
     from agentcredit.bench.rollout import build_task
 
-    examples, protocol, tools, _ = build_task("kb-multihop", 2)
+    examples, env = build_task("kb-multihop", 2)
     try:
-        assert len(examples) == 2 and protocol.name == "tags" and "search" in tools.tools
+        assert len(examples) == 2 and env.protocol.name == "tags" and "search" in env.tools.tools
     finally:
-        tools.close()
+        env.close()
     overrides = ("protocol.name=jsoncall", "tools.suite_tools=[knowledge_search]")
-    _, protocol, tools, reward = build_task("kb-multihop", 1, overrides)
+    _, env = build_task("kb-multihop", 1, overrides)
     try:
-        assert protocol.name == "jsoncall" and "knowledge_search" in tools.tools
-        assert reward(examples[0], examples[0].answers[0]) == 1.0
+        assert env.protocol.name == "jsoncall" and "knowledge_search" in env.tools.tools
+        assert env.reward(examples[0], examples[0].answers[0]) == 1.0
     finally:
-        tools.close()
+        env.close()
+
+
+def test_bench_rollout_closes_the_whole_environment(monkeypatch):
+    """Regression: bench rollout closed only the tools, so the MCP servers a ``--set tools.mcp=...`` started stayed
+    up until the process exited. It now closes the environment, which stops them too."""
+    import agentcredit.bench.rollout as bench
+
+    closed = []
+
+    class Server:
+        def close(self):
+            closed.append("mcp")
+
+    real = bench.build_task
+
+    def with_a_server(task, prompts, overrides=()):
+        examples, env = real(task, prompts, overrides)
+        env.resources.append(Server())
+        return examples, env
+
+    monkeypatch.setattr(bench, "build_task", with_a_server)
+    bench_rollout("tiny", settings=SMALL, threads=1, log=lambda _msg: None, skip_naive=True)
+    assert closed == ["mcp"]
 
 
 def test_bench_rollout_cli_passes_set_and_names_a_bad_key():

@@ -68,6 +68,6 @@ def test_both_call_the_shared_preflight(monkeypatch):
     from agentcredit.integrations.verl.settings import ToolSettings
     from agentcredit.integrations.verl.tools import build_runtime
 
-    build_task("arith-tools", 1)[2].close()
+    build_task("arith-tools", 1)[1].close()
     build_runtime(ToolSettings(python=True)).close()
     assert calls == ["auto", "auto"]
