@@ -232,3 +232,33 @@ def test_bad_input(change, match):
     args.update({k: v for k, v in change.items() if k in args})
     with pytest.raises(ValueError, match=match):
         portool_advantages(**args, **kwargs)
+
+
+def test_decay_favours_shorter_successes_and_longer_failures():
+    """Eq. 2 as the paper writes it: gamma^(T_k - t) * R_out. With R_out = -1 the decay shrinks the penalty of a
+    step the further its trajectory runs on, so under a fork where every trajectory fails, the step that answers
+    gets a negative fork advantage and the step that searches on a positive one, though the outcomes are equal
+    (GRPO gives both zero). The z-score turns the 0.0975 gap into +-0.7071. This is the likely cause of the
+    kb-jsoncall-portool study's PORTool seed 0 searching up to the step cap and answering nothing (docs/results/
+    kb-jsoncall-portool/README.md): at its start most training outcomes are -1. With R_out = +1 the order flips.
+
+    0 query -> 1 search (40 tok) -> 2 response_gen (30 tok, leaf, T = 2)
+                                 -> 3 search (40) -> 4 search (40) -> 5 search (40, cap reached, leaf, T = 4)
+    """
+    parents = [-1, 0, 1, 1, 3, 4]
+    lengths = [0, 40, 30, 40, 40, 40]
+    fmt = [0.0] + [0.25] * 5
+    fail = portool_advantage_terms(parents, lengths, {2: -1.0, 5: -1.0}, fmt)
+    assert fail.forks == (1,)  # the root has one child: no fork there
+    assert fail.aggregation[1] == "max"
+    assert fail.step_rewards[2] == pytest.approx(-1.0 + 0.25)  # gamma^0 * -1 + R_fm
+    assert fail.step_rewards[3] == pytest.approx(-(0.95**2) + 0.25)  # -0.9025 + 0.25: two steps further on
+    assert fail.trajectory_advantages == {2: 0.0, 5: 0.0}
+    assert round(fail.fork_advantages[2], 4) == -0.7071 and round(fail.fork_advantages[3], 4) == 0.7071
+    # w2 = n |tau| / (|m(v)| |s_v| |C(p)| N_forks): 2*70/(1*30*2*1) for the answer, 2*160/(1*40*2*1) for the search
+    assert fail.w2[2] == pytest.approx([0.0, 140 / 60])
+    assert [round(a, 4) for a in fail.advantages[2]] == [0.0, -1.6499]
+    assert [round(a, 4) for a in fail.advantages[5]] == [0.0, 2.8284, 0.0, 0.0]
+
+    win = portool_advantage_terms(parents, lengths, {2: 1.0, 5: 1.0}, fmt)
+    assert round(win.fork_advantages[2], 4) == 0.7071 and round(win.fork_advantages[3], 4) == -0.7071
