@@ -97,7 +97,11 @@ def build_task(task: str, prompts: int, overrides: Sequence[str] = ()) -> tuple[
     if task not in TASKS:
         raise ValueError(f"bench rollout: task must be one of {sorted(TASKS)}, got {task!r}")
     env = build_environment(load_config(f"grpo-{task}", list(overrides)))
-    examples = load_task(task, split="train", limit=prompts, seed=0)
+    try:
+        examples = load_task(task, split="train", limit=prompts, seed=0)
+    except BaseException:
+        env.close()
+        raise
     return examples, env
 
 
