@@ -324,6 +324,38 @@ def view(
     typer.echo(f"wrote {page}")
 
 
+@app.command("probe-credit")
+def probe_credit_cmd(
+    config: ConfigOpt = "portool-kb-multihop",
+    set_: SetOpt = None,
+    prompts: Annotated[
+        int, typer.Option(min=1, help="Training prompts to roll out (the run's first ones).")
+    ] = 8,
+    estimator: Annotated[
+        list[str] | None,
+        typer.Option("--estimator", help="An estimator to credit the rollouts with (repeat; default: all)."),
+    ] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="Also write the numbers as JSON here.")] = None,
+) -> None:
+    """Where each credit estimator puts its credit (tool-call vs answer steps), on the same rollouts."""
+    import json
+
+    from agentcredit.config import ConfigError
+    from agentcredit.experiment.probe import PROBE_ESTIMATORS, format_probe, probe_credit
+
+    cfg = _config(config, set_)
+    try:
+        result = probe_credit(
+            cfg, prompts=prompts, estimators=estimator or list(PROBE_ESTIMATORS), log=typer.echo
+        )
+    except (ConfigError, FileNotFoundError, ValueError, ToolUnavailableError) as exc:
+        _fail(exc)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2) + "\n")
+    typer.echo(format_probe(result))
+
+
 bench_app = typer.Typer(help="Benchmarks: rollout engine and training step time.", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
 

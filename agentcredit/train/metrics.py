@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import numpy as np
 
 from agentcredit.environment import outcome_reward
 from agentcredit.rollout.tree import RolloutTree
 from agentcredit.tasks import Example
-from agentcredit.train.batch import TrainBatch
+from agentcredit.train.batch import TrainBatch, segment_spans
 from agentcredit.train.signals import Signals
 
 
@@ -60,3 +63,60 @@ def signal_metrics(batch: TrainBatch, signals: Signals) -> dict[str, float]:
     if signals.teacher_logp is not None and mask.any():
         out["gear/rkl_mean"] = float((batch.old_logp - signals.teacher_logp)[mask].mean())
     return out
+
+
+@dataclass(frozen=True)
+class StepCredit:
+    """The credit one policy step (segment) of one trajectory got from the update.
+
+    ``kind``: ``answer`` (the step that gave the episode's answer), ``call`` (a step whose tool calls ran) or
+    ``other`` (e.g. a step cut at the segment cap, or one with no valid call). ``outcome``: ``correct``,
+    ``wrong`` (answered wrongly) or ``unfinished`` (no answer). ``advantage``: the mean over the step's tokens
+    of the advantage the update uses, a token outside the loss mask counting as 0 (it gets no gradient).
+    ``tree``: the batch index of the trajectory's tree (its question).
+    """
+
+    tree: int
+    kind: str
+    outcome: str
+    advantage: float
+
+
+def step_credits(trees: list[RolloutTree], examples: list[Example], batch: TrainBatch) -> list[StepCredit]:
+    """One :class:`StepCredit` per (trajectory, policy step) of ``batch``, after its advantages are set.
+
+    A step shared by several trajectories of a tree counts once per trajectory, with that trajectory's advantage:
+    that is how the loss sees it (PORTool's advantage of a shared step differs between the trajectories through it).
+    """
+    out = []
+    for traj in batch.trajectories:
+        tree, example = trees[traj.tree], examples[traj.tree]
+        answer = tree.nodes[traj.leaf].info.get("answer")
+        if answer is None:
+            outcome = "unfinished"
+        else:
+            outcome = "correct" if outcome_reward(example, answer) >= 1.0 else "wrong"
+        for node, (row, _, _) in zip(traj.policy_nodes, segment_spans(batch, traj), strict=True):
+            tokens = (batch.segment_ids[row] == node) & batch.policy_mask[row]
+            trained = float(batch.advantages[row][tokens & batch.loss_mask[row]].sum())
+            if node == traj.policy_nodes[-1] and answer is not None:
+                kind = "answer"
+            else:
+                kind = "call" if tree.segment(node).info.get("calls") else "other"
+            out.append(StepCredit(traj.tree, kind, outcome, trained / int(tokens.sum())))
+    return out
+
+
+def credit_by_step_kind(credits: list[StepCredit]) -> dict[str, float]:
+    """Mean step advantage by step kind, overall and by trajectory outcome: where a method's credit goes.
+
+    Keys ``credit/<kind>_step`` and ``credit/<kind>_step/<outcome>``, present only where such steps exist. Under
+    outcome-only GRPO every step of a trajectory gets its trajectory's advantage; a method that gives the answer
+    steps of failing trajectories less than their tool-call steps pushes the policy to call tools rather than
+    answer (what PORTool's Eq. 2 decay does when R_out = -1, tests/credit/test_portool_advantages.py).
+    """
+    groups: dict[str, list[float]] = {}
+    for c in credits:
+        groups.setdefault(f"credit/{c.kind}_step", []).append(c.advantage)
+        groups.setdefault(f"credit/{c.kind}_step/{c.outcome}", []).append(c.advantage)
+    return {key: math.fsum(vals) / len(vals) for key, vals in sorted(groups.items())}

@@ -45,7 +45,7 @@ from agentcredit.train.batch import TrainBatch, actions_per_question, build_batc
 from agentcredit.train.checkpoint import load_checkpoint, save_checkpoint
 from agentcredit.train.logging import MetricsLogger, line_buffered_stdout, live_console, progress_line
 from agentcredit.train.losses import total_loss, value_weights
-from agentcredit.train.metrics import episode_metrics, signal_metrics
+from agentcredit.train.metrics import credit_by_step_kind, episode_metrics, signal_metrics, step_credits
 from agentcredit.train.optim import adamw
 from agentcredit.train.rng import PromptSampler, rng_state, seed_everything, set_rng_state
 from agentcredit.train.signals import (
@@ -429,6 +429,7 @@ class Trainer:
             **adv.stats,
             "update/actions_per_question": actions_per_question(batch, batch.policy_mask),
             "update/actions_updated_per_question": actions_per_question(batch, batch.loss_mask),
+            **credit_by_step_kind(step_credits(trees, examples, batch)),
             **signal_metrics(batch, signals),
             **update_stats,
             **timings,

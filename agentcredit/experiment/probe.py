@@ -1,0 +1,139 @@
+"""``agentcredit probe-credit``: where each credit estimator puts its credit, on the same rollouts.
+
+A run config's model rolls out one batch of *training* prompts with the config's strategy, once. Then each named
+estimator computes its advantages on those same trees (no update, no held-out question) and the steps' credit is
+tabulated by step kind and trajectory outcome (:func:`agentcredit.train.metrics.credit_by_step_kind`). The trees
+and rewards are shared, so a difference between columns is the estimators' alone.
+
+The statistic that says which way a method pushes: per question, the mean advantage of its tool-call steps minus
+that of its answer steps (over the trajectories that got the question wrong, and over all), with a 95% t interval
+across questions (questions are independent; the steps of one question are not). Positive means the update favours
+calling a tool over answering. Outcome-only GRPO gives every step of a trajectory the same advantage, so its
+difference comes only from which trajectories the steps belong to.
+
+Only estimators that need nothing besides the trees run here (no critic values, teacher, or shaping), and
+the config's shaping and reweighting are switched off: this probes the estimators, not the full methods.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from agentcredit.config import Config
+from agentcredit.credit import ESTIMATORS
+from agentcredit.experiment.study_report import mean_interval
+from agentcredit.train.advantages import compute_advantages
+from agentcredit.train.batch import build_batch
+from agentcredit.train.metrics import StepCredit, credit_by_step_kind, episode_metrics, step_credits
+from agentcredit.train.signals import Signals
+from agentcredit.train.trainer import Trainer
+
+#: Estimators the probe can run: those that need no critic values (see the module docstring).
+PROBE_ESTIMATORS = tuple(name for name, e in ESTIMATORS.items() if not e.needs_critic)
+
+
+def call_minus_answer(credits: Sequence[StepCredit], outcomes: Sequence[str]) -> list[float]:
+    """Per question (tree) with both kinds among trajectories of these ``outcomes``: mean advantage of its ``call``
+    steps minus that of its ``answer`` steps."""
+    by_tree: dict[int, dict[str, list[float]]] = {}
+    for c in credits:
+        if c.outcome in outcomes and c.kind in ("call", "answer"):
+            by_tree.setdefault(c.tree, {"call": [], "answer": []})[c.kind].append(c.advantage)
+    return [
+        math.fsum(k["call"]) / len(k["call"]) - math.fsum(k["answer"]) / len(k["answer"])
+        for _, k in sorted(by_tree.items())
+        if k["call"] and k["answer"]
+    ]
+
+
+def probe_credit(
+    config: Config,
+    *,
+    prompts: int,
+    estimators: Sequence[str],
+    log: Callable[[str], None] = print,
+    **trainer_args: Any,
+) -> dict[str, Any]:
+    """Roll out ``prompts`` training prompts once and credit them with each estimator; returns the numbers.
+
+    ``trainer_args`` go to :class:`~agentcredit.train.trainer.Trainer` (``model``, ``tokenizer``, ``examples``)."""
+    unknown = [e for e in estimators if e not in PROBE_ESTIMATORS]
+    if unknown:
+        raise ValueError(
+            f"probe-credit: estimator(s) {unknown} not available here; choose from {list(PROBE_ESTIMATORS)}"
+        )
+    base = config.algorithm.model_copy(update={"shaping": "none", "reweight": "none"})
+    trainer = Trainer(config, log=False, **trainer_args)
+    try:
+        examples = trainer.sampler.next(prompts)
+        log(f"rolling out {len(examples)} training prompts with the {config.rollout.strategy} strategy")
+        trees, _ = trainer.rollout(examples)
+    finally:
+        trainer.env.close()
+    batch = build_batch(trees, pad_id=trainer.pad_id)
+    result: dict[str, Any] = {
+        "prompts": len(examples),
+        "question_ids": [ex.id for ex in examples],
+        "rollout": episode_metrics(trees, examples),
+        "estimators": {},
+    }
+    for name in estimators:
+        adv = compute_advantages(base.model_copy(update={"estimator": name}), batch, trees, Signals())
+        batch.advantages, batch.loss_mask = adv.advantages, adv.loss_mask
+        credits = step_credits(trees, examples, batch)
+        entry: dict[str, Any] = {"by_kind": credit_by_step_kind(credits)}
+        for label, outcomes in (
+            ("failing", ("wrong", "unfinished")),
+            ("all", ("correct", "wrong", "unfinished")),
+        ):
+            diffs = call_minus_answer(credits, outcomes)
+            entry[f"call_minus_answer/{label}"] = {
+                "questions": len(diffs),
+                "mean_low_high": list(mean_interval(diffs)) if diffs else None,
+            }
+        counts: dict[str, int] = {}
+        for c in credits:
+            counts[f"{c.kind}/{c.outcome}"] = counts.get(f"{c.kind}/{c.outcome}", 0) + 1
+        entry["steps"] = dict(sorted(counts.items()))
+        result["estimators"][name] = entry
+    return result
+
+
+def format_probe(result: dict[str, Any]) -> str:
+    """The probe's result as a markdown table (rows: step kind / outcome; columns: estimators)."""
+    names = list(result["estimators"])
+    r = result["rollout"]
+    lines = [
+        f"{result['prompts']} training prompts, {int(r['episode/count'])} trajectories: accuracy "
+        f"{r['accuracy']:.3f}, {r['episode/tool_calls']:.2f} tool calls per trajectory",
+        "",
+        "| mean step advantage | steps | " + " | ".join(names) + " |",
+        "|---|---|" + "---|" * len(names),
+    ]
+    first = result["estimators"][names[0]]
+    keys = sorted({k for e in result["estimators"].values() for k in e["by_kind"]})
+    for key in keys:
+        label = key.removeprefix("credit/")
+        kind_outcome = label.replace("_step", "")
+        n = first["steps"].get(kind_outcome) if "/" in kind_outcome else None
+        if n is None:
+            n = sum(v for k, v in first["steps"].items() if k.split("/")[0] == kind_outcome)
+        cells = [
+            f"{e['by_kind'][key]:+.3f}" if key in e["by_kind"] else "" for e in result["estimators"].values()
+        ]
+        lines.append(f"| {label} | {n} | " + " | ".join(cells) + " |")
+    for label in ("failing", "all"):
+        cells, questions = [], 0
+        for e in result["estimators"].values():
+            d = e[f"call_minus_answer/{label}"]
+            questions = d["questions"]
+            iv = d["mean_low_high"]
+            cells.append("" if iv is None else f"{iv[0]:+.3f} [{iv[1]:+.3f}, {iv[2]:+.3f}]")
+        lines.append(
+            f"| call - answer, {label} trajectories (per question) | {questions} q | "
+            + " | ".join(cells)
+            + " |"
+        )
+    return "\n".join(lines)
