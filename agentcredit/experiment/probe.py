@@ -1,6 +1,7 @@
 """``agentcredit probe-credit``: where each credit estimator puts its credit, on the same rollouts.
 
-A run config's model rolls out one batch of *training* prompts with the config's strategy, once. Then each named
+A run config's model rolls out the run's first *training* prompts with the config's strategy, once, in the run's
+step-sized batches with each step's seed (the first batch is the run's step-1 rollout). Then each named
 estimator computes its advantages on those same trees (no update, no held-out question) and the steps' credit is
 tabulated by step kind and trajectory outcome (:func:`agentcredit.train.metrics.credit_by_step_kind`). The trees
 and rewards are shared, so a difference between columns is the estimators' alone.
@@ -66,10 +67,20 @@ def probe_credit(
         )
     base = config.algorithm.model_copy(update={"shaping": "none", "reweight": "none"})
     trainer = Trainer(config, log=False, **trainer_args)
+    per_step = config.rollout.prompts_per_step
+    examples, trees = [], []
     try:
-        examples = trainer.sampler.next(prompts)
-        log(f"rolling out {len(examples)} training prompts with the {config.rollout.strategy} strategy")
-        trees, _ = trainer.rollout(examples)
+        # in the run's step-sized batches, each with that step's engine seed: the first batch is exactly the
+        # run's step-1 rollout (same prompts, weights and seed), and memory stays that of a training step
+        while len(examples) < prompts:
+            chunk = trainer.sampler.next(min(per_step, prompts - len(examples)))
+            log(
+                f"rolling out training prompts {len(examples) + 1}-{len(examples) + len(chunk)} of {prompts} "
+                f"({config.rollout.strategy} strategy, step {trainer.step + 1}'s seed)"
+            )
+            trees += trainer.rollout(chunk)[0]
+            examples += chunk
+            trainer.step += 1
     finally:
         trainer.env.close()
     batch = build_batch(trees, pad_id=trainer.pad_id)

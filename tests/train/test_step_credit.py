@@ -127,24 +127,26 @@ def test_probe_credit_runs_every_estimator_on_the_same_rollouts(fitted_jsoncall)
     from train_helpers import EXAMPLES, SMALL
 
     from agentcredit.experiment.probe import PROBE_ESTIMATORS, format_probe, probe_credit
+    from agentcredit.train.rng import PromptSampler
 
     model, tokenizer = fitted_jsoncall
     config = load_config("portool-arith-tools", [*SMALL, "rollout.n=3", "rollout.t_max=3"])
     result = probe_credit(
         config,
-        prompts=2,
+        prompts=3,  # two step-sized batches (rollout.prompts_per_step=2): 2 prompts, then 1
         estimators=list(PROBE_ESTIMATORS),
         log=lambda _m: None,
         model=model,
         tokenizer=tokenizer,
         examples=list(EXAMPLES),
     )
-    assert result["prompts"] == 2 and result["rollout"]["episode/count"] == 6
+    assert result["prompts"] == 3 and result["rollout"]["episode/count"] == 9
+    assert result["question_ids"] == [e.id for e in PromptSampler(list(EXAMPLES), config.train.seed).next(3)]
     entries = result["estimators"]
     assert list(entries) == list(PROBE_ESTIMATORS)
     # the same trees for every estimator: the same steps, by kind and outcome
     assert len({tuple(sorted(e["steps"].items())) for e in entries.values()}) == 1
-    assert sum(entries["grpo"]["steps"].values()) >= 6
+    assert sum(entries["grpo"]["steps"].values()) >= 9
     for e in entries.values():
         assert all(math.isfinite(v) for v in e["by_kind"].values())
     table = format_probe(result)
