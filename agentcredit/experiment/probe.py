@@ -8,17 +8,21 @@ and rewards are shared, so a difference between columns is the estimators' alone
 
 The statistic that says which way a method pushes: per question, the mean advantage of its tool-call steps minus
 that of its answer steps (over the trajectories that got the question wrong, and over all), with a 95% t interval
-across questions (questions are independent; the steps of one question are not). Positive means the update favours
+across questions (questions are independent; the steps of one question are not). Positive means its advantages favour
 calling a tool over answering. Outcome-only GRPO gives every step of a trajectory the same advantage, so its
 difference comes only from which trajectories the steps belong to.
 
-Only estimators that need nothing besides the trees run here (no critic values, teacher, or shaping), and
-the config's shaping and reweighting are switched off: this probes the estimators, not the full methods.
+Only estimators that need nothing besides the trees run here (no critic values, teacher, or shaping), and the
+config's shaping, reweighting and advantage whitening are switched off: this probes the estimators, not the full
+methods. The rewards are those of the config's method (PORTool's judge for a PORTool config: +1 / 0 / -1; exact
+match in {0, 1} otherwise), and the trees its strategy's: an estimator's column is what it would give *on that
+run's rollouts and rewards*, not on the rollouts and rewards of its own preset.
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -65,8 +69,13 @@ def probe_credit(
         raise ValueError(
             f"probe-credit: estimator(s) {unknown} not available here; choose from {list(PROBE_ESTIMATORS)}"
         )
-    base = config.algorithm.model_copy(update={"shaping": "none", "reweight": "none"})
-    trainer = Trainer(config, log=False, **trainer_args)
+    # estimators only: no shaping, reweighting or batch-wide whitening (questions stay independent for the interval)
+    base = config.algorithm.model_copy(
+        update={"shaping": "none", "reweight": "none", "whiten_advantages": False}
+    )
+    # no KL reference or TIPS teacher copy is built; the estimator (and so the environment's reward) is the config's
+    rollout_config = config.model_copy(update={"algorithm": base.model_copy(update={"kl_coef": 0.0})})
+    trainer = Trainer(rollout_config, log=False, **trainer_args)
     per_step = config.rollout.prompts_per_step
     examples, trees = [], []
     try:
@@ -82,11 +91,16 @@ def probe_credit(
             examples += chunk
             trainer.step += 1
     finally:
-        trainer.env.close()
+        trainer.close()
     batch = build_batch(trees, pad_id=trainer.pad_id)
     result: dict[str, Any] = {
         "prompts": len(examples),
         "question_ids": [ex.id for ex in examples],
+        "method": config.method,
+        "strategy": config.rollout.strategy,
+        "rewards_seen": sorted(
+            {r for t in trees for r in t.rewards().values()}
+        ),  # the config's method's reward
         "rollout": episode_metrics(trees, examples),
         "estimators": {},
     }
@@ -104,10 +118,9 @@ def probe_credit(
                 "questions": len(diffs),
                 "mean_low_high": list(mean_interval(diffs)) if diffs else None,
             }
-        counts: dict[str, int] = {}
-        for c in credits:
-            counts[f"{c.kind}/{c.outcome}"] = counts.get(f"{c.kind}/{c.outcome}", 0) + 1
-        entry["steps"] = dict(sorted(counts.items()))
+        counts = Counter(f"credit/{c.kind}_step" for c in credits)
+        counts.update(f"credit/{c.kind}_step/{c.outcome}" for c in credits)
+        entry["steps"] = dict(sorted(counts.items()))  # the number of steps behind each by_kind mean
         result["estimators"][name] = entry
     return result
 
@@ -117,8 +130,9 @@ def format_probe(result: dict[str, Any]) -> str:
     names = list(result["estimators"])
     r = result["rollout"]
     lines = [
-        f"{result['prompts']} training prompts, {int(r['episode/count'])} trajectories: accuracy "
-        f"{r['accuracy']:.3f}, {r['episode/tool_calls']:.2f} tool calls per trajectory",
+        f"{result['prompts']} training prompts of a {result['method']} run ({result['strategy']} rollouts, rewards "
+        f"seen {result['rewards_seen']}), {int(r['episode/count'])} trajectories: accuracy {r['accuracy']:.3f}, "
+        f"{r['episode/tool_calls']:.2f} tool calls per trajectory",
         "",
         "| mean step advantage | steps | " + " | ".join(names) + " |",
         "|---|---|" + "---|" * len(names),
@@ -126,11 +140,7 @@ def format_probe(result: dict[str, Any]) -> str:
     first = result["estimators"][names[0]]
     keys = sorted({k for e in result["estimators"].values() for k in e["by_kind"]})
     for key in keys:
-        label = key.removeprefix("credit/")
-        kind_outcome = label.replace("_step", "")
-        n = first["steps"].get(kind_outcome) if "/" in kind_outcome else None
-        if n is None:
-            n = sum(v for k, v in first["steps"].items() if k.split("/")[0] == kind_outcome)
+        label, n = key.removeprefix("credit/"), first["steps"].get(key, 0)
         cells = [
             f"{e['by_kind'][key]:+.3f}" if key in e["by_kind"] else "" for e in result["estimators"].values()
         ]
@@ -141,7 +151,12 @@ def format_probe(result: dict[str, Any]) -> str:
             d = e[f"call_minus_answer/{label}"]
             questions = d["questions"]
             iv = d["mean_low_high"]
-            cells.append("" if iv is None else f"{iv[0]:+.3f} [{iv[1]:+.3f}, {iv[2]:+.3f}]")
+            if iv is None:
+                cells.append("")
+            elif questions < 2:
+                cells.append(f"{iv[0]:+.3f} [n/a: one question]")
+            else:
+                cells.append(f"{iv[0]:+.3f} [{iv[1]:+.3f}, {iv[2]:+.3f}]")
         lines.append(
             f"| call - answer, {label} trajectories (per question) | {questions} q | "
             + " | ".join(cells)

@@ -23,8 +23,7 @@ def episode_metrics(trees: list[RolloutTree], examples: list[Example]) -> dict[s
             path = tree.path(leaf)
             policy = [tree.segment(i) for i in path if tree.segment(i).role == "policy"]
             rewards.append(reward)
-            answer = tree.nodes[leaf].info.get("answer")
-            correct.append(outcome_reward(example, answer) >= 1.0)
+            correct.append(trajectory_outcome(example, tree.nodes[leaf].info.get("answer")) == "correct")
             calls.append(sum(len(s.info.get("calls", [])) for s in policy))
             tokens.append(sum(len(s) for s in policy))
             tiers.append(example.info.get("tier"))
@@ -69,11 +68,11 @@ def signal_metrics(batch: TrainBatch, signals: Signals) -> dict[str, float]:
 class StepCredit:
     """The credit one policy step (segment) of one trajectory got from the update.
 
-    ``kind``: ``answer`` (the step that gave the episode's answer), ``call`` (a step whose tool calls ran) or
-    ``other`` (e.g. a step cut at the segment cap, or one with no valid call). ``outcome``: ``correct``,
-    ``wrong`` (answered wrongly) or ``unfinished`` (no answer). ``advantage``: the mean over the step's tokens
-    of the advantage the update uses, a token outside the loss mask counting as 0 (it gets no gradient).
-    ``tree``: the batch index of the trajectory's tree (its question).
+    ``kind``: ``answer`` (the step that gave the episode's answer), ``call`` (a step whose tool calls ran and
+    returned results) or ``other`` (a step with no call that ran: cut at a cap, no valid call, codefence's
+    ``assimilate`` and tags' ``read`` steps). ``outcome``: see :func:`trajectory_outcome`. ``advantage``: the mean
+    over the step's tokens of the advantage the update uses, a token outside the loss mask counting as 0 (it gets
+    no gradient). ``tree``: the batch index of the trajectory's tree (its question).
     """
 
     tree: int
@@ -82,27 +81,37 @@ class StepCredit:
     advantage: float
 
 
+def trajectory_outcome(example: Example, answer: str | None) -> str:
+    """``correct`` (full outcome reward on the example's metric), ``wrong`` (answered otherwise, an abstention
+    included) or ``unfinished`` (no answer: cut at a cap, or ended by its environment)."""
+    if answer is None:
+        return "unfinished"
+    return "correct" if outcome_reward(example, answer) >= 1.0 else "wrong"
+
+
 def step_credits(trees: list[RolloutTree], examples: list[Example], batch: TrainBatch) -> list[StepCredit]:
     """One :class:`StepCredit` per (trajectory, policy step) of ``batch``, after its advantages are set.
 
     A step shared by several trajectories of a tree counts once per trajectory, with that trajectory's advantage:
     that is how the loss sees it (PORTool's advantage of a shared step differs between the trajectories through it).
+    carl-critical trains a selected shared step in the first trajectory that holds it only, so the others through
+    it record 0 for it: its shared (tool-call) steps read lower than the update's per-action credit.
     """
     out = []
     for traj in batch.trajectories:
         tree, example = trees[traj.tree], examples[traj.tree]
         answer = tree.nodes[traj.leaf].info.get("answer")
-        if answer is None:
-            outcome = "unfinished"
-        else:
-            outcome = "correct" if outcome_reward(example, answer) >= 1.0 else "wrong"
+        outcome = trajectory_outcome(example, answer)
         for node, (row, _, _) in zip(traj.policy_nodes, segment_spans(batch, traj), strict=True):
             tokens = (batch.segment_ids[row] == node) & batch.policy_mask[row]
             trained = float(batch.advantages[row][tokens & batch.loss_mask[row]].sum())
             if node == traj.policy_nodes[-1] and answer is not None:
                 kind = "answer"
             else:
-                kind = "call" if tree.segment(node).info.get("calls") else "other"
+                info = tree.segment(node).info
+                kind = (
+                    "call" if info.get("calls") and "results" in info else "other"
+                )  # an engine cap: never ran
             out.append(StepCredit(traj.tree, kind, outcome, trained / int(tokens.sum())))
     return out
 

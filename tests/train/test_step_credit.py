@@ -24,6 +24,8 @@ CALL = [{"name": "search", "arguments": {"query": "x"}}]
 def pol(ids, calls=()):
     seg = Segment(ids, role="policy", kind="step", logprobs=[-1.0] * len(ids), entropies=[1.0] * len(ids))
     seg.info["calls"] = list(calls)
+    if calls:
+        seg.info["results"] = [{"output": "a passage"} for _ in calls]  # the calls ran
     return seg
 
 
@@ -95,6 +97,21 @@ def test_step_credits_hand_worked():
     assert call_minus_answer(credits, ("unfinished",)) == []  # C has neither kind
 
 
+def test_a_step_whose_calls_never_ran_is_not_a_call_step():
+    """The engine ends an episode at its own caps (turns, tokens, context) after the step is written: that step
+    has calls but no results, so it is `other`, as a protocol's segment cap (which clears the calls) is."""
+    tree = RolloutTree(Segment([1, 2], role="prompt"))
+    searched = tree.add(obs([20]), tree.add(pol([10], CALL), 0))
+    cut = tree.add(pol([11]), searched)
+    tree.segment(cut).info["calls"] = CALL  # written, never run
+    end(tree, cut, None, 0.0)
+    batch = build_batch([tree])
+    assert [(c.kind, c.outcome) for c in step_credits([tree], [EXAMPLE], batch)] == [
+        ("call", "unfinished"),
+        ("other", "unfinished"),
+    ]
+
+
 def all_fail_fork() -> tuple[RolloutTree, int, int]:
     """One search, then a fork: one branch answers wrong at once, the other searches again and answers wrong."""
     tree = RolloutTree(Segment([1, 2], role="prompt"))
@@ -141,12 +158,18 @@ def test_probe_credit_runs_every_estimator_on_the_same_rollouts(fitted_jsoncall)
         examples=list(EXAMPLES),
     )
     assert result["prompts"] == 3 and result["rollout"]["episode/count"] == 9
+    assert result["method"] == "portool" and result["strategy"] == "portool"
+    assert set(result["rewards_seen"]) <= {-1.0, 0.0, 1.0}  # PORTool's judge
     assert result["question_ids"] == [e.id for e in PromptSampler(list(EXAMPLES), config.train.seed).next(3)]
     entries = result["estimators"]
     assert list(entries) == list(PROBE_ESTIMATORS)
     # the same trees for every estimator: the same steps, by kind and outcome
     assert len({tuple(sorted(e["steps"].items())) for e in entries.values()}) == 1
-    assert sum(entries["grpo"]["steps"].values()) >= 9
+    steps = entries["grpo"]["steps"]
+    kinds = [k for k in steps if k.count("/") == 1]
+    assert sum(steps[k] for k in kinds) >= 9  # every trajectory has a step
+    for kind in kinds:  # a kind's count is the sum of its outcomes'
+        assert steps[kind] == sum(v for k, v in steps.items() if k.startswith(kind + "/"))
     for e in entries.values():
         assert all(math.isfinite(v) for v in e["by_kind"].values())
     table = format_probe(result)
