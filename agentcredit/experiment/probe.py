@@ -1,10 +1,10 @@
 """``agentcredit probe-credit``: where each credit estimator puts its credit, on the same rollouts.
 
 A run config's model rolls out the run's first *training* prompts with the config's strategy, once, in the run's
-step-sized batches with each step's seed (the first batch is the run's step-1 rollout). Then each named
-estimator computes its advantages on those same trees (no update, no held-out question) and the steps' credit is
-tabulated by step kind and trajectory outcome (:func:`agentcredit.train.metrics.credit_by_step_kind`). The trees
-and rewards are shared, so a difference between columns is the estimators' alone.
+step-sized batches with each step's seed (the first batch has the run's step-1 prompts, weights and seed). Then
+each named estimator computes its advantages on those same trees (no update, no held-out question) and the steps'
+credit is tabulated by step kind and trajectory outcome (:func:`agentcredit.train.metrics.credit_by_step_kind`).
+The trees and rewards are shared, so a difference between columns is the estimators' alone.
 
 The statistic that says which way a method pushes: per question, the mean advantage of its tool-call steps minus
 that of its answer steps (over the trajectories that got the question wrong, and over all), with a 95% t interval
@@ -79,8 +79,9 @@ def probe_credit(
     per_step = config.rollout.prompts_per_step
     examples, trees = [], []
     try:
-        # in the run's step-sized batches, each with that step's engine seed: the first batch is exactly the
-        # run's step-1 rollout (same prompts, weights and seed), and memory stays that of a training step
+        # in the run's step-sized batches, each with that step's engine seed: the first batch has the run's step-1
+        # prompts, weights and seed (its samples match the run's where the arithmetic does, e.g. the same thread
+        # count), and memory stays that of a training step
         while len(examples) < prompts:
             chunk = trainer.sampler.next(min(per_step, prompts - len(examples)))
             log(
@@ -98,9 +99,7 @@ def probe_credit(
         "question_ids": [ex.id for ex in examples],
         "method": config.method,
         "strategy": config.rollout.strategy,
-        "rewards_seen": sorted(
-            {r for t in trees for r in t.rewards().values()}
-        ),  # the config's method's reward
+        "rewards_seen": sorted({r for t in trees for r in t.rewards().values()}),
         "rollout": episode_metrics(trees, examples),
         "estimators": {},
     }

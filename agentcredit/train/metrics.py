@@ -105,13 +105,13 @@ def step_credits(trees: list[RolloutTree], examples: list[Example], batch: Train
         for node, (row, _, _) in zip(traj.policy_nodes, segment_spans(batch, traj), strict=True):
             tokens = (batch.segment_ids[row] == node) & batch.policy_mask[row]
             trained = float(batch.advantages[row][tokens & batch.loss_mask[row]].sum())
+            info = tree.segment(node).info
             if node == traj.policy_nodes[-1] and answer is not None:
                 kind = "answer"
-            else:
-                info = tree.segment(node).info
-                kind = (
-                    "call" if info.get("calls") and "results" in info else "other"
-                )  # an engine cap: never ran
+            elif info.get("calls") and "results" in info:
+                kind = "call"
+            else:  # no call, or calls an engine cap (turns, tokens, context) cut before they ran
+                kind = "other"
             out.append(StepCredit(traj.tree, kind, outcome, trained / int(tokens.sum())))
     return out
 
@@ -121,8 +121,7 @@ def credit_by_step_kind(credits: list[StepCredit]) -> dict[str, float]:
 
     Keys ``credit/<kind>_step`` and ``credit/<kind>_step/<outcome>``, present only where such steps exist. Under
     outcome-only GRPO every step of a trajectory gets its trajectory's advantage; a method that gives the answer
-    steps of failing trajectories less than their tool-call steps pushes the policy to call tools rather than
-    answer (what PORTool's Eq. 2 decay does when R_out = -1, tests/credit/test_portool_advantages.py).
+    steps of failing trajectories less than their tool-call steps favours calling tools over answering (what PORTool's Eq. 2 decay does when R_out = -1, tests/credit/test_portool_advantages.py).
     """
     groups: dict[str, list[float]] = {}
     for c in credits:
