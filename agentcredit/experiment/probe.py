@@ -100,6 +100,8 @@ def probe_credit(
         "method": config.method,
         "strategy": config.rollout.strategy,
         "rewards_seen": sorted({r for t in trees for r in t.rewards().values()}),
+        # the estimators' settings as they ran (e.g. a `--set algorithm.portool.gamma=1.0` ablation says so here)
+        "algorithm": base.model_dump(mode="json"),
         "rollout": episode_metrics(trees, examples),
         "estimators": {},
     }

@@ -121,7 +121,8 @@ def credit_by_step_kind(credits: list[StepCredit]) -> dict[str, float]:
 
     Keys ``credit/<kind>_step`` and ``credit/<kind>_step/<outcome>``, present only where such steps exist. Under
     outcome-only GRPO every step of a trajectory gets its trajectory's advantage; a method that gives the answer
-    steps of failing trajectories less than their tool-call steps favours calling tools over answering (what PORTool's Eq. 2 decay does when R_out = -1, tests/credit/test_portool_advantages.py).
+    steps of failing trajectories less than their tool-call steps favours calling tools over answering (what
+    PORTool's Eq. 2 decay does when R_out = -1, tests/credit/test_portool_advantages.py).
     """
     groups: dict[str, list[float]] = {}
     for c in credits:

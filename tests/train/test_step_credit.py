@@ -147,7 +147,16 @@ def test_probe_credit_runs_every_estimator_on_the_same_rollouts(fitted_jsoncall)
     from agentcredit.train.rng import PromptSampler
 
     model, tokenizer = fitted_jsoncall
-    config = load_config("portool-arith-tools", [*SMALL, "rollout.n=3", "rollout.t_max=3"])
+    config = load_config(
+        "portool-arith-tools",
+        [
+            *SMALL,
+            "rollout.n=3",
+            "rollout.t_max=3",
+            "algorithm.portool.gamma=1.0",
+            "algorithm.whiten_advantages=true",
+        ],
+    )
     result = probe_credit(
         config,
         prompts=3,  # two step-sized batches (rollout.prompts_per_step=2): 2 prompts, then 1
@@ -160,6 +169,9 @@ def test_probe_credit_runs_every_estimator_on_the_same_rollouts(fitted_jsoncall)
     assert result["prompts"] == 3 and result["rollout"]["episode/count"] == 9
     assert result["method"] == "portool" and result["strategy"] == "portool"
     assert set(result["rewards_seen"]) <= {-1.0, 0.0, 1.0}  # PORTool's judge
+    # the estimators' settings as they ran: the config's ablation kept, whitening switched off
+    assert result["algorithm"]["portool"]["gamma"] == 1.0
+    assert result["algorithm"]["whiten_advantages"] is False
     assert result["question_ids"] == [e.id for e in PromptSampler(list(EXAMPLES), config.train.seed).next(3)]
     entries = result["estimators"]
     assert list(entries) == list(PROBE_ESTIMATORS)
