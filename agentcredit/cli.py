@@ -20,8 +20,8 @@ app = typer.Typer(
 @app.callback()
 def main() -> None:
     """agentcredit: train, evaluate and compare credit-assignment methods for tool-using agents."""
+    from agentcredit.progress import line_buffered_stdout
     from agentcredit.runtime import fix_malloc_mmap_threshold
-    from agentcredit.train.logging import line_buffered_stdout
 
     fix_malloc_mmap_threshold()  # large freed blocks go back to the system (peak RSS; see agentcredit.runtime)
     line_buffered_stdout()  # `make demo | tee log`: SFT losses and held-out lines appear as they happen

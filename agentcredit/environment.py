@@ -406,10 +406,15 @@ def run_episodes(
     max_turns: int | None = None,
     max_batch: int = 64,
     seed: int = 0,
+    progress: str | None = None,
 ) -> list[RolloutTree]:
-    """Episodes of ``model`` on ``examples`` (greedy by default), one tree per question."""
+    """Episodes of ``model`` on ``examples`` (greedy by default), one tree per question.
+
+    ``progress``: a description to show progress over the questions under (with an ETA); None shows nothing.
+    """
     import torch
 
+    from agentcredit.progress import Progress
     from agentcredit.rollout.engine import EngineConfig, RolloutEngine
     from agentcredit.rollout.sampling import SamplingParams
     from agentcredit.rollout.strategies import independent
@@ -427,7 +432,10 @@ def run_episodes(
     engine = RolloutEngine.for_hf_model(model, tokenizer, env.protocol, env.tools, config)
     was_training = model.training
     model.eval()
-    with torch.no_grad():
-        trees = engine.run(list(examples), independent(samples), env.reward)
+    with (
+        torch.no_grad(),
+        Progress(progress or "", total=len(examples), unit="questions", enabled=progress is not None) as bar,
+    ):
+        trees = engine.run(list(examples), independent(samples), env.reward, on_tree_done=bar.advance)
     model.train(was_training)
     return trees

@@ -135,6 +135,7 @@ def run_eval(
             temperature=options.temperature,
             **rollout_caps(cfg),
             seed=options.seed,
+            progress=f"eval {split}",
         )
     finally:
         env.close()

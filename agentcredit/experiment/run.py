@@ -54,7 +54,13 @@ def evaluate_model(
             config, split=split or config.task.eval_split, limit=limit or config.task.eval_limit
         )
         summary, records = evaluate(
-            model, tokenizer, env, examples, value_head=value_head, **rollout_caps(config)
+            model,
+            tokenizer,
+            env,
+            examples,
+            value_head=value_head,
+            progress=f"eval {config.task.eval_split}",
+            **rollout_caps(config),
         )
         require_all_scored(summary, f"evaluation on {config.task.name} {config.task.eval_split}")
         return summary, records
@@ -104,6 +110,7 @@ class HeldoutEvaluation:
                 examples,
                 value_head=trainer.value_head,
                 tiers=tiers,
+                progress=f"eval {name} (step {trainer.step})",
                 **rollout_caps(trainer.cfg),
             )
             require_all_scored(summary, f"held-out evaluation '{name}' at step {trainer.step}")
@@ -232,7 +239,7 @@ def run_sft(
             seed=config.train.seed,
             autocast=config.model.autocast_bf16,
             max_tokens=config.train.micro_batch_tokens,
-            on_step=lambda step, loss: log(f"sft step {step}: loss {loss:.4f}") if step % 5 == 0 else None,
+            progress=True,
         )
     finally:
         env.close()

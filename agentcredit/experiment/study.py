@@ -597,6 +597,7 @@ class Study:
                     env,
                     examples,
                     tiers={e.id: tiers[e.id] for e in examples} if tiers else None,
+                    progress=f"start eval {name}",
                     **rollout_caps(cfg),
                 )
                 require_all_scored(summary, f"the start's held-out evaluation '{name}'")

@@ -359,6 +359,7 @@ class RolloutEngine:
         prompt_ids: Sequence[str | int] | None = None,
         extra: Sequence[dict] | None = None,
         seed: int | None = None,
+        on_tree_done: Callable[[], None] | None = None,
     ) -> list[RolloutTree]:
         """One tree per prompt. ``reward_fn(prompt_item, answer)`` scores each finished episode (answer may be None).
 
@@ -370,6 +371,7 @@ class RolloutEngine:
             extra: per-prompt keyword arguments for ``protocol.new_episode``.
             seed: seed of this call. Default: derived from ``config.seed`` and the number of earlier calls, so
                 successive calls sample differently while a fresh engine with the same config reproduces them.
+            on_tree_done: called once each time a prompt's tree is finished (progress of a long phase).
         """
         if extra is not None and len(extra) != len(prompts):
             raise ValueError(f"extra has {len(extra)} entries for {len(prompts)} prompts")
@@ -386,6 +388,7 @@ class RolloutEngine:
         start = time.perf_counter()
         forward_before = getattr(self.backend.stats, "forward_calls", 0)
         self._reward_fn = reward_fn
+        self._on_tree_done = on_tree_done
         self._store = strategy.needs_prefix_store and self.config.reuse_prefix
         self._queue: deque[list[_Episode]] = deque()
         self._live: list[_Episode] = []  # episodes holding a sequence (decoding, waiting, pending, parked)
@@ -445,6 +448,8 @@ class RolloutEngine:
         except StopIteration as stop:
             run.done = True
             run.final = stop.value
+            if self._on_tree_done is not None:
+                self._on_tree_done()
             for eps in run.parked.values():
                 for ep in eps:
                     self._release(ep)

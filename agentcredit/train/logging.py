@@ -1,10 +1,9 @@
-"""Run metrics: JSONL (always), TensorBoard and W&B (when asked for); progress lines on a non-terminal stdout."""
+"""Run metrics: JSONL (always), TensorBoard and W&B (when asked for). Progress lines: :mod:`agentcredit.progress`."""
 
 from __future__ import annotations
 
 import json
 import math
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -99,39 +98,3 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     from agentcredit.tasks.example import iter_jsonl  # errors name the file and line
 
     return [row for _, row in iter_jsonl(path)]
-
-
-# ------------------------------------------------------------------------------------------------ console
-def live_console() -> bool:
-    """True when stdout is a terminal (or a notebook) where rich can redraw a live progress bar in place.
-
-    On a pipe or a file (``make demo | tee log``, CI) rich draws nothing until the bar stops, so the caller
-    should print :func:`progress_line` lines instead.
-    """
-    from rich.console import Console
-
-    console = Console()
-    return bool(console.is_terminal or console.is_jupyter)
-
-
-def line_buffered_stdout() -> None:
-    """Make ``sys.stdout`` line-buffered when it is not a terminal.
-
-    Python block-buffers stdout on a pipe or a file, so ``print`` output (run directory, held-out evaluations,
-    SFT losses) would otherwise arrive in one burst minutes later, or at exit. A no-op on a terminal (already
-    line-buffered) and on streams that cannot be reconfigured.
-    """
-    stream = sys.stdout
-    try:
-        if stream is None or stream.isatty():
-            return
-        reconfigure = getattr(stream, "reconfigure", None)
-        if reconfigure is not None:
-            reconfigure(line_buffering=True)
-    except (AttributeError, OSError, ValueError):  # a closed or exotic stream: leave it as it is
-        return
-
-
-def progress_line(text: str) -> None:
-    """One plain progress line on stdout, flushed at once (the non-terminal stand-in for a live bar)."""
-    print(text, flush=True)

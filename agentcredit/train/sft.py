@@ -11,6 +11,7 @@ trained), computed with the same scoring path and microbatching as RL.
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -23,6 +24,7 @@ from agentcredit.config import MICRO_BATCH_TOKENS
 from agentcredit.credit import aggregation_weights
 from agentcredit.environment import Environment, raise_on_infra_failures
 from agentcredit.models.scoring import micro_batches, score_tokens
+from agentcredit.progress import Progress
 from agentcredit.rollout.engine import episode_reward
 from agentcredit.rollout.replay import replay
 from agentcredit.rollout.tree import RolloutTree
@@ -132,8 +134,9 @@ def sft(
     autocast: bool = False,
     max_tokens: int = MICRO_BATCH_TOKENS,
     on_step: Callable[[int, float], None] | None = None,
+    progress: bool = False,
 ) -> SFTResult:
-    """Token-mean NLL on the policy tokens of every trajectory in ``trees``."""
+    """Token-mean NLL on the policy tokens of every trajectory in ``trees``; ``progress`` shows steps and an ETA."""
     if not trees:
         raise ValueError("sft: no demonstrations to train on")
     batch = build_batch(list(trees), pad_id=pad_id)
@@ -141,39 +144,42 @@ def sft(
     optimizer = adamw(params, lr=lr, weight_decay=weight_decay)
     rng = random.Random(seed)
     losses, start, step = [], time.perf_counter(), 0
-    model.train()
-    for _ in range(epochs):
-        order = list(range(len(batch.trajectories)))
-        rng.shuffle(order)
-        for s in range(0, len(order), batch_trajectories):
-            rows = [r for j in order[s : s + batch_trajectories] for r in batch.trajectories[j].rows]
-            mb = batch.select(rows)
-            weights = aggregation_weights(mb.policy_mask, "token-mean").float()
-            optimizer.zero_grad(set_to_none=True)
-            total = 0.0
-            # as the RL update: rows that share a prefix (the system prompt, the question) are packed and the prefix
-            # forwarded once, equal to row-by-row forwarding up to float rounding (agentcredit.models.packing)
-            for micro in micro_batches(model, row_tokens(mb), max_tokens):
-                sub = mb.select(micro)
-                scores = score_tokens(
-                    model,
-                    sub.input_ids,
-                    sub.attention_mask,
-                    sub.policy_mask,
-                    with_entropy=False,
-                    autocast=autocast,
-                    share_prefixes=True,
-                )
-                loss = -(scores.logprobs * weights[micro][:, : sub.input_ids.shape[1]]).sum()
-                loss.backward()
-                total += float(loss.detach())
-            torch.nn.utils.clip_grad_norm_(params, grad_clip)
-            optimizer.step()
-            # freed now, not kept until the next step: the gradients are as large as the weights
-            optimizer.zero_grad(set_to_none=True)
-            losses.append(total)
-            step += 1
-            if on_step is not None:
-                on_step(step, total)
+    steps = epochs * math.ceil(len(batch.trajectories) / batch_trajectories)
+    with Progress("sft", total=steps, unit="steps", enabled=progress) as bar:
+        model.train()
+        for _ in range(epochs):
+            order = list(range(len(batch.trajectories)))
+            rng.shuffle(order)
+            for s in range(0, len(order), batch_trajectories):
+                rows = [r for j in order[s : s + batch_trajectories] for r in batch.trajectories[j].rows]
+                mb = batch.select(rows)
+                weights = aggregation_weights(mb.policy_mask, "token-mean").float()
+                optimizer.zero_grad(set_to_none=True)
+                total = 0.0
+                # as the RL update: rows that share a prefix (the system prompt, the question) are packed and the
+                # prefix forwarded once, equal to row-by-row forwarding up to float rounding (models.packing)
+                for micro in micro_batches(model, row_tokens(mb), max_tokens):
+                    sub = mb.select(micro)
+                    scores = score_tokens(
+                        model,
+                        sub.input_ids,
+                        sub.attention_mask,
+                        sub.policy_mask,
+                        with_entropy=False,
+                        autocast=autocast,
+                        share_prefixes=True,
+                    )
+                    loss = -(scores.logprobs * weights[micro][:, : sub.input_ids.shape[1]]).sum()
+                    loss.backward()
+                    total += float(loss.detach())
+                torch.nn.utils.clip_grad_norm_(params, grad_clip)
+                optimizer.step()
+                # freed now, not kept until the next step: the gradients are as large as the weights
+                optimizer.zero_grad(set_to_none=True)
+                losses.append(total)
+                step += 1
+                bar.advance(info=f"loss {total:.4f}")
+                if on_step is not None:
+                    on_step(step, total)
     model.eval()
     return SFTResult(losses, int(batch.policy_mask.sum()), time.perf_counter() - start)

@@ -38,12 +38,13 @@ from agentcredit.environment import Environment, build_environment, load_example
 from agentcredit.models.heads import initial_value_head
 from agentcredit.models.loading import frozen_copy, load_policy
 from agentcredit.models.scoring import score_tokens
+from agentcredit.progress import Progress
 from agentcredit.rollout.tree import RolloutTree
 from agentcredit.tasks import Example
 from agentcredit.train.advantages import compute_advantages
 from agentcredit.train.batch import TrainBatch, actions_per_question, build_batch
 from agentcredit.train.checkpoint import load_checkpoint, save_checkpoint
-from agentcredit.train.logging import MetricsLogger, line_buffered_stdout, live_console, progress_line
+from agentcredit.train.logging import MetricsLogger
 from agentcredit.train.losses import total_loss, value_weights
 from agentcredit.train.metrics import credit_by_step_kind, episode_metrics, signal_metrics, step_credits
 from agentcredit.train.optim import adamw
@@ -512,25 +513,12 @@ class Trainer:
 
     # -------------------------------------------------------------- loop
     def train(self, *, progress: bool = True, on_step=None) -> list[dict[str, float]]:
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
         cfg = self.cfg.train
         history = []
-        columns = [
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            TextColumn("{task.completed}/{task.total}"),
-            TextColumn("{task.fields[info]}"),
-            TimeElapsedColumn(),
-            TimeRemainingColumn(),
-        ]
-        # On a pipe or file (`make demo | tee log`, CI) rich shows nothing until the bar stops, and Python
-        # block-buffers stdout: print one flushed plain line per step instead, with stdout line-buffered.
-        plain = progress and not live_console()
-        if plain:
-            line_buffered_stdout()
-        with Progress(*columns, disable=not progress or plain, transient=False) as bar:
-            task = bar.add_task(self.cfg.method, total=cfg.steps, completed=self.step, info="")
+        # a line per step on a pipe (`make demo | tee log`, CI): a step takes seconds to minutes
+        with Progress(
+            self.cfg.method, total=cfg.steps, unit="steps", every=0, initial=self.step, enabled=progress
+        ) as bar:
             while self.step < cfg.steps:
                 result = self.train_step()
                 history.append(result.metrics)
@@ -541,9 +529,7 @@ class Trainer:
                     f"reward {m.get('reward/mean', math.nan):.3f} "
                     f"acc {m.get('accuracy', math.nan):.3f} {m.get('time/step', 0):.0f}s/step"
                 )
-                bar.update(task, completed=self.step, info=info)
-                if plain:
-                    progress_line(f"{self.cfg.method} step {self.step}/{cfg.steps}: {info}")
+                bar.advance(self.step - bar.done, info=info)
                 if on_step is not None:
                     on_step(self, result)
                 if (

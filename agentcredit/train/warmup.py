@@ -33,6 +33,7 @@ import torch
 from agentcredit.config import MICRO_BATCH_TOKENS, Config
 from agentcredit.credit.metrics import auc, explained_variance, sign_accuracy
 from agentcredit.environment import build_environment, raise_on_infra_failures, run_episodes
+from agentcredit.progress import Progress
 from agentcredit.rollout.tree import RolloutTree, Segment
 from agentcredit.tasks import Example
 from agentcredit.tasks.scoring import normalize_answer
@@ -116,6 +117,7 @@ def tier_labels(
             max_new_tokens=config.rollout.max_new_tokens,
             max_episode_tokens=config.rollout.max_episode_tokens,
             seed=seed,
+            progress="tier labels",
         )
     finally:
         env.close()
@@ -169,6 +171,7 @@ def controlled_rollouts(
                     max_new_tokens=config.rollout.max_new_tokens,
                     max_episode_tokens=config.rollout.max_episode_tokens,
                     seed=settings.seed + (1 if mode == "forced" else 2),
+                    progress=f"warm-up rollouts ({mode})",
                 )
             finally:
                 env.close()
@@ -246,23 +249,27 @@ def warmup(
         losses += train_head_on_features(model, value_head, batch, train_pairs, settings, log=log)
     model.train()
     per_bucket = max(1, settings.pairs_per_step // max(1, len(by_bucket)))
-    for step in range(settings.steps):
-        pairs = [
-            rng.choice(pool) for pool in by_bucket.values() for _ in range(per_bucket)
-        ]  # uniform over buckets
-        positions: dict[int, list[int]] = {}
-        for p in pairs:
-            positions.setdefault(p.row, []).append(p.col)
-        positions = {r: sorted(set(c)) for r, c in positions.items()}
-        optimizer.zero_grad(set_to_none=True)
-        values = values_at(model, value_head, batch, positions, max_tokens=config.train.micro_batch_tokens)
-        loss = torch.stack([(values[(p.row, p.col)] - p.target) ** 2 for p in pairs]).mean()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_([q for g in optimizer.param_groups for q in g["params"]], 1.0)
-        optimizer.step()
-        losses.append(float(loss.detach()))
-        if (step + 1) % max(1, settings.steps // 5) == 0:
-            log(f"warm-up step {step + 1}/{settings.steps}: critic MSE {losses[-1]:.4f}")
+    with Progress("warm-up", total=settings.steps, unit="steps") as bar:
+        for step in range(settings.steps):
+            pairs = [
+                rng.choice(pool) for pool in by_bucket.values() for _ in range(per_bucket)
+            ]  # uniform over buckets
+            positions: dict[int, list[int]] = {}
+            for p in pairs:
+                positions.setdefault(p.row, []).append(p.col)
+            positions = {r: sorted(set(c)) for r, c in positions.items()}
+            optimizer.zero_grad(set_to_none=True)
+            values = values_at(
+                model, value_head, batch, positions, max_tokens=config.train.micro_batch_tokens
+            )
+            loss = torch.stack([(values[(p.row, p.col)] - p.target) ** 2 for p in pairs]).mean()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_([q for g in optimizer.param_groups for q in g["params"]], 1.0)
+            optimizer.step()
+            losses.append(float(loss.detach()))
+            bar.advance(info=f"critic MSE {losses[-1]:.4f}")
+            if (step + 1) % max(1, settings.steps // 5) == 0:
+                log(f"warm-up step {step + 1}/{settings.steps}: critic MSE {losses[-1]:.4f}")
     optimizer.zero_grad(set_to_none=True)  # the backbone's gradients: not needed by the gate or the save
     model.eval()
     gate = _gate(model, value_head, batch, trees, owners, tiers, eval_info)

@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from agentcredit.train import logging as train_logging
+from agentcredit import progress as progress_module
 
 CHILD = textwrap.dedent(
     """
@@ -74,7 +74,7 @@ def test_piped_train_streams_one_line_per_step(tmp_path):
     try:
         for line in proc.stdout:  # a pipe: the child's stdout is not a terminal
             lines.append(line.rstrip("\n"))
-            if re.match(r"grpo step 1/2: reward", line):
+            if re.match(r"grpo 1/2 steps .*: reward", line):
                 go.touch()
         rc = proc.wait(timeout=600)
     finally:
@@ -84,7 +84,11 @@ def test_piped_train_streams_one_line_per_step(tmp_path):
         err = stderr.read()
         stderr.close()
     assert rc == 0, err[-3000:]
-    steps = [ln for ln in lines if re.match(r"grpo step \d/2: reward \S+ acc \S+ \d+s/step$", ln)]
+    steps = [
+        ln
+        for ln in lines
+        if re.match(r"grpo \d/2 steps \(\d+%\), \S+ elapsed, ETA \S+: reward \S+ acc \S+ \d+s/step$", ln)
+    ]
     assert len(steps) == 2, lines
     assert "GATE open" in err, "the step-1 line did not reach the pipe before step 2 started"
     final = [i for i, ln in enumerate(lines) if ln.startswith("final evaluation:")]
@@ -105,10 +109,10 @@ def test_line_buffering_is_set_on_a_pipe_only(monkeypatch):
             calls.append(kwargs)
 
     monkeypatch.setattr(sys, "stdout", Stream(tty=True))
-    train_logging.line_buffered_stdout()
+    progress_module.line_buffered_stdout()
     assert calls == []
     monkeypatch.setattr(sys, "stdout", Stream(tty=False))
-    train_logging.line_buffered_stdout()
+    progress_module.line_buffered_stdout()
     assert calls == [{"line_buffering": True}]
 
 
@@ -118,9 +122,9 @@ def test_trainer_prints_flushed_step_lines_when_not_a_terminal(progress, monkeyp
     from agentcredit.train import trainer as trainer_module
 
     printed = []
-    monkeypatch.setattr(trainer_module, "live_console", lambda: False)
-    monkeypatch.setattr(trainer_module, "line_buffered_stdout", lambda: None)
-    monkeypatch.setattr(trainer_module, "progress_line", printed.append)
+    monkeypatch.setattr(progress_module, "live_console", lambda: False)
+    monkeypatch.setattr(progress_module, "line_buffered_stdout", lambda: None)
+    monkeypatch.setattr(progress_module, "progress_line", printed.append)
 
     class Fake:
         cfg = type(
@@ -141,5 +145,9 @@ def test_trainer_prints_flushed_step_lines_when_not_a_terminal(progress, monkeyp
     started = time.monotonic()
     trainer_module.Trainer.train(Fake(), progress=progress)
     assert time.monotonic() - started < 30
-    expected = [f"grpo step {k}/2: reward 0.500 acc 0.250 3s/step" for k in (1, 2)]
-    assert printed == (expected if progress else [])
+    info = "reward 0.500 acc 0.250 3s/step"
+    if not progress:
+        assert printed == []
+    else:
+        assert [ln.split(",")[0] for ln in printed] == ["grpo 1/2 steps (50%)", "grpo 2/2 steps (100%)"]
+        assert all(ln.endswith(f": {info}") and " ETA " in ln for ln in printed), printed
