@@ -13,11 +13,14 @@ VERL_PY   := $(VERL_VENV)/bin/python
 
 .PHONY: setup setup-dev system-packages test test-fast test-verl lint format demo bench clean
 
-# Debian packages the project uses: bubblewrap (the Python sandbox) and chromium (the credit-viewer page test).
+# Debian packages the project uses: bubblewrap (the Python sandbox; `make demo` needs it) and chromium (only the
+# credit-viewer page test, so only `make test` installs it).
+SYSTEM_PACKAGES ?= bwrap:bubblewrap
 system-packages:
 	@missing=""; \
-	command -v bwrap >/dev/null 2>&1 || missing="$$missing bubblewrap"; \
-	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
+	for pair in $(SYSTEM_PACKAGES); do \
+	  command -v $${pair%%:*} >/dev/null 2>&1 || missing="$$missing $${pair#*:}"; \
+	done; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    echo "installing system packages:$$missing"; \
@@ -63,6 +66,7 @@ $(VERL_VENV)/.installed: pyproject.toml $(VERL_VENV)/.torch
 	touch $@
 
 setup: system-packages $(VENV)/.installed
+setup-dev: SYSTEM_PACKAGES += chromium:chromium
 setup-dev: system-packages $(VENV)/.installed-dev
 
 test: setup-dev test-verl
