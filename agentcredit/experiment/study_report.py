@@ -4,16 +4,20 @@ Statistics (written by hand, since they are two formulas and a table; scipy woul
 quantile):
 
 * per arm and metric: the mean over seeds and a 95% Student-t interval, mean +- t_{0.975, n-1} * s / sqrt(n);
-* per claim: the difference arm - baseline with a 95% Welch interval (unequal variances, Welch-Satterthwaite
-  degrees of freedom). ``higher`` / ``lower`` claims are *reproduced* when that interval lies entirely on the
+* per claim: the difference arm - baseline, paired by seed: arms share a seed's questions, their order and the
+  step-1 rollouts, so the mean over shared seeds of (arm - baseline) with a 95% paired t interval (n - 1 degrees
+  of freedom) is the primary interval, and the verdict is read from it. The 95% Welch interval (unequal
+  variances, Welch-Satterthwaite degrees of freedom), which ignores the pairing, stays as a second column (the
+  first round of studies read their verdicts from it). ``higher`` / ``lower`` claims are *reproduced* when the
+  interval lies entirely on the
   claimed side of 0, *not reproduced* when no point of it does (it lies on the other side, touching 0 at most:
   two arms that both call the tool on every question, [0, 0], are not "inconclusive", the arm is not lower),
   and *inconclusive* otherwise.
   ``not_lower`` / ``not_higher`` (non-inferiority with a margin m) are *reproduced* when the interval lies
   entirely above -m (below +m), *not reproduced* when it lies entirely below -m (above +m), else inconclusive.
   ``lower_spread`` (more stable across seeds) is Levene's test: each seed's absolute deviation from its arm's
-  mean, then the ``lower`` rule on the Welch interval of those deviations; inconclusive with fewer than 3 seeds
-  an arm (two deviations from their own mean are always equal).
+  mean, then the ``lower`` rule on the Welch interval of those deviations (a spread has no pairing); inconclusive
+  with fewer than 3 seeds an arm (two deviations from their own mean are always equal).
   With one seed per arm there is no interval and every verdict is inconclusive.
 * a claim's value per run is the final held-out evaluation, or (``source: training``) the mean of a training
   metric over the run's steps.
@@ -100,6 +104,16 @@ def welch_interval(a: list[float], b: list[float]) -> tuple[float, float, float]
     return diff, diff - half, diff + half
 
 
+def paired_interval(a: dict[int, float], b: dict[int, float]) -> tuple[float, float, float] | None:
+    """``(diff, low, high)``: the mean over the seeds both arms finished of ``a[seed] - b[seed]``, with its 95% t
+    interval; None with fewer than 2 shared seeds. Pairing removes what a seed does to both arms alike (which
+    questions come, in which order), the variance that dominated the first round's Welch intervals."""
+    seeds = sorted(set(a) & set(b))
+    if len(seeds) < 2:
+        return None
+    return mean_interval([a[s] - b[s] for s in seeds])
+
+
 def verdict(direction: str, interval: tuple[float, float, float] | None, margin: float = 0.0) -> str:
     """'reproduced' / 'not reproduced' / 'inconclusive' for a claim on arm - baseline (module docstring)."""
     if interval is None:
@@ -168,11 +182,16 @@ def _tier_order(tier: str) -> int:
 
 
 def _values(finished: dict[int, dict[str, Any]], heldout: str, key: str) -> list[float]:
-    out = []
-    for record in finished.values():
+    return list(_values_by_seed(finished, heldout, key).values())
+
+
+def _values_by_seed(finished: dict[int, dict[str, Any]], heldout: str, key: str) -> dict[int, float]:
+    """seed -> the final held-out value of ``key`` (runs without a finite value are left out)."""
+    out = {}
+    for seed, record in finished.items():
         value = record["final"].get(heldout, {}).get(key)
         if isinstance(value, int | float) and math.isfinite(value):
-            out.append(float(value))
+            out[seed] = float(value)
     return out
 
 
@@ -182,15 +201,15 @@ def absolute_deviations(values: list[float]) -> list[float]:
     return [abs(v - mean) for v in values]
 
 
-def _training_means(runs: list[RunData], key: str) -> list[float]:
-    """Per run, the mean of a training metric over its steps (runs that never logged it are left out)."""
-    out = []
-    for run in runs:
+def _training_means(runs: dict[int, RunData], key: str) -> dict[int, float]:
+    """seed -> the mean of a training metric over the run's steps (runs that never logged it are left out)."""
+    out = {}
+    for seed, run in runs.items():
         values = [
             m[key] for m in run.metrics if isinstance(m.get(key), int | float) and math.isfinite(m[key])
         ]
         if values:
-            out.append(float(np.mean(values)))
+            out[seed] = float(np.mean(values))
     return out
 
 
@@ -357,23 +376,40 @@ def write_study_report(study: Study, out_dir: str | Path) -> dict[str, Path]:
 
     # claims
     if spec.claims:
-        header = ["claim", "metric", "set", "arm", "baseline", "arm - baseline [95% Welch]", "verdict"]
+        header = [
+            "claim",
+            "metric",
+            "set",
+            "arm",
+            "baseline",
+            "arm - baseline, paired by seed [95% t]",
+            "[95% Welch]",
+            "verdict",
+        ]
         rows = []
         for c in spec.claims:
             if c.source == "training":
                 h = "training (mean over steps)"
-                a, b = (_training_means(runs.get(arm, []), c.metric) for arm in (c.arm, c.baseline))
+                a_by, b_by = (
+                    _training_means(
+                        dict(zip(sorted(finished.get(arm, {})), runs.get(arm, []), strict=True)), c.metric
+                    )
+                    for arm in (c.arm, c.baseline)
+                )
             else:
                 h = c.heldout or spec.heldout[0].name
-                a = _values(finished.get(c.arm, {}), h, c.metric)
-                b = _values(finished.get(c.baseline, {}), h, c.metric)
+                a_by = _values_by_seed(finished.get(c.arm, {}), h, c.metric)
+                b_by = _values_by_seed(finished.get(c.baseline, {}), h, c.metric)
+            a, b = list(a_by.values()), list(b_by.values())
             if c.direction == "lower_spread":
                 # two values per arm have equal deviations (zero variance): no interval, so no verdict below 3
                 enough = len(a) >= 3 and len(b) >= 3
-                iv = welch_interval(absolute_deviations(a), absolute_deviations(b)) if enough else None
+                welch = welch_interval(absolute_deviations(a), absolute_deviations(b)) if enough else None
+                iv, paired_cell = welch, "– (a spread: Welch on absolute deviations)"
                 compared = "absolute deviation from the arm's mean: "
             else:
-                iv, compared = welch_interval(a, b), ""
+                iv, welch, compared = paired_interval(a_by, b_by), welch_interval(a, b), ""
+                paired_cell = f"{_fmt_interval(iv)} (n={len(set(a_by) & set(b_by))} seeds)"
             rows.append(
                 [
                     c.name,
@@ -381,7 +417,8 @@ def write_study_report(study: Study, out_dir: str | Path) -> dict[str, Path]:
                     h,
                     f"{c.arm}: {_fmt_interval(mean_interval(a)) if a else '–'} (n={len(a)})",
                     f"{c.baseline}: {_fmt_interval(mean_interval(b)) if b else '–'} (n={len(b)})",
-                    compared + _fmt_interval(iv),
+                    paired_cell,
+                    compared + _fmt_interval(welch),
                     verdict(c.direction, iv, c.margin).upper(),
                 ]
             )

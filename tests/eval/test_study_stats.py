@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from agentcredit.experiment.study_report import (
     absolute_deviations,
     mean_interval,
+    paired_interval,
     t975,
     verdict,
     welch_interval,
@@ -99,3 +100,27 @@ def test_lower_spread_is_levene_on_absolute_deviations_by_hand():
     assert verdict("lower_spread", (diff, low, high)) == "inconclusive"  # 3 seeds cannot show it here
     assert verdict("lower_spread", (-0.2, -0.3, -0.1)) == "reproduced"
     assert verdict("lower_spread", (0.1, 0.0, 0.2)) == "not reproduced"
+
+
+def test_paired_interval_by_hand_decides_where_welch_cannot():
+    """Issue 32: arms share each seed's questions and order, so the seed's luck moves both alike. Pairing by
+    seed removes it: diffs 0.05, 0.05, 0.04 -> mean 0.04667, s = 0.005774, half = 4.303 * s / sqrt(3) = 0.01434.
+    Welch on the same numbers sees seed-to-seed spreads of 0.2 and calls it inconclusive."""
+    arm = {0: 0.30, 1: 0.50, 2: 0.70}
+    base = {0: 0.25, 1: 0.45, 2: 0.66}
+    diff, low, high = paired_interval(arm, base)
+    assert diff == pytest.approx(0.046667, abs=1e-6)
+    assert (low, high) == (
+        pytest.approx(0.046667 - 0.014344, abs=1e-5),
+        pytest.approx(0.046667 + 0.014344, abs=1e-5),
+    )
+    assert verdict("higher", (diff, low, high)) == "reproduced"
+    assert verdict("higher", welch_interval(list(arm.values()), list(base.values()))) == "inconclusive"
+
+
+def test_paired_interval_uses_only_seeds_both_arms_finished():
+    # seeds 0 and 1: diffs 0.5 and 1.0, mean 0.75, s = 0.353553, half = 12.706 * s / sqrt(2) = 3.1765
+    assert paired_interval({0: 1.0, 1: 2.0, 2: 9.0}, {0: 0.5, 1: 1.0}) == pytest.approx(
+        (0.75, -2.4265, 3.9265), abs=1e-4
+    )
+    assert paired_interval({0: 1.0, 1: 2.0}, {1: 1.0, 2: 0.0}) is None  # one shared seed: no interval
