@@ -185,7 +185,7 @@ def test_runs_as_an_unprivileged_uid_in_a_private_directory(isolation):
     if os.geteuid() == 0:
         assert TEST_UID_BASE <= int(uid) < TEST_UID_BASE + TEST_UID_COUNT and uid == euid
         assert groups == "[]"
-    assert (cwd == "/tmp") if isolation == "bwrap" else cwd.startswith(ps.settings().tmp_root)
+    assert (cwd == "/home/sandbox") if isolation == "bwrap" else cwd.startswith(ps.settings().tmp_root)
 
 
 def test_file_size_limit(isolation):

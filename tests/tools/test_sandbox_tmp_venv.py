@@ -99,3 +99,31 @@ def test_preflight_passes_from_a_venv_under_tmp(tmp_venv):
         "from agentcredit.tools.sandbox import check_available\ncheck_available()\nprint('PREFLIGHT OK')",
     )
     assert done.returncode == 0 and "PREFLIGHT OK" in done.stdout, done.stdout + done.stderr
+
+
+def test_bwrap_working_directory_is_never_a_parent_of_a_bind():
+    """Issue 39, item 1: with a venv under /tmp, bubblewrap made its parents inside the working directory."""
+    for venv in ("/tmp/nc/agentcredit/.venv", "/home/sandbox/x/.venv", "/work/main/.venv"):
+        argv = _bwrap_argv(SandboxSettings(python=f"{venv}/bin/python"), SandboxLimits(), rootless=False)
+        workdir = argv[argv.index("--chdir") + 1]
+        binds = [argv[i + 1] for i, a in enumerate(argv) if a == "--ro-bind"]
+        assert all(not (b + "/").startswith(workdir + "/") for b in binds), (workdir, binds)
+        assert all(not workdir.startswith(b + "/") for b in binds), (workdir, binds)
+        assert _operation_index(argv, "--tmpfs", workdir) < argv.index("--chdir")  # a fresh, empty tmpfs
+
+
+def test_working_directory_is_empty_with_a_venv_under_tmp(tmp_venv):
+    """Issue 39, item 1: ``os.listdir('.')`` printed ``['nc']`` when the checkout and its venv lived in /tmp/nc."""
+    code = (
+        "from agentcredit.tools.sandbox import run_python\n"
+        "result = run_python(\"import os\\nprint(os.listdir('.'), os.getcwd() == os.environ['HOME'])\\n"
+        "print(sorted(os.listdir('/tmp')))\", isolation='bwrap')\n"
+        "print('RESULT', result.ok, repr(result.output), result.error)\n"
+    )
+    done = _run_in(tmp_venv, code)
+    assert done.returncode == 0, done.stdout + done.stderr
+    # the venv's parents are in /tmp (it is bound there at its own path), but the working directory is empty
+    top = Path(tmp_venv).relative_to("/tmp").parts[0]
+    assert f"RESULT True \"[] True\\n['{top}']\\n\" None" in done.stdout.splitlines(), (
+        done.stdout + done.stderr
+    )

@@ -107,7 +107,25 @@ def _child_env(home: str, marker: str) -> dict[str, str]:
 
 
 _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
+# The code's working directory (and HOME) under bubblewrap: a tmpfs of its own that is never the parent of a bind.
+# /tmp cannot be it: an interpreter or venv that lives under /tmp (a clone in /tmp/nc/...) is bound at its own
+# path, so bubblewrap creates its parent directories inside the fresh /tmp, and ``os.listdir('.')`` of a "fresh"
+# working directory showed the host's path (issue 39, item 1). The first candidate that holds no bind is used.
+_WORKDIR_CANDIDATES = ("/home/sandbox", "/var/sandbox", "/sandbox")
 _MOUNTED_DIRS = ("/proc", "/dev", "/tmp", "/dev/shm")  # fresh mounts inside the sandbox (see _bwrap_argv)
+
+
+def bwrap_workdir(binds: list[str]) -> str:
+    """The working directory inside bubblewrap: a candidate that is neither a bind nor above or below one."""
+    for candidate in _WORKDIR_CANDIDATES:
+        if not any(
+            b == candidate or b.startswith(candidate + "/") or candidate.startswith(b + "/") for b in binds
+        ):
+            return candidate
+    raise RuntimeError(
+        f"the interpreter's directories {binds} overlap every sandbox working directory {_WORKDIR_CANDIDATES}; "
+        "use an interpreter installed elsewhere (configure(python=...))"
+    )
 
 
 def _python_dirs(python: str) -> list[str]:
@@ -141,10 +159,15 @@ def _bwrap_argv(settings: SandboxSettings, limits: SandboxLimits, rootless: bool
     argv += ["--proc", "/proc", "--dev", "/dev"]
     argv += ["--perms", "1777", "--size", str(limits.tmp_bytes), "--tmpfs", "/tmp"]
     argv += ["--perms", "1777", "--size", str(limits.tmp_bytes), "--tmpfs", "/dev/shm"]
+    binds = _python_dirs(settings.python)
+    workdir = bwrap_workdir(binds)
+    if Path(workdir).parent != Path("/"):
+        argv += ["--perms", "0755", "--dir", str(Path(workdir).parent)]
+    argv += ["--perms", "1777", "--size", str(limits.tmp_bytes), "--tmpfs", workdir]
     # The interpreter's directories come after the fresh mounts above: bubblewrap applies its operations in
     # order, so a tmpfs mounted later would hide a virtualenv or checkout that lives under /tmp (or /dev/shm).
-    made = set(_MOUNTED_DIRS)
-    for path in _python_dirs(settings.python):
+    made = set(_MOUNTED_DIRS) | {workdir, str(Path(workdir).parent)}
+    for path in binds:
         # bubblewrap would create the missing parents (/work, /root, ...) with mode 0700, which the sandbox uid
         # cannot cross (a pyenv build under a 0700 /root); create them 0755 first. They are empty: only the
         # bound directory shows inside. Parents that are mounts of their own (/tmp) are left as mounted.
@@ -153,7 +176,7 @@ def _bwrap_argv(settings: SandboxSettings, limits: SandboxLimits, rootless: bool
                 made.add(str(parent))
                 argv += ["--perms", "0755", "--dir", str(parent)]
         argv += ["--ro-bind", path, path]
-    argv += ["--chdir", "/tmp", "--"]
+    argv += ["--chdir", workdir, "--"]
     return argv
 
 
@@ -184,8 +207,14 @@ class _Session:
 
     # ---- spawn -------------------------------------------------------------------------------------------------
 
+    def _sandbox_home(self) -> str:
+        """The code's working directory, HOME and TMPDIR, as the code sees it."""
+        if self.mode.name == "bwrap":
+            return bwrap_workdir(_python_dirs(self.settings.python))
+        return str(self.workdir)
+
     def _command(self, control_fd: int, response_fd: int | None) -> tuple[list[str], str]:
-        cwd = "/tmp" if self.mode.name == "bwrap" else str(self.workdir)
+        cwd = self._sandbox_home()
         config = {
             "uid": self.uid,
             "gid": self.uid,
@@ -223,7 +252,7 @@ class _Session:
         response_r, response_w = os.pipe() if self.search_fn is not None else (None, None)
         child_fds = [control_w] + ([response_r] if response_r is not None else [])
         argv, cwd = self._command(control_w, response_r)
-        home = "/tmp" if self.mode.name == "bwrap" else str(self.workdir)
+        home = self._sandbox_home()
         try:
             proc = subprocess.Popen(
                 argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
