@@ -253,10 +253,14 @@ def test_control_pipe_forgeries_do_not_fool_the_verdict(isolation, host):
 def test_bubblewrap_hides_the_host_files(isolation, host):
     if isolation != "bwrap":
         pytest.skip("the fallback sees every world-readable host file (docs/sandbox.md)")
-    code = f"import os\nprint(os.path.exists({__file__!r}), os.path.exists('{host.victim}'))\nos.listdir('/')"
+    code = (
+        f"import os\nprint(os.path.exists({__file__!r}), os.path.exists('{host.victim}'))\n"
+        "print(os.listdir('/home'))\nos.listdir('/')"
+    )
     result, _ = run_hostile(code, isolation, host)
     assert result.output.startswith("False False\n")
-    assert "home" not in result.output and "var" not in result.output
+    # /home holds only the sandbox's own empty working directory (a tmpfs), none of the host's home directories
+    assert result.output.splitlines()[1] == "['sandbox']" and "var" not in result.output
 
 
 def test_bubblewrap_tmp_is_capped(isolation, host):

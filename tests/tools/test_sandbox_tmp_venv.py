@@ -15,6 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pyseccomp
 import pytest
 
 from agentcredit.tools.sandbox import tool as ps
@@ -66,7 +67,9 @@ def tmp_venv():
 
 def _run_in(venv: Path, code: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("VIRTUAL_ENV")}
-    env["PYTHONPATH"] = str(REPO)  # the package from this checkout; the interpreter from the venv under /tmp
+    # the package from this checkout and the host-side seccomp binding (the sandbox's own interpreter needs
+    # neither: the host compiles the filter); the interpreter from the venv under /tmp
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(Path(pyseccomp.__file__).parent)])
     return subprocess.run(
         [str(venv / "bin" / "python"), "-c", code],
         capture_output=True, text=True, env=env, cwd="/tmp", timeout=120, check=False,

@@ -12,6 +12,7 @@ pipe is parsed by a bounded reader, and a child that breaks the protocol loses i
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -27,7 +28,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from agentcredit.tools.sandbox import procs
+from agentcredit.tools.sandbox import keyrings, procs, seccomp
 from agentcredit.tools.sandbox.config import (
     ErrorKind,
     MiB,
@@ -69,7 +70,8 @@ def run_sandboxed(
             if uid is not None:
                 os.chown(workdir, uid, uid)
         session = _Session(code_bytes, limits, search_fn, mode, uid, workdir, settings)
-        result = session.run()
+        # The call's processes inherit a new session keyring, not the host's (keyrings are not namespaced).
+        result = keyrings.in_fresh_session_keyring(session.run)
         network = None if session.ready is None else str(session.ready.get("network", "unknown"))
     finally:
         leftovers: list[str] = []
@@ -146,11 +148,30 @@ def _python_dirs(python: str) -> list[str]:
     return chosen
 
 
-def _bwrap_argv(settings: SandboxSettings, limits: SandboxLimits, rootless: bool) -> list[str]:
-    argv = [shutil.which("bwrap") or "bwrap", "--die-with-parent", "--new-session", "--hostname", "sandbox"]
+@functools.lru_cache(maxsize=4)
+def bwrap_supports(option: str, bwrap: str) -> bool:
+    """Whether this bubblewrap knows ``option`` (it lists every option in ``--help``)."""
+    try:
+        done = subprocess.run([bwrap, "--help"], capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return option in done.stdout.split()
+
+
+def _bwrap_argv(
+    settings: SandboxSettings, limits: SandboxLimits, rootless: bool, seccomp_fd: int | None = None
+) -> list[str]:
+    bwrap = shutil.which("bwrap") or "bwrap"
+    argv = [bwrap, "--die-with-parent", "--new-session", "--hostname", "sandbox"]
     argv += ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
     if rootless:
         argv.append("--unshare-user")  # without root, bubblewrap needs a user namespace for the others
+        # bubblewrap >= 0.8 can forbid nested user namespaces itself; it needs --unshare-user, so as root (no user
+        # namespace: the code runs as a leased host uid) the seccomp filter's unshare/clone rules do this job.
+        if bwrap_supports("--disable-userns", bwrap):
+            argv.append("--disable-userns")
+    if seccomp_fd is not None:
+        argv += ["--seccomp", str(seccomp_fd)]
     for path in _SYSTEM_DIRS:
         if os.path.islink(path):
             argv += ["--symlink", os.readlink(path), path]
@@ -213,13 +234,16 @@ class _Session:
             return bwrap_workdir(_python_dirs(self.settings.python))
         return str(self.workdir)
 
-    def _command(self, control_fd: int, response_fd: int | None) -> tuple[list[str], str]:
+    def _command(
+        self, control_fd: int, response_fd: int | None, seccomp_fd: int | None
+    ) -> tuple[list[str], str]:
         cwd = self._sandbox_home()
         config = {
             "uid": self.uid,
             "gid": self.uid,
             "leave_network": self.mode.name == "rlimits",
             "supervise": self.mode.name == "rlimits",  # bubblewrap has its own init and --die-with-parent
+            "own_keyrings": self.mode.name == "rlimits",  # under bubblewrap the seccomp filter denies keyctl
             "cpu_seconds": self.limits.cpu_limit,
             "memory_bytes": self.limits.memory_bytes,
             "file_bytes": self.limits.file_bytes,
@@ -244,14 +268,23 @@ class _Session:
         ]
         if self.mode.name == "bwrap":
             rootless = os.geteuid() != 0
-            return _bwrap_argv(self.settings, self.limits, rootless) + python, "/"
+            return _bwrap_argv(self.settings, self.limits, rootless, seccomp_fd) + python, "/"
         return python, cwd
 
     def run(self) -> SandboxResult:
         control_r, control_w = os.pipe()
         response_r, response_w = os.pipe() if self.search_fn is not None else (None, None)
         child_fds = [control_w] + ([response_r] if response_r is not None else [])
-        argv, cwd = self._command(control_w, response_r)
+        if self.mode.name == "bwrap":
+            try:
+                child_fds.append(seccomp.program_fd())  # bubblewrap reads the filter from it, then closes it
+            except BaseException:
+                for fd in [control_r, response_w, *child_fds]:
+                    if fd is not None:
+                        os.close(fd)
+                raise
+        seccomp_fd = child_fds[-1] if self.mode.name == "bwrap" else None
+        argv, cwd = self._command(control_w, response_r, seccomp_fd)
         home = self._sandbox_home()
         try:
             proc = subprocess.Popen(
