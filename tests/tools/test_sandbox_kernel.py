@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from agentcredit.tools.base import ToolUnavailableError
-from agentcredit.tools.sandbox import SandboxLimits, keyrings, run_python, seccomp
+from agentcredit.tools.sandbox import SandboxLimits, callfs, keyrings, run_python, seccomp
 from agentcredit.tools.sandbox import tool as ps
 from agentcredit.tools.sandbox.config import SandboxSettings
 from agentcredit.tools.sandbox.session import _bwrap_argv, bwrap_supports
@@ -297,3 +297,26 @@ def test_missing_libseccomp_is_one_clear_error(monkeypatch):
             seccomp.filter_program()
     finally:
         seccomp.filter_program.cache_clear()
+
+
+# ---- the call's own tmpfs (item 3) ------------------------------------------------------------------------------
+
+
+def test_call_fs_is_capped_and_a_stale_mount_is_replaced(tmp_path):
+    """A host that crashed mid-call leaves its mount; the next lease of the uid mounts a fresh one over nothing."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    path = tmp_path / "1998000.fs"
+    callfs.mount_call_fs(path, 1024 * 1024, 10 + 4)
+    try:
+        (path / "tmp" / "left-by-a-crash").write_text("x")
+        callfs.mount_call_fs(path, 1024 * 1024, 10 + 4)  # the stale mount is detached first
+        assert sorted(os.listdir(path)) == ["home", "shm", "tmp"] and os.listdir(path / "tmp") == []
+        assert oct(os.stat(path / "tmp").st_mode & 0o7777) == "0o1777"
+        info = os.statvfs(path)
+        assert info.f_files == 14 and info.f_blocks * info.f_frsize == 1024 * 1024
+        with open("/proc/self/mounts") as fh:
+            assert [line for line in fh if f" {path} " in line][0].split()[3].startswith("rw,nosuid,nodev")
+    finally:
+        callfs.unmount_call_fs(path)
+    assert not path.exists() and not os.path.ismount(path)

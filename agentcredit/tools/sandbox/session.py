@@ -28,7 +28,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from agentcredit.tools.sandbox import keyrings, procs, seccomp
+from agentcredit.tools.sandbox import callfs, keyrings, procs, seccomp
 from agentcredit.tools.sandbox.config import (
     ErrorKind,
     MiB,
@@ -63,13 +63,18 @@ def run_sandboxed(
         ), None  # fmt: skip
     lease = procs.lease_uid(settings.uid_base, settings.uid_count, wait=30.0) if mode.dedicated_uid else None
     workdir: str | None = None
+    call_fs: Path | None = None
     try:
         uid = lease.uid if lease else None
         if mode.name == "rlimits":
             workdir = tempfile.mkdtemp(prefix="agentcredit-sbx-", dir=settings.tmp_root)
             if uid is not None:
                 os.chown(workdir, uid, uid)
-        session = _Session(code_bytes, limits, search_fn, mode, uid, workdir, settings)
+        elif lease is not None:  # root: a tmpfs of the call's own, capped in bytes and inodes (callfs.py)
+            call_fs = procs.LEASE_DIR / f"{lease.uid}.fs"
+            # + 1 + len(SUBDIRS): the root directory and the three bound directories are inodes too
+            callfs.mount_call_fs(call_fs, limits.tmp_bytes, limits.tmp_inodes + 1 + len(callfs.SUBDIRS))
+        session = _Session(code_bytes, limits, search_fn, mode, uid, workdir, settings, call_fs)
         # The call's processes inherit a new session keyring, not the host's (keyrings are not namespaced).
         result = keyrings.in_fresh_session_keyring(session.run)
         network = None if session.ready is None else str(session.ready.get("network", "unknown"))
@@ -79,6 +84,8 @@ def run_sandboxed(
             leftovers = procs.remove_files_of_uid(lease.uid, procs.world_writable_roots())
         if workdir is not None:
             shutil.rmtree(workdir, ignore_errors=True)
+        if call_fs is not None:
+            callfs.unmount_call_fs(call_fs)
         if lease is not None:
             lease.release()
     if leftovers:
@@ -159,8 +166,14 @@ def bwrap_supports(option: str, bwrap: str) -> bool:
 
 
 def _bwrap_argv(
-    settings: SandboxSettings, limits: SandboxLimits, rootless: bool, seccomp_fd: int | None = None
+    settings: SandboxSettings,
+    limits: SandboxLimits,
+    rootless: bool,
+    seccomp_fd: int | None = None,
+    call_fs: Path | None = None,
 ) -> list[str]:
+    """bubblewrap's command line. ``call_fs``: the call's own tmpfs (:mod:`.callfs`), whose directories become
+    /tmp, /dev/shm and the working directory; None (no root): three ``--tmpfs`` capped in bytes only."""
     bwrap = shutil.which("bwrap") or "bwrap"
     argv = [bwrap, "--die-with-parent", "--new-session", "--hostname", "sandbox"]
     argv += ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
@@ -178,13 +191,15 @@ def _bwrap_argv(
         elif os.path.isdir(path):
             argv += ["--ro-bind", path, path]
     argv += ["--proc", "/proc", "--dev", "/dev"]
-    argv += ["--perms", "1777", "--size", str(limits.tmp_bytes), "--tmpfs", "/tmp"]
-    argv += ["--perms", "1777", "--size", str(limits.tmp_bytes), "--tmpfs", "/dev/shm"]
     binds = _python_dirs(settings.python)
     workdir = bwrap_workdir(binds)
     if Path(workdir).parent != Path("/"):
         argv += ["--perms", "0755", "--dir", str(Path(workdir).parent)]
-    argv += ["--perms", "1777", "--size", str(limits.tmp_bytes), "--tmpfs", workdir]
+    for name, target in zip(callfs.SUBDIRS, ("/tmp", "/dev/shm", workdir), strict=True):
+        if call_fs is not None:
+            argv += ["--bind", str(call_fs / name), target]
+        else:
+            argv += ["--perms", "1777", "--size", str(limits.tmp_bytes), "--tmpfs", target]
     # The interpreter's directories come after the fresh mounts above: bubblewrap applies its operations in
     # order, so a tmpfs mounted later would hide a virtualenv or checkout that lives under /tmp (or /dev/shm).
     made = set(_MOUNTED_DIRS) | {workdir, str(Path(workdir).parent)}
@@ -213,9 +228,10 @@ class _Session:
         uid: int | None,
         workdir: str | None,
         settings: SandboxSettings,
+        call_fs: Path | None = None,
     ):
         self.code, self.limits, self.search_fn, self.mode, self.uid = code, limits, search_fn, mode, uid
-        self.workdir, self.settings = workdir, settings
+        self.workdir, self.settings, self.call_fs = workdir, settings, call_fs
         self.marker = uuid.uuid4().hex
         self.capture = OutputCapture(limits.output_bytes)
         self.reader = FrameReader(max_frame=_CONTROL_FRAME_BYTES)
@@ -268,7 +284,8 @@ class _Session:
         ]
         if self.mode.name == "bwrap":
             rootless = os.geteuid() != 0
-            return _bwrap_argv(self.settings, self.limits, rootless, seccomp_fd) + python, "/"
+            argv = _bwrap_argv(self.settings, self.limits, rootless, seccomp_fd, self.call_fs)
+            return argv + python, "/"
         return python, cwd
 
     def run(self) -> SandboxResult:
