@@ -126,11 +126,19 @@ def sandbox_mode(isolation: Isolation = "auto") -> SandboxMode:
                 f"agentcredit sandbox: isolation mode '{mode.name}' ({mode.reason}); dedicated uid per run: "
                 f"{'yes' if mode.dedicated_uid else 'no'}; network: {mode.network}"
             )
-            logger.info(message)
             if mode.name == "rlimits":
-                warnings.warn(
-                    message + ". See docs/sandbox.md for what this mode does not guarantee.", stacklevel=2
+                # Once per process, loudly: the fallback shares the host's file system, UNIX sockets, keyrings
+                # and kernel surface with the code (docs/sandbox.md), so it is for trusted code only.
+                loud = (
+                    f"{message}. The 'rlimits' fallback is NOT SAFE FOR UNTRUSTED CODE: the code sees every "
+                    "world-readable host file (data sets and their answers included), can reach host UNIX "
+                    "sockets and has no system-call filter; install bubblewrap for model-written code "
+                    "(docs/sandbox.md)"
                 )
+                logger.warning(loud)
+                warnings.warn(loud, stacklevel=2)
+            else:
+                logger.info(message)
     return mode
 
 
