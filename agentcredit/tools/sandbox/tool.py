@@ -14,9 +14,11 @@ When no sandbox can run on the machine at all it raises :class:`~agentcredit.too
 Two isolation modes, chosen once per process (``docs/sandbox.md`` says exactly what each guarantees):
 
 - ``bwrap``: bubblewrap gives the code its own PID, network, IPC and mount namespaces, a read-only view of the
-  system and Python directories only, and a private size-capped /tmp as working directory;
+  system and Python directories only, private size- and inode-capped /tmp, /dev/shm and working directory, and a
+  seccomp filter with Docker's default-profile semantics (:mod:`agentcredit.tools.sandbox.seccomp`);
 - ``rlimits``: the fallback where bubblewrap is missing or does not work: rlimits, a fresh host temp directory,
-  and an empty network namespace where the kernel allows one (else a Python-level socket block).
+  and an empty network namespace where the kernel allows one (else a Python-level socket block). It is not safe
+  for untrusted code, and a process that uses it logs a WARNING that says so, once.
 
 In both modes, when the host runs as root, the code runs under a dedicated unprivileged uid leased for the call
 (:mod:`agentcredit.tools.sandbox.procs`), which is what makes the process cap real and lets the parent kill every
