@@ -320,3 +320,21 @@ def test_call_fs_is_capped_and_a_stale_mount_is_replaced(tmp_path):
     finally:
         callfs.unmount_call_fs(path)
     assert not path.exists() and not os.path.ismount(path)
+
+
+_TRACEME_THEN_SIGNAL = """import ctypes, os, signal
+libc = ctypes.CDLL(None, use_errno=True); libc.syscall.restype = ctypes.c_long
+signal.signal(signal.SIGUSR1, lambda *_: print('handled'))
+rc = libc.syscall(ctypes.c_long(101), ctypes.c_long(0), ctypes.c_long(0), ctypes.c_long(0), ctypes.c_long(0))
+os.kill(os.getpid(), signal.SIGUSR1)  # a tracee stops here and its tracer decides what happens
+print('traced' if rc == 0 else 'refused')
+"""
+
+
+def test_code_that_makes_its_parent_a_tracer_still_gets_a_verdict(one_uid):
+    """In the fallback the code's parent is the root supervisor: PTRACE_TRACEME made it the tracer, the next
+    signal stopped the code, and the supervisor died on the stop report (``ValueError: process stopped by
+    delivery of signal``) instead of reporting the run. It now detaches the tracee and passes the signal on."""
+    result = run_python(_TRACEME_THEN_SIGNAL, limits=LIMITS, isolation=one_uid)
+    assert result.ok, (result.error, result.output)
+    assert result.output == ("handled\nrefused\n" if one_uid == "bwrap" else "handled\ntraced\n")

@@ -45,6 +45,7 @@ CLONE_NEWNET = 0x40000000
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_NO_NEW_PRIVS = 38
+PTRACE_DETACH = 17
 
 
 def _fail_setup(message: str) -> None:
@@ -238,6 +239,11 @@ def _split_into_supervisor_and_child() -> None:
         return
     while True:
         pid, status = os.waitpid(-1, 0)
+        if os.WIFSTOPPED(status):
+            # Only a tracee reports a stop here: the code made this supervisor its tracer (PTRACE_TRACEME, which
+            # the fallback has no filter against). Let it go on untraced, with the signal that stopped it.
+            libc.ptrace(PTRACE_DETACH, pid, None, ctypes.c_void_p(os.WSTOPSIG(status)))
+            continue
         if pid == main_pid:
             break
     me = os.getpid()
