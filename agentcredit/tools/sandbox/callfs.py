@@ -19,6 +19,8 @@ import ctypes
 import os
 from pathlib import Path
 
+from agentcredit.tools.base import ToolUnavailableError
+
 MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x2, 0x4, 0x8
 MNT_DETACH = 0x2
 # The three directories bound into the sandbox, by their name in the call's tmpfs.
@@ -39,9 +41,15 @@ def mount_call_fs(path: Path, size_bytes: int, inodes: int) -> Path:
     unmount_call_fs(path, remove=False)
     options = f"size={size_bytes},nr_inodes={inodes},mode=0755".encode()
     # nosuid and nodev, as bubblewrap's own tmpfs; exec stays allowed (code may write and run a script).
-    _check(
-        _libc.mount(b"tmpfs", bytes(path), b"tmpfs", MS_NOSUID | MS_NODEV, options), f"mount tmpfs on {path}"
-    )
+    try:
+        _check(
+            _libc.mount(b"tmpfs", bytes(path), b"tmpfs", MS_NOSUID | MS_NODEV, options),
+            f"mount tmpfs on {path}",
+        )
+    except OSError as exc:  # root without CAP_SYS_ADMIN (a container): bubblewrap could not mount either
+        raise ToolUnavailableError(
+            f"the sandbox cannot mount its call's tmpfs ({exc}); it needs root with CAP_SYS_ADMIN, as bubblewrap does"
+        ) from exc
     for name in SUBDIRS:
         sub = path / name
         sub.mkdir()

@@ -26,6 +26,8 @@ import threading
 from collections.abc import Callable
 from typing import TypeVar
 
+from agentcredit.tools.base import ToolUnavailableError
+
 T = TypeVar("T")
 
 KEYCTL_GET_KEYRING_ID = 0
@@ -62,7 +64,7 @@ def join_new_session_keyring() -> int | None:
     except OSError as exc:
         if exc.errno == errno.ENOSYS:  # a kernel without CONFIG_KEYS has no keyrings to share
             return None
-        raise RuntimeError(
+        raise ToolUnavailableError(
             f"the sandbox cannot give its call a session keyring of its own ({exc}); without one the code could "
             "read keys from the host's session keyring"
         ) from exc
