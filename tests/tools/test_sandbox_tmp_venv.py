@@ -17,10 +17,12 @@ from pathlib import Path
 
 import pyseccomp
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from agentcredit.tools.sandbox import tool as ps
 from agentcredit.tools.sandbox.config import SandboxLimits, SandboxSettings
-from agentcredit.tools.sandbox.session import _bwrap_argv
+from agentcredit.tools.sandbox.session import _bwrap_argv, bwrap_workdir
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -130,3 +132,20 @@ def test_working_directory_is_empty_with_a_venv_under_tmp(tmp_venv):
     assert f"RESULT True \"[] True\\n['{top}']\\n\" None" in done.stdout.splitlines(), (
         done.stdout + done.stderr
     )
+
+
+_segment = st.sampled_from(["home", "sandbox", "var", "tmp", "nc", "work", ".venv", "x"])
+_paths = st.lists(_segment, min_size=1, max_size=4).map(lambda parts: "/" + "/".join(parts))
+
+
+@given(st.lists(_paths, max_size=6))
+def test_working_directory_is_never_above_below_or_at_a_bind(binds):
+    """Property behind issue 39, item 1: whatever the interpreter's directories, the chosen working directory
+    holds none of them and is inside none of them, or the choice fails with a message naming them."""
+    try:
+        workdir = bwrap_workdir(binds)
+    except RuntimeError as exc:
+        assert "overlap every sandbox working directory" in str(exc)
+        return
+    for b in binds:
+        assert b != workdir and not b.startswith(workdir + "/") and not workdir.startswith(b + "/")
