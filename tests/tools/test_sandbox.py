@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import threading
 import time
 import warnings
 from dataclasses import asdict
+from pathlib import Path
 
 import pytest
 
@@ -185,7 +188,7 @@ def test_runs_as_an_unprivileged_uid_in_a_private_directory(isolation):
     if os.geteuid() == 0:
         assert TEST_UID_BASE <= int(uid) < TEST_UID_BASE + TEST_UID_COUNT and uid == euid
         assert groups == "[]"
-    assert (cwd == "/tmp") if isolation == "bwrap" else cwd.startswith(ps.settings().tmp_root)
+    assert (cwd == "/home/sandbox") if isolation == "bwrap" else cwd.startswith(ps.settings().tmp_root)
 
 
 def test_file_size_limit(isolation):
@@ -415,6 +418,37 @@ def test_missing_bubblewrap_falls_back_with_one_warning(fresh_modes, monkeypatch
     assert mode.reason == "fallback: bubblewrap is not installed (Debian package 'bubblewrap')"
     messages = [str(w.message) for w in caught]
     assert len(messages) == 1 and "isolation mode 'rlimits'" in messages[0]
+
+
+_FALLBACK_RUN = """
+import logging, os, tempfile, warnings
+logging.basicConfig(format="LOG %(levelname)s %(message)s")
+warnings.simplefilter("ignore")  # counted on their own above; here only the log
+from agentcredit.tools.sandbox import configure, run_python, sandbox_mode
+root = tempfile.mkdtemp(); os.chmod(root, 0o711)
+configure(python="/usr/bin/python3", tmp_root=root, uid_base={uid_base}, uid_count=4)
+for _ in range(3):
+    assert run_python("print(1)", isolation="rlimits").ok
+configure(tmp_root=root)  # a new resolution of the mode is not a new announcement
+sandbox_mode("rlimits")
+print("done")
+"""
+
+
+def test_fallback_run_says_once_loudly_that_it_is_unsafe():
+    """Issue 34: the fallback reached a host UNIX socket and left a daemon; a run that uses it must say so."""
+    if not os.path.exists("/usr/bin/python3"):
+        pytest.skip("the fallback needs an interpreter other users can read")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHONWARN")}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
+    done = subprocess.run(
+        [sys.executable, "-c", _FALLBACK_RUN.format(uid_base=TEST_UID_BASE)],
+        capture_output=True, text=True, env=env, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0 and done.stdout.strip() == "done", done.stderr
+    logged = [line for line in done.stderr.splitlines() if line.startswith("LOG ")]
+    assert len(logged) == 1, logged
+    assert logged[0].startswith("LOG WARNING ") and "NOT SAFE FOR UNTRUSTED CODE" in logged[0]
 
 
 def test_broken_bubblewrap_is_detected_by_running_it(fresh_modes, monkeypatch, tmp_path):

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 
 import pytest
 
-from agentcredit.tools.sandbox import SandboxLimits, SandboxResult, run_python
+from agentcredit.tools.sandbox import SandboxLimits, SandboxResult, procs, run_python
 from agentcredit.tools.sandbox import tool as ps
 
 TEST_UID_BASE, TEST_UID_COUNT = 1_997_000, 16  # a range of its own (see test_sandbox.py)
@@ -139,6 +139,13 @@ def isolation(request, host):
         ps.configure(**asdict(previous))
 
 
+def call_fs_mounts() -> list[str]:
+    """Mounts of the test uids' call file systems still in place (see agentcredit/tools/sandbox/callfs.py)."""
+    with open("/proc/self/mounts") as fh:
+        points = [line.split()[1] for line in fh]
+    return [p for p in points if p.startswith(f"{procs.LEASE_DIR}/{str(TEST_UID_BASE)[:4]}")]
+
+
 def run_hostile(code: str, isolation: str, host: Host, **limits) -> tuple[SandboxResult, float]:
     """Run ``code``; check the timing, the host and that nothing is left behind; return result and seconds."""
     limits.setdefault("timeout", TIMEOUT)
@@ -149,6 +156,7 @@ def run_hostile(code: str, isolation: str, host: Host, **limits) -> tuple[Sandbo
     assert elapsed <= limits["timeout"] + SLACK, f"took {elapsed:.2f} s"
     assert sandbox_uid_processes() == []
     assert children_of_this_process() == []
+    assert call_fs_mounts() == []  # the call's tmpfs (root host, bubblewrap) is detached
     assert os.listdir(host.tmp_root) == []  # the fallback's working directory is gone
     assert not os.path.exists(os.path.join(tempfile.gettempdir(), LEFTOVER_NAME))
     with open(host.victim) as fh:
@@ -253,10 +261,14 @@ def test_control_pipe_forgeries_do_not_fool_the_verdict(isolation, host):
 def test_bubblewrap_hides_the_host_files(isolation, host):
     if isolation != "bwrap":
         pytest.skip("the fallback sees every world-readable host file (docs/sandbox.md)")
-    code = f"import os\nprint(os.path.exists({__file__!r}), os.path.exists('{host.victim}'))\nos.listdir('/')"
+    code = (
+        f"import os\nprint(os.path.exists({__file__!r}), os.path.exists('{host.victim}'))\n"
+        "print(os.listdir('/home'))\nos.listdir('/')"
+    )
     result, _ = run_hostile(code, isolation, host)
     assert result.output.startswith("False False\n")
-    assert "home" not in result.output and "var" not in result.output
+    # /home holds only the sandbox's own empty working directory (a tmpfs), none of the host's home directories
+    assert result.output.splitlines()[1] == "['sandbox']" and "var" not in result.output
 
 
 def test_bubblewrap_tmp_is_capped(isolation, host):
@@ -265,6 +277,48 @@ def test_bubblewrap_tmp_is_capped(isolation, host):
     code = "for i in range(10):\n    open(f'f{i}', 'wb').write(b'x' * 1024**2)"
     result, _ = run_hostile(code, isolation, host, tmp_bytes=4 * 1024**2)
     assert result.error_kind == "exception" and "No space left on device" in result.error
+
+
+def test_bubblewrap_tmp_inodes_are_capped(isolation, host):
+    """Issue 34: 180k empty files in the 64 MiB /tmp cost the host 180 MiB of kernel memory (size= counts bytes)."""
+    if isolation != "bwrap" or os.geteuid() != 0:
+        pytest.skip("the inode cap is the root host's own tmpfs under bubblewrap (docs/sandbox.md)")
+    code = (
+        "made = 0\n"
+        "for where in ('/tmp', '.', '/dev/shm'):\n"
+        "    try:\n"
+        "        for i in range(2000):\n"
+        "            open(f'{where}/e{i}', 'w').close(); made += 1\n"
+        "    except OSError as exc:\n"
+        "        print(where, exc.strerror)\n"
+        "print(made)"
+    )
+    result, _ = run_hostile(code, isolation, host, tmp_inodes=300)
+    # one budget for the three writable directories: /tmp takes all 300, the other two get none
+    assert result.output.splitlines() == [
+        "/tmp No space left on device",
+        ". No space left on device",
+        "/dev/shm No space left on device",
+        "300",
+    ]
+
+
+def test_bubblewrap_writable_directories_share_one_byte_budget(isolation, host):
+    if isolation != "bwrap" or os.geteuid() != 0:
+        pytest.skip("one budget needs the root host's own tmpfs under bubblewrap (docs/sandbox.md)")
+    code = (
+        "for where in ('/tmp', '.', '/dev/shm'):\n"
+        "    try:\n"
+        "        open(f'{where}/big', 'wb').write(b'x' * 3 * 1024**2); print(where, 'ok')\n"
+        "    except OSError as exc:\n"
+        "        print(where, exc.strerror)"
+    )
+    result, _ = run_hostile(code, isolation, host, tmp_bytes=4 * 1024**2)
+    assert result.output.splitlines() == [
+        "/tmp ok",
+        ". No space left on device",
+        "/dev/shm No space left on device",
+    ]
 
 
 FORK_LOOP = """

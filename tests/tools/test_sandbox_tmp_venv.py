@@ -15,11 +15,14 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pyseccomp
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from agentcredit.tools.sandbox import tool as ps
 from agentcredit.tools.sandbox.config import SandboxLimits, SandboxSettings
-from agentcredit.tools.sandbox.session import _bwrap_argv
+from agentcredit.tools.sandbox.session import _bwrap_argv, bwrap_workdir
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -66,7 +69,9 @@ def tmp_venv():
 
 def _run_in(venv: Path, code: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("VIRTUAL_ENV")}
-    env["PYTHONPATH"] = str(REPO)  # the package from this checkout; the interpreter from the venv under /tmp
+    # the package from this checkout and the host-side seccomp binding (the sandbox's own interpreter needs
+    # neither: the host compiles the filter); the interpreter from the venv under /tmp
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(Path(pyseccomp.__file__).parent)])
     return subprocess.run(
         [str(venv / "bin" / "python"), "-c", code],
         capture_output=True, text=True, env=env, cwd="/tmp", timeout=120, check=False,
@@ -99,3 +104,48 @@ def test_preflight_passes_from_a_venv_under_tmp(tmp_venv):
         "from agentcredit.tools.sandbox import check_available\ncheck_available()\nprint('PREFLIGHT OK')",
     )
     assert done.returncode == 0 and "PREFLIGHT OK" in done.stdout, done.stdout + done.stderr
+
+
+def test_bwrap_working_directory_is_never_a_parent_of_a_bind():
+    """Issue 39, item 1: with a venv under /tmp, bubblewrap made its parents inside the working directory."""
+    for venv in ("/tmp/nc/agentcredit/.venv", "/home/sandbox/x/.venv", "/work/main/.venv"):
+        argv = _bwrap_argv(SandboxSettings(python=f"{venv}/bin/python"), SandboxLimits(), rootless=False)
+        workdir = argv[argv.index("--chdir") + 1]
+        binds = [argv[i + 1] for i, a in enumerate(argv) if a == "--ro-bind"]
+        assert all(not (b + "/").startswith(workdir + "/") for b in binds), (workdir, binds)
+        assert all(not workdir.startswith(b + "/") for b in binds), (workdir, binds)
+        assert _operation_index(argv, "--tmpfs", workdir) < argv.index("--chdir")  # a fresh, empty tmpfs
+
+
+def test_working_directory_is_empty_with_a_venv_under_tmp(tmp_venv):
+    """Issue 39, item 1: ``os.listdir('.')`` printed ``['nc']`` when the checkout and its venv lived in /tmp/nc."""
+    code = (
+        "from agentcredit.tools.sandbox import run_python\n"
+        "result = run_python(\"import os\\nprint(os.listdir('.'), os.getcwd() == os.environ['HOME'])\\n"
+        "print(sorted(os.listdir('/tmp')))\", isolation='bwrap')\n"
+        "print('RESULT', result.ok, repr(result.output), result.error)\n"
+    )
+    done = _run_in(tmp_venv, code)
+    assert done.returncode == 0, done.stdout + done.stderr
+    # the venv's parents are in /tmp (it is bound there at its own path), but the working directory is empty
+    top = Path(tmp_venv).relative_to("/tmp").parts[0]
+    assert f"RESULT True \"[] True\\n['{top}']\\n\" None" in done.stdout.splitlines(), (
+        done.stdout + done.stderr
+    )
+
+
+_segment = st.sampled_from(["home", "sandbox", "var", "tmp", "nc", "work", ".venv", "x"])
+_paths = st.lists(_segment, min_size=1, max_size=4).map(lambda parts: "/" + "/".join(parts))
+
+
+@given(st.lists(_paths, max_size=6))
+def test_working_directory_is_never_above_below_or_at_a_bind(binds):
+    """Property behind issue 39, item 1: whatever the interpreter's directories, the chosen working directory
+    holds none of them and is inside none of them, or the choice fails with a message naming them."""
+    try:
+        workdir = bwrap_workdir(binds)
+    except RuntimeError as exc:
+        assert "overlap every sandbox working directory" in str(exc)
+        return
+    for b in binds:
+        assert b != workdir and not b.startswith(workdir + "/") and not workdir.startswith(b + "/")

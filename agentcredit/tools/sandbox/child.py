@@ -45,6 +45,7 @@ CLONE_NEWNET = 0x40000000
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_NO_NEW_PRIVS = 38
+PTRACE_DETACH = 17
 
 
 def _fail_setup(message: str) -> None:
@@ -149,6 +150,34 @@ def _drop_privileges(uid: int, gid: int) -> None:
         _fail_setup("cannot set no_new_privs")
 
 
+def _syscall_keyctl(operation: int, arg: int | None) -> None:
+    numbers = {"x86_64": 250, "aarch64": 219}  # SYS_keyctl (asm/unistd.h)
+    libc = _libc()
+    libc.syscall.restype = ctypes.c_long
+    number = numbers.get(os.uname().machine)
+    if number is None:
+        _fail_setup(f"keyctl: unknown system call number on {os.uname().machine}")
+    value = ctypes.c_char_p(None) if arg is None else ctypes.c_long(arg)
+    if libc.syscall(ctypes.c_long(number), ctypes.c_long(operation), value) < 0:
+        err = ctypes.get_errno()
+        if err != errno.ENOSYS:  # a kernel without keyrings has nothing to share
+            _fail_setup(f"keyctl({operation}) failed: {os.strerror(err)}")
+
+
+def _fresh_keyrings(clear_user_keyrings: bool) -> None:
+    """Fallback mode only (bubblewrap's seccomp filter denies keyring calls): keys do not pass between calls.
+
+    Keyrings are not namespaced. A new anonymous session keyring replaces the inherited one, and, with a leased
+    uid, that uid's user and user-session keyrings are emptied (as the uid: root may not clear them), so a key
+    that the previous call on this uid left there is gone before this call's code runs (issue 34). Without a
+    leased uid the user keyring is the host user's own, and it is left alone.
+    """
+    _syscall_keyctl(1, None)  # KEYCTL_JOIN_SESSION_KEYRING, NULL: a new anonymous session keyring
+    if clear_user_keyrings:
+        _syscall_keyctl(7, -4)  # KEYCTL_CLEAR, KEY_SPEC_USER_KEYRING
+        _syscall_keyctl(7, -5)  # KEYCTL_CLEAR, KEY_SPEC_USER_SESSION_KEYRING
+
+
 def _own_process_count() -> int:
     uid, count = str(os.getuid()), 0
     for name in os.listdir("/proc"):
@@ -210,6 +239,11 @@ def _split_into_supervisor_and_child() -> None:
         return
     while True:
         pid, status = os.waitpid(-1, 0)
+        if os.WIFSTOPPED(status):
+            # Only a tracee reports a stop here: the code made this supervisor its tracer (PTRACE_TRACEME, which
+            # the fallback has no filter against). Let it go on untraced, with the signal that stopped it.
+            libc.ptrace(PTRACE_DETACH, pid, None, ctypes.c_void_p(os.WSTOPSIG(status)))
+            continue
         if pid == main_pid:
             break
     me = os.getpid()
@@ -351,6 +385,8 @@ def main() -> None:
         _drop_privileges(cfg["uid"], cfg["gid"])
     if cfg["supervise"]:
         _die_with_parent()
+    if cfg["own_keyrings"]:
+        _fresh_keyrings(clear_user_keyrings=cfg["dedicated_uid"])
     try:
         _set_limits(cfg)
         os.chdir(cfg["cwd"])

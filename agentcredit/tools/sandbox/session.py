@@ -12,6 +12,7 @@ pipe is parsed by a bounded reader, and a child that breaks the protocol loses i
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -27,7 +28,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from agentcredit.tools.sandbox import procs
+from agentcredit.tools.sandbox import callfs, keyrings, procs, seccomp
 from agentcredit.tools.sandbox.config import (
     ErrorKind,
     MiB,
@@ -62,14 +63,20 @@ def run_sandboxed(
         ), None  # fmt: skip
     lease = procs.lease_uid(settings.uid_base, settings.uid_count, wait=30.0) if mode.dedicated_uid else None
     workdir: str | None = None
+    call_fs: Path | None = None
     try:
         uid = lease.uid if lease else None
         if mode.name == "rlimits":
             workdir = tempfile.mkdtemp(prefix="agentcredit-sbx-", dir=settings.tmp_root)
             if uid is not None:
                 os.chown(workdir, uid, uid)
-        session = _Session(code_bytes, limits, search_fn, mode, uid, workdir, settings)
-        result = session.run()
+        elif lease is not None:  # root: a tmpfs of the call's own, capped in bytes and inodes (callfs.py)
+            call_fs = procs.LEASE_DIR / f"{lease.uid}.fs"
+            # + 1 + len(SUBDIRS): the root directory and the three bound directories are inodes too
+            callfs.mount_call_fs(call_fs, limits.tmp_bytes, limits.tmp_inodes + 1 + len(callfs.SUBDIRS))
+        session = _Session(code_bytes, limits, search_fn, mode, uid, workdir, settings, call_fs)
+        # The call's processes inherit a new session keyring, not the host's (keyrings are not namespaced).
+        result = keyrings.in_fresh_session_keyring(session.run)
         network = None if session.ready is None else str(session.ready.get("network", "unknown"))
     finally:
         leftovers: list[str] = []
@@ -77,6 +84,8 @@ def run_sandboxed(
             leftovers = procs.remove_files_of_uid(lease.uid, procs.world_writable_roots())
         if workdir is not None:
             shutil.rmtree(workdir, ignore_errors=True)
+        if call_fs is not None:
+            callfs.unmount_call_fs(call_fs)
         if lease is not None:
             lease.release()
     if leftovers:
@@ -107,7 +116,25 @@ def _child_env(home: str, marker: str) -> dict[str, str]:
 
 
 _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
+# The code's working directory (and HOME) under bubblewrap: a tmpfs of its own that is never the parent of a bind.
+# /tmp cannot be it: an interpreter or venv that lives under /tmp (a clone in /tmp/nc/...) is bound at its own
+# path, so bubblewrap creates its parent directories inside the fresh /tmp, and ``os.listdir('.')`` of a "fresh"
+# working directory showed the host's path (issue 39, item 1). The first candidate that holds no bind is used.
+_WORKDIR_CANDIDATES = ("/home/sandbox", "/var/sandbox", "/sandbox")
 _MOUNTED_DIRS = ("/proc", "/dev", "/tmp", "/dev/shm")  # fresh mounts inside the sandbox (see _bwrap_argv)
+
+
+def bwrap_workdir(binds: list[str]) -> str:
+    """The working directory inside bubblewrap: a candidate that is neither a bind nor above or below one."""
+    for candidate in _WORKDIR_CANDIDATES:
+        if not any(
+            b == candidate or b.startswith(candidate + "/") or candidate.startswith(b + "/") for b in binds
+        ):
+            return candidate
+    raise RuntimeError(
+        f"the interpreter's directories {binds} overlap every sandbox working directory {_WORKDIR_CANDIDATES}; "
+        "use an interpreter installed elsewhere (configure(python=...))"
+    )
 
 
 def _python_dirs(python: str) -> list[str]:
@@ -128,23 +155,55 @@ def _python_dirs(python: str) -> list[str]:
     return chosen
 
 
-def _bwrap_argv(settings: SandboxSettings, limits: SandboxLimits, rootless: bool) -> list[str]:
-    argv = [shutil.which("bwrap") or "bwrap", "--die-with-parent", "--new-session", "--hostname", "sandbox"]
+@functools.lru_cache(maxsize=4)
+def bwrap_supports(option: str, bwrap: str) -> bool:
+    """Whether this bubblewrap knows ``option`` (it lists every option in ``--help``)."""
+    try:
+        done = subprocess.run([bwrap, "--help"], capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return option in done.stdout.split()
+
+
+def _bwrap_argv(
+    settings: SandboxSettings,
+    limits: SandboxLimits,
+    rootless: bool,
+    seccomp_fd: int | None = None,
+    call_fs: Path | None = None,
+) -> list[str]:
+    """bubblewrap's command line. ``call_fs``: the call's own tmpfs (:mod:`.callfs`), whose directories become
+    /tmp, /dev/shm and the working directory; None (no root): three ``--tmpfs`` capped in bytes only."""
+    bwrap = shutil.which("bwrap") or "bwrap"
+    argv = [bwrap, "--die-with-parent", "--new-session", "--hostname", "sandbox"]
     argv += ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
     if rootless:
         argv.append("--unshare-user")  # without root, bubblewrap needs a user namespace for the others
+        # bubblewrap >= 0.8 can forbid nested user namespaces itself; it needs --unshare-user, so as root (no user
+        # namespace: the code runs as a leased host uid) the seccomp filter's unshare/clone rules do this job.
+        if bwrap_supports("--disable-userns", bwrap):
+            argv.append("--disable-userns")
+    if seccomp_fd is not None:
+        argv += ["--seccomp", str(seccomp_fd)]
     for path in _SYSTEM_DIRS:
         if os.path.islink(path):
             argv += ["--symlink", os.readlink(path), path]
         elif os.path.isdir(path):
             argv += ["--ro-bind", path, path]
     argv += ["--proc", "/proc", "--dev", "/dev"]
-    argv += ["--perms", "1777", "--size", str(limits.tmp_bytes), "--tmpfs", "/tmp"]
-    argv += ["--perms", "1777", "--size", str(limits.tmp_bytes), "--tmpfs", "/dev/shm"]
+    binds = _python_dirs(settings.python)
+    workdir = bwrap_workdir(binds)
+    if Path(workdir).parent != Path("/"):
+        argv += ["--perms", "0755", "--dir", str(Path(workdir).parent)]
+    for name, target in zip(callfs.SUBDIRS, ("/tmp", "/dev/shm", workdir), strict=True):
+        if call_fs is not None:
+            argv += ["--bind", str(call_fs / name), target]
+        else:
+            argv += ["--perms", "1777", "--size", str(limits.tmp_bytes), "--tmpfs", target]
     # The interpreter's directories come after the fresh mounts above: bubblewrap applies its operations in
     # order, so a tmpfs mounted later would hide a virtualenv or checkout that lives under /tmp (or /dev/shm).
-    made = set(_MOUNTED_DIRS)
-    for path in _python_dirs(settings.python):
+    made = set(_MOUNTED_DIRS) | {workdir, str(Path(workdir).parent)}
+    for path in binds:
         # bubblewrap would create the missing parents (/work, /root, ...) with mode 0700, which the sandbox uid
         # cannot cross (a pyenv build under a 0700 /root); create them 0755 first. They are empty: only the
         # bound directory shows inside. Parents that are mounts of their own (/tmp) are left as mounted.
@@ -153,7 +212,7 @@ def _bwrap_argv(settings: SandboxSettings, limits: SandboxLimits, rootless: bool
                 made.add(str(parent))
                 argv += ["--perms", "0755", "--dir", str(parent)]
         argv += ["--ro-bind", path, path]
-    argv += ["--chdir", "/tmp", "--"]
+    argv += ["--chdir", workdir, "--"]
     return argv
 
 
@@ -169,9 +228,10 @@ class _Session:
         uid: int | None,
         workdir: str | None,
         settings: SandboxSettings,
+        call_fs: Path | None = None,
     ):
         self.code, self.limits, self.search_fn, self.mode, self.uid = code, limits, search_fn, mode, uid
-        self.workdir, self.settings = workdir, settings
+        self.workdir, self.settings, self.call_fs = workdir, settings, call_fs
         self.marker = uuid.uuid4().hex
         self.capture = OutputCapture(limits.output_bytes)
         self.reader = FrameReader(max_frame=_CONTROL_FRAME_BYTES)
@@ -184,13 +244,22 @@ class _Session:
 
     # ---- spawn -------------------------------------------------------------------------------------------------
 
-    def _command(self, control_fd: int, response_fd: int | None) -> tuple[list[str], str]:
-        cwd = "/tmp" if self.mode.name == "bwrap" else str(self.workdir)
+    def _sandbox_home(self) -> str:
+        """The code's working directory, HOME and TMPDIR, as the code sees it."""
+        if self.mode.name == "bwrap":
+            return bwrap_workdir(_python_dirs(self.settings.python))
+        return str(self.workdir)
+
+    def _command(
+        self, control_fd: int, response_fd: int | None, seccomp_fd: int | None
+    ) -> tuple[list[str], str]:
+        cwd = self._sandbox_home()
         config = {
             "uid": self.uid,
             "gid": self.uid,
             "leave_network": self.mode.name == "rlimits",
             "supervise": self.mode.name == "rlimits",  # bubblewrap has its own init and --die-with-parent
+            "own_keyrings": self.mode.name == "rlimits",  # under bubblewrap the seccomp filter denies keyctl
             "cpu_seconds": self.limits.cpu_limit,
             "memory_bytes": self.limits.memory_bytes,
             "file_bytes": self.limits.file_bytes,
@@ -215,15 +284,25 @@ class _Session:
         ]
         if self.mode.name == "bwrap":
             rootless = os.geteuid() != 0
-            return _bwrap_argv(self.settings, self.limits, rootless) + python, "/"
+            argv = _bwrap_argv(self.settings, self.limits, rootless, seccomp_fd, self.call_fs)
+            return argv + python, "/"
         return python, cwd
 
     def run(self) -> SandboxResult:
         control_r, control_w = os.pipe()
         response_r, response_w = os.pipe() if self.search_fn is not None else (None, None)
         child_fds = [control_w] + ([response_r] if response_r is not None else [])
-        argv, cwd = self._command(control_w, response_r)
-        home = "/tmp" if self.mode.name == "bwrap" else str(self.workdir)
+        if self.mode.name == "bwrap":
+            try:
+                child_fds.append(seccomp.program_fd())  # bubblewrap reads the filter from it, then closes it
+            except BaseException:
+                for fd in [control_r, response_w, *child_fds]:
+                    if fd is not None:
+                        os.close(fd)
+                raise
+        seccomp_fd = child_fds[-1] if self.mode.name == "bwrap" else None
+        argv, cwd = self._command(control_w, response_r, seccomp_fd)
+        home = self._sandbox_home()
         try:
             proc = subprocess.Popen(
                 argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -14,9 +14,11 @@ When no sandbox can run on the machine at all it raises :class:`~agentcredit.too
 Two isolation modes, chosen once per process (``docs/sandbox.md`` says exactly what each guarantees):
 
 - ``bwrap``: bubblewrap gives the code its own PID, network, IPC and mount namespaces, a read-only view of the
-  system and Python directories only, and a private size-capped /tmp as working directory;
+  system and Python directories only, private size- and inode-capped /tmp, /dev/shm and working directory, and a
+  seccomp filter with Docker's default-profile semantics (:mod:`agentcredit.tools.sandbox.seccomp`);
 - ``rlimits``: the fallback where bubblewrap is missing or does not work: rlimits, a fresh host temp directory,
-  and an empty network namespace where the kernel allows one (else a Python-level socket block).
+  and an empty network namespace where the kernel allows one (else a Python-level socket block). It is not safe
+  for untrusted code, and a process that uses it logs a WARNING that says so, once.
 
 In both modes, when the host runs as root, the code runs under a dedicated unprivileged uid leased for the call
 (:mod:`agentcredit.tools.sandbox.procs`), which is what makes the process cap real and lets the parent kill every
@@ -126,11 +128,19 @@ def sandbox_mode(isolation: Isolation = "auto") -> SandboxMode:
                 f"agentcredit sandbox: isolation mode '{mode.name}' ({mode.reason}); dedicated uid per run: "
                 f"{'yes' if mode.dedicated_uid else 'no'}; network: {mode.network}"
             )
-            logger.info(message)
             if mode.name == "rlimits":
-                warnings.warn(
-                    message + ". See docs/sandbox.md for what this mode does not guarantee.", stacklevel=2
+                # Once per process, loudly: the fallback shares the host's file system, UNIX sockets, keyrings
+                # and kernel surface with the code (docs/sandbox.md), so it is for trusted code only.
+                loud = (
+                    f"{message}. The 'rlimits' fallback is NOT SAFE FOR UNTRUSTED CODE: the code sees every "
+                    "world-readable host file (data sets and their answers included), can reach host UNIX "
+                    "sockets and has no system-call filter; install bubblewrap for model-written code "
+                    "(docs/sandbox.md)"
                 )
+                logger.warning(loud)
+                warnings.warn(loud, stacklevel=2)
+            else:
+                logger.info(message)
     return mode
 
 
