@@ -214,7 +214,9 @@ def load_study(path: str | Path) -> StudySpec:
         raise StudyError(f"{path}: invalid study:\n  {problems}") from None
     configs = {}
     for where, preset, overrides in [("start", spec.start.preset, [*spec.set, *spec.start.set])] + [
-        (f"arm {a.name!r}", a.preset, [*spec.set, *a.set]) for a in spec.arms
+        # method=<arm name>, as run_config sets it: an arm's name must name the parts it trains
+        (f"arm {a.name!r}", a.preset, [*spec.set, *a.set, f"method={a.name}"])
+        for a in spec.arms
     ]:
         try:
             configs[where] = load_config(preset, overrides)
