@@ -308,6 +308,7 @@ class SearchServer:
             _SearchApp(self),
             http=protocol,
             lifespan="off",
+            ws="none",  # plain HTTP only
             backlog=backlog,
             log_config=None,  # leave logging to the application (the CLI), as the rest of agentcredit does
             access_log=False,
