@@ -15,6 +15,9 @@ so a preset is ``methods/<method>.yaml`` + ``tasks/<task>.yaml`` + a few overrid
 from __future__ import annotations
 
 import copy
+import functools
+import re
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
@@ -426,7 +429,11 @@ class TrainConfig(Section):
 
 
 class Config(Section):
-    method: str = Field("grpo", description="Preset name, for logs and reports.")
+    method: str = Field(
+        "grpo",
+        description="The method's name, for logs and reports: derived from the algorithm parts when not given; "
+        "when given, it must name those parts (<method>[+<shaping|reweight>...][-<label>], see method_parts).",
+    )
     model: ModelConfig = Field(default_factory=ModelConfig)
     task: TaskConfig = Field(default_factory=TaskConfig)
     protocol: ProtocolConfig = Field(default_factory=ProtocolConfig)
@@ -454,6 +461,94 @@ class Config(Section):
                 f"algorithm.estimator={a.estimator!r} works on linear episodes: use rollout.strategy='independent'"
             )
         return self
+
+    @model_validator(mode="after")
+    def _method_names_its_parts(self) -> Config:
+        # `--set method=magic-credit` used to train GRPO labelled "magic-credit" (and method=ppo on a GRPO preset
+        # reported "ppo"): a label that disagrees with what trains is now an error, and a missing one is derived.
+        parts = credit_parts(self.algorithm)
+        derived = derive_method(parts)
+        if "method" not in self.model_fields_set:
+            self.__dict__["method"] = (
+                derived  # not setattr: validate_assignment would re-enter this validator
+            )
+            return self
+        named = parts_named_by(self.method)
+        if named is None:
+            raise ValueError(
+                f"method={self.method!r} names no method: use one of {', '.join(method_parts())}, optionally "
+                f"with +<shaping|reweight> and a -<label> (e.g. {derived}-mine), or leave method out to derive it "
+                f"from the algorithm parts ({derived!r})"
+            )
+        for key, value in parts.items():
+            if named[key] != value:
+                raise ValueError(
+                    f"method={self.method!r} names algorithm.{key}={named[key]!r} but this config has "
+                    f"algorithm.{key}={value!r}: set algorithm.{key}={named[key]!r}, or method={derived!r} (the "
+                    "name of these parts)"
+                )
+        return self
+
+
+# --------------------------------------------------------------------------------------------- method names
+# The parts that make one method's credit differ from another's (the credit registry's CreditPreset fields but
+# loss_agg, which a method may change as an ablation and keep its name). rollout.strategy and algorithm.critic
+# follow from the estimator (the validators above).
+CREDIT_PARTS = ("estimator", "shaping", "reweight")
+
+
+def credit_parts(algorithm: AlgorithmConfig) -> dict[str, str]:
+    return {key: getattr(algorithm, key) for key in CREDIT_PARTS}
+
+
+@functools.cache
+def method_parts() -> dict[str, dict[str, str]]:
+    """Each method preset of ``configs/methods/`` -> the credit parts it sets (field defaults where it sets none).
+
+    Derived from the preset files, so a method added there is known here with no list to update.
+    """
+    defaults = {key: AlgorithmConfig.model_fields[key].default for key in CREDIT_PARTS}
+    out = {}
+    for stem in _stems("methods"):
+        algorithm = read_yaml_with_bases(CONFIG_DIR / "methods" / f"{stem}.yaml").get("algorithm") or {}
+        out[stem] = {key: algorithm.get(key, defaults[key]) for key in CREDIT_PARTS}
+    return out
+
+
+def _modifiers() -> dict[str, str]:
+    """A shaping or reweight value -> its field: what ``+<name>`` adds to a method."""
+    return {
+        value: key
+        for key in ("shaping", "reweight")
+        for value in typing.get_args(AlgorithmConfig.model_fields[key].annotation)
+        if value != "none"
+    }
+
+
+def derive_method(parts: dict[str, str]) -> str:
+    """The name of a combination of parts: the method preset made of exactly them, else ``<base>+<modifier>...``."""
+    presets = method_parts()
+    for name, named in presets.items():
+        if named == parts:
+            return name
+    plain = {**parts, "shaping": "none", "reweight": "none"}
+    base = next((name for name, named in presets.items() if named == plain), parts["estimator"])
+    return "+".join([base, *(parts[key] for key in ("shaping", "reweight") if parts[key] != "none")])
+
+
+def parts_named_by(name: str) -> dict[str, str] | None:
+    """The parts ``<method>[+<shaping|reweight>...][-<label>]`` names, or None when it names no method."""
+    presets, modifiers = method_parts(), _modifiers()
+    for base in sorted(presets, key=len, reverse=True):  # carl-segment before a method called carl
+        if name != base and not name.startswith((f"{base}+", f"{base}-")):
+            continue
+        parts, rest = dict(presets[base]), name[len(base) :]
+        while (match := re.match(r"\+([a-z0-9_]+)", rest)) is not None and match.group(1) in modifiers:
+            parts[modifiers[match.group(1)]] = match.group(1)
+            rest = rest[match.end() :]
+        if rest == "" or (rest.startswith("-") and len(rest) > 1):
+            return parts
+    return None
 
 
 # --------------------------------------------------------------------------------------------- loading
@@ -511,7 +606,9 @@ def apply_override(data: dict[str, Any], assignment: str) -> None:
 
 def _describe(error: dict[str, Any], model: type[BaseModel]) -> str:
     loc = [str(p) for p in error["loc"]]
-    key = ".".join(loc) or "<top level>"
+    if not loc:  # a check across sections: its message names the fields (the input would be the whole config)
+        return str(error["msg"]).removeprefix("Value error, ")
+    key = ".".join(loc)
     if error["type"] == "extra_forbidden":
         allowed = _allowed_keys(model, loc[:-1])
         return f"unknown key {key!r}" + (f"; allowed keys here: {', '.join(allowed)}" if allowed else "")
@@ -532,13 +629,21 @@ def validate_config(data: dict[str, Any], *, source: str = "config") -> Config:
     try:
         return Config.model_validate(data)
     except ValidationError as exc:
-        problems = "\n  ".join(_describe(e, Config) for e in exc.errors())
-        raise ConfigError(f"{source}: invalid configuration:\n  {problems}") from None
+        problems = [_describe(e, Config) for e in exc.errors()]
+        if len(problems) == 1:  # one mistake, one line
+            raise ConfigError(f"{source}: invalid configuration: {problems[0]}") from None
+        listed = "\n  ".join(problems)
+        raise ConfigError(f"{source}: invalid configuration:\n  {listed}") from None
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """Load a preset (or the defaults when ``path`` is None), apply ``key=value`` overrides and validate."""
     data = read_preset(path) if path is not None else {}
+    keys = {".".join(k for k in a.split("=", 1)[0].strip().split(".") if k) for a in overrides}
+    if "method" not in keys and keys & {"algorithm", *(f"algorithm.{part}" for part in CREDIT_PARTS)}:
+        # `--set algorithm.reweight=gear` on the grpo preset: the preset's name no longer says what trains, so
+        # the name is derived from the parts ("gear"); a method named in an override must agree with them.
+        data.pop("method", None)
     for assignment in overrides:
         apply_override(data, assignment)
     return validate_config(data, source=str(path or "defaults"))

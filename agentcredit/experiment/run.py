@@ -15,6 +15,7 @@ import torch
 from agentcredit.config import Config, ConfigError, dump_config, load_config
 from agentcredit.environment import build_environment, load_examples
 from agentcredit.eval.evaluate import evaluate, require_all_scored, rollout_caps
+from agentcredit.experiment.locks import claim  # the studies' lock: one mechanism for runs and studies
 from agentcredit.models.heads import initial_value_head
 from agentcredit.models.loading import load_base_model, load_policy
 from agentcredit.runtime import format_rss, peak_rss_gib
@@ -142,6 +143,18 @@ def write_episodes(path: Path, records: list[dict[str, Any]]) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ train
+class RunDirError(ValueError):
+    """A run directory that cannot be used as asked (in use by another process, or already holding a run)."""
+
+
+def _holds_a_run(run_dir: Path) -> str | None:
+    """The first file that shows ``run_dir`` already holds a (started) run, or None."""
+    for name in ("metrics.jsonl", "checkpoints", "config.yaml"):
+        if (run_dir / name).exists():
+            return name
+    return None
+
+
 def run_train(
     config: Config,
     *,
@@ -150,16 +163,47 @@ def run_train(
     progress: bool = True,
     log: Log = print,
 ) -> Trainer:
-    """Train with ``config`` (or continue the run in ``resume``), then evaluate on the eval split."""
+    """Train with ``config`` (or continue the run in ``resume``), then evaluate on the eval split.
+
+    The run directory is locked for the whole run with the studies' lock (``claim``: an flock the kernel drops
+    when the process dies), so two invocations never write one run. A fresh run refuses a directory that already
+    holds one (its rows would be appended to the old run's); ``resume`` of a run killed before its first complete
+    checkpoint starts it over from step 0, dropping its logged rows.
+    """
     if resume is not None:
         run_dir = Path(resume)
     run_dir = run_dir or default_run_dir(config)
+    with claim(run_dir / ".lock") as mine:
+        if not mine:
+            holder = (run_dir / ".lock").read_text().strip() or "unknown"
+            raise RunDirError(
+                f"{run_dir} is in use by another agentcredit process ({holder}); wait for it to end or use "
+                "another --run-dir"
+            )
+        if resume is None and (found := _holds_a_run(run_dir)) is not None:
+            raise RunDirError(
+                f"{run_dir} already holds a run ({found}); continue it with --resume {run_dir} or use "
+                "another --run-dir"
+            )
+        return _train_in(config, run_dir, resume=resume is not None, progress=progress, log=log)
+
+
+def _train_in(config: Config, run_dir: Path, *, resume: bool, progress: bool, log: Log) -> Trainer:
+    from agentcredit.train.checkpoint import latest_checkpoint
+
     trainer = Trainer(config, run_dir=run_dir)
-    if resume is not None:
-        trainer.resume(run_dir)
-        log(f"resumed {run_dir} at step {trainer.step}")
-    log(f"run directory: {run_dir}")
     try:
+        if (
+            resume and latest_checkpoint(run_dir) is None
+        ):  # killed during (or before) its first checkpoint write
+            dropped = trainer.logger.drop_after(0) if trainer.logger is not None else 0
+            log(
+                f"{run_dir} has no complete checkpoint: starting over from step 0 ({dropped} logged rows dropped)"
+            )
+        elif resume:
+            trainer.resume(run_dir)
+            log(f"resumed {run_dir} at step {trainer.step}")
+        log(f"run directory: {run_dir}")
         on_step = None
         if config.train.eval_every:
             heldout = load_examples(config, split=config.task.eval_split, limit=config.task.eval_limit)

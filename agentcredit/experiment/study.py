@@ -32,16 +32,13 @@ start it trained from in ``start_weights``). Several invocations can share the w
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import math
 import os
 import shutil
-import socket
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
@@ -49,6 +46,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from agentcredit.config import ConfigError, load_config
+from agentcredit.experiment.locks import claim
 from agentcredit.tasks import Example, load_task
 
 Log = Callable[[str], None]
@@ -160,15 +158,15 @@ class StudySpec(_Spec):
         if len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"seeds must be unique, got {self.seeds}")
         arms, sets = {a.name for a in self.arms}, {h.name for h in self.heldout}
-        for claim in self.claims:
-            for who in (claim.arm, claim.baseline):
+        for stated in self.claims:
+            for who in (stated.arm, stated.baseline):
                 if who not in arms:
-                    raise ValueError(f"claim {claim.name!r}: no arm named {who!r} (arms: {sorted(arms)})")
-            if claim.source == "training" and claim.heldout is not None:
-                raise ValueError(f"claim {claim.name!r}: a training-metric claim has no held-out set")
-            if claim.heldout is not None and claim.heldout not in sets:
+                    raise ValueError(f"claim {stated.name!r}: no arm named {who!r} (arms: {sorted(arms)})")
+            if stated.source == "training" and stated.heldout is not None:
+                raise ValueError(f"claim {stated.name!r}: a training-metric claim has no held-out set")
+            if stated.heldout is not None and stated.heldout not in sets:
                 raise ValueError(
-                    f"claim {claim.name!r}: no held-out set {claim.heldout!r} (sets: {sorted(sets)})"
+                    f"claim {stated.name!r}: no held-out set {stated.heldout!r} (sets: {sorted(sets)})"
                 )
         return self
 
@@ -216,7 +214,9 @@ def load_study(path: str | Path) -> StudySpec:
         raise StudyError(f"{path}: invalid study:\n  {problems}") from None
     configs = {}
     for where, preset, overrides in [("start", spec.start.preset, [*spec.set, *spec.start.set])] + [
-        (f"arm {a.name!r}", a.preset, [*spec.set, *a.set]) for a in spec.arms
+        # method=<arm name>, as run_config sets it: an arm's name must name the parts it trains
+        (f"arm {a.name!r}", a.preset, [*spec.set, *a.set, f"method={a.name}"])
+        for a in spec.arms
     ]:
         try:
             configs[where] = load_config(preset, overrides)
@@ -242,32 +242,6 @@ def _resolved_protocol(cfg) -> dict[str, Any]:
     from agentcredit.protocols import protocol_options
 
     return {"name": cfg.protocol.name, **protocol_options(cfg.protocol.name), **cfg.protocol.options}
-
-
-# ------------------------------------------------------------------------------------------------ locks
-@contextmanager
-def claim(path: Path):
-    """An exclusive claim on a piece of work; yields False when another open claim (any process) holds it.
-
-    ``flock`` on a lock file that is never deleted: the kernel releases it when its holder exits or dies, so
-    there is no stale-lock guessing and no window between creating the file and writing its owner. The file
-    names the last holder (pid@host) for people; the lock itself is the flock.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
-        try:
-            fh.seek(0)
-            fh.truncate()
-            fh.write(f"{os.getpid()}@{socket.gethostname()}\n")
-            fh.flush()
-            yield True
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _weights_digest(model_dir: Path) -> str:

@@ -48,17 +48,40 @@ class MetricsLogger:
     def drop_after(self, step: int) -> int:
         """Forget the rows of steps after ``step`` (a resume from that checkpoint logs them again); returns how many.
 
-        TensorBoard / W&B keep their copies (they show the redone steps as later points of the same step).
+        A last line that is not valid JSON is a write cut off by a kill: it is dropped with a warning naming the
+        file (not counted). A bad line anywhere else is damage this cannot explain: a ValueError naming file and
+        line. TensorBoard / W&B keep their copies (they show the redone steps as later points of the same step).
         """
         if not self.path.is_file():
             return 0
         lines = self.path.read_text().splitlines(keepends=True)
-        kept = [line for line in lines if not line.strip() or json.loads(line).get("step", 0) <= step]
-        if len(kept) != len(lines):
+        rows = []
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                rows.append((line, None))
+                continue
+            try:
+                rows.append((line, json.loads(line)))
+            except json.JSONDecodeError as exc:
+                if any(rest.strip() for rest in lines[number:]):
+                    raise ValueError(
+                        f"{self.path} line {number}: invalid JSON ({exc.msg} at column {exc.colno}); "
+                        "only a torn last line is repaired on resume"
+                    ) from None
+                warnings.warn(
+                    f"{self.path} line {number}: dropped a torn last line (a write cut off by a kill): "
+                    f"{line[:60]!r}",
+                    stacklevel=2,
+                )
+                break
+        kept = [line for line, row in rows if row is None or row.get("step", 0) <= step]
+        if kept and not kept[-1].endswith("\n"):  # so the next row starts on a line of its own
+            kept[-1] += "\n"
+        if kept != lines:
             tmp = self.path.with_name(f".{self.path.name}.tmp")
             tmp.write_text("".join(kept))
             tmp.replace(self.path)
-        return len(lines) - len(kept)
+        return len(rows) - len(kept)
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         record = {"step": step, "time": time.time(), **metrics}

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
 import re
+import select
 import socket
+import struct
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -20,7 +24,14 @@ from typer.testing import CliRunner
 
 from agentcredit.cli import app
 from agentcredit.tools.search import BM25Search, format_passages, passage_from_row
-from agentcredit.tools.search.server import MAX_TOPK, SearchServer, is_loopback
+from agentcredit.tools.search.server import (
+    MAX_RESULTS,
+    MAX_TOPK,
+    RequestError,
+    SearchServer,
+    is_loopback,
+    parse_retrieve_request,
+)
 
 ROWS = [
     {"id": "p0", "title": "Kiss and Tell", "text": "Shirley Temple plays Corliss Archer."},
@@ -265,3 +276,181 @@ def test_stalled_body_times_out_with_408(server: SearchServer) -> None:
             chunks.append(chunk)
         reply = b"".join(chunks).decode()
     assert reply.startswith("HTTP/1.1 408") and "timed out reading the request body" in reply
+
+
+# ---------------------------------------------------------------------------------------------- limits (issue 34)
+def test_results_per_request_are_bounded() -> None:
+    # queries x topk, not each alone: 512 x 1,000 with scores was a 626 MB answer from a 13 KB request.
+    assert parse_retrieve_request({"queries": ["q"] * 16, "topk": 1000}, default_topk=3)[1] == 1000
+    with pytest.raises(RequestError, match=f"17 queries x topk 1000 = 17000 results; at most {MAX_RESULTS}"):
+        parse_retrieve_request({"queries": ["q"] * 17, "topk": 1000}, default_topk=3)
+    # The default topk counts too.
+    with pytest.raises(RequestError, match="3 queries x topk 2 = 6 results; at most 5"):
+        parse_retrieve_request({"queries": ["a", "b", "c"]}, default_topk=2, max_results=5)
+
+
+def test_too_many_results_answered_422_naming_the_limit(server: SearchServer) -> None:
+    status, _, body = request(server, "POST", "/retrieve", {"queries": ["Paris"] * 20, "topk": MAX_TOPK})
+    assert status == 422
+    assert f"at most {MAX_RESULTS} results per request" in body["detail"]
+    assert request(server, "GET", "/health")[0] == 200
+
+
+@contextlib.contextmanager
+def serving(srv: SearchServer) -> Iterator[SearchServer]:
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield srv
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        thread.join(timeout=10)
+
+
+def small_server(tmp_path: Path, **kwargs: Any) -> SearchServer:
+    passages = [passage_from_row(r, where="t", default_id=r["id"]) for r in ROWS]
+    return SearchServer(
+        BM25Search(passages, cache_dir=tmp_path / "index"), host="127.0.0.1", port=0, **kwargs
+    )
+
+
+def test_64_simultaneous_connections_wait_in_the_backlog(tmp_path: Path) -> None:
+    # The socket listens from construction; before serving, every connection waits in the kernel's accept queue.
+    # With a backlog of 5 the 7th connect's SYN is dropped and retried after 1 s, so a 0.5 s connect times out.
+    srv = small_server(tmp_path)
+    host, port = srv.server_address[:2]
+    socks = []
+    try:
+        for _ in range(64):
+            sock = socket.create_connection((host, port), timeout=0.5)
+            socks.append(sock)
+        body = json.dumps({"queries": ["Paris"], "topk": 1}).encode()
+        for sock in socks:
+            sock.sendall(
+                b"POST /retrieve HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
+        with serving(srv):
+            for sock in socks:
+                sock.settimeout(10)
+                reply = b"".join(iter(lambda s=sock: s.recv(65536), b""))
+                assert reply.startswith(b"HTTP/1.1 200") and b'"id": "p2"' in reply
+    finally:
+        for sock in socks:
+            sock.close()
+        srv.server_close()
+
+
+def _trickle_until_closed(
+    sock: socket.socket, data: bytes, *, every: float, limit: float
+) -> tuple[float, bytes]:
+    """Send ``data`` a byte at a time until the server closes; returns (seconds taken, what the server sent)."""
+    start = time.monotonic()
+    sock.setblocking(False)
+    received = b""
+    for byte in data:
+        if time.monotonic() - start > limit:
+            break
+        try:
+            sock.sendall(bytes([byte]))
+        except (BrokenPipeError, ConnectionResetError, BlockingIOError):
+            break
+        readable, _, _ = select.select([sock], [], [], every)
+        if readable:
+            try:
+                chunk = sock.recv(65536)
+            except ConnectionResetError:
+                break
+            if not chunk:
+                break
+            received += chunk
+    return time.monotonic() - start, received
+
+
+def test_trickled_headers_are_cut_off_by_the_deadline(server: SearchServer) -> None:
+    # A byte every 0.2 s never trips a per-read timeout; the request head must still be complete within 1 s
+    # (this server's request_timeout), or the connection is closed.
+    with socket.create_connection(server.server_address[:2], timeout=10) as sock:
+        head = b"POST /retrieve HTTP/1.1\r\nHost: x\r\n" + b"X-Pad: " + b"a" * 200 + b"\r\n\r\n"
+        took, _ = _trickle_until_closed(sock, head, every=0.2, limit=8.0)
+    assert took < 4.0
+
+
+def test_trickled_body_gets_408_within_the_deadline(server: SearchServer) -> None:
+    with socket.create_connection(server.server_address[:2], timeout=10) as sock:
+        sock.sendall(b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Length: 200\r\n\r\n")
+        took, reply = _trickle_until_closed(sock, b'{"queries": ["' + b"a" * 200, every=0.2, limit=8.0)
+    assert took < 4.0
+    assert reply.startswith(b"HTTP/1.1 408") and b"timed out reading the request body" in reply
+
+
+def test_slow_senders_hold_no_threads(tmp_path: Path) -> None:
+    # 200 slow senders held 200 threads (a thread per connection, 60 s per read). The default 60 s deadline
+    # here, so no connection is released by a timeout while we count.
+    with serving(small_server(tmp_path)) as srv:
+        before = threading.active_count()
+        socks = [socket.create_connection(srv.server_address[:2], timeout=30) for _ in range(100)]
+        try:
+            for sock in socks:
+                sock.sendall(b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+            time.sleep(0.3)
+            assert threading.active_count() - before < 10  # a thread per connection would add 100
+            start = time.monotonic()
+            assert request(srv, "GET", "/health")[0] == 200
+            assert time.monotonic() - start < 2.0
+        finally:
+            for sock in socks:
+                sock.close()
+
+
+def test_deeply_nested_json_is_a_400_and_the_server_lives_on(tmp_path: Path) -> None:
+    with serving(small_server(tmp_path)) as srv:  # the default 1 MiB body limit
+        status, _, body = request(srv, "POST", "/retrieve", raw=b"[" * 100_000 + b"]" * 100_000)
+        assert status == 400 and body["detail"] == "request body is JSON nested too deeply"
+        status, _, body = request(srv, "POST", "/retrieve", raw=b'{"queries": ' + b"[" * 100_000)
+        assert status == 400
+        assert request(srv, "GET", "/health")[0] == 200
+
+
+def _hang_up(port: int, data: bytes, *, reset: bool) -> None:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    if reset:  # close with RST, as a killed client does, so the server's write fails
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.sendall(data)
+    sock.close()
+
+
+def test_clients_that_hang_up_leave_no_traceback(tmp_path: Path) -> None:
+    corpus = tmp_path / "c.jsonl"
+    rows = [{**r, "id": f"{r['id']}-{i}"} for i in range(50) for r in ROWS]
+    corpus.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentcredit.cli", "serve-search", "--corpus", str(corpus), "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "AGENTCREDIT_HOME": str(tmp_path / "home")},
+    )
+    try:
+        assert proc.stdout is not None
+        match = re.search(r":(\d+)/retrieve", proc.stdout.readline())
+        assert match
+        port = int(match.group(1))
+        body = json.dumps({"queries": ["Shirley Temple"] * 50, "topk": 100, "return_scores": True}).encode()
+        full = b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+        for _ in range(5):
+            _hang_up(port, full, reset=True)  # gone before the answer is written
+            _hang_up(port, full[: len(full) - 10], reset=True)  # gone mid-body
+            _hang_up(port, full[:20], reset=False)  # gone mid-headers
+            _hang_up(port, full, reset=False)
+        time.sleep(1.0)
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn.request("POST", "/retrieve", body=json.dumps({"queries": ["capital of France"], "topk": 1}))
+        assert json.loads(conn.getresponse().read())["result"][0][0]["title"] == "Paris"
+        conn.close()
+    finally:
+        proc.terminate()
+        _, stderr = proc.communicate(timeout=20)
+    assert "Traceback" not in stderr and "Error" not in stderr, stderr

@@ -97,3 +97,34 @@ def test_kill_during_a_write_keeps_the_previous_checkpoint(tmp_path):
     save_checkpoint(tmp_path, 3, {"step": 3})
     assert not list((tmp_path / "checkpoints").glob(".step-*"))
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step-000001", "step-000003"]
+
+
+class _Killed(BaseException):
+    """Stands for a kill -9 at one point of a write (a BaseException, as KeyboardInterrupt is)."""
+
+
+def test_crash_while_resaving_a_step_keeps_a_complete_checkpoint(tmp_path, monkeypatch):
+    # Re-saving a saved step used to delete the old directory before renaming the new one in: a crash in that
+    # gap left step 2 with no checkpoint at all (issue 34).
+    save_checkpoint(tmp_path, 1, {"step": 1, "w": torch.zeros(2)})
+    save_checkpoint(tmp_path, 2, {"step": 2, "w": torch.ones(2)})
+    final = tmp_path / "checkpoints" / "step-000002"
+    real_rename = os.rename
+
+    def rename(src, dst):
+        if os.fspath(dst) == os.fspath(final):  # the new directory's rename into place: crash just before it
+            raise _Killed
+        real_rename(src, dst)
+
+    monkeypatch.setattr(os, "rename", rename)
+    with pytest.raises(_Killed):
+        save_checkpoint(tmp_path, 2, {"step": 2, "w": torch.full((2,), 7.0)})
+    monkeypatch.setattr(os, "rename", real_rename)
+    assert [int(p.name.split("step-")[1][:6]) for p in list_checkpoints(tmp_path)] == [1, 2]
+    state = load_checkpoint(tmp_path)
+    assert state["step"] == 2 and torch.equal(state["w"], torch.ones(2))  # the old, complete step 2
+    # the next save puts it back under its own name and the re-save then goes through
+    save_checkpoint(tmp_path, 2, {"step": 2, "w": torch.full((2,), 7.0)}, keep=2)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step-000001", "step-000002"]
+    assert torch.equal(load_checkpoint(tmp_path)["w"], torch.full((2,), 7.0))
+    assert not list((tmp_path / "checkpoints").glob(".step-*"))

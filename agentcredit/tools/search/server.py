@@ -8,24 +8,36 @@
 in a verl tool config, or ``search_url`` in Search-R1, can point here unchanged.
 
 Differences from Search-R1's FastAPI server, all on the strict side: ``topk`` must be a positive integer or
-null (Search-R1 silently treats 0 as "default"), and requests are bounded (body size, number of queries, topk).
-Errors are ``{"detail": message}`` with a 4xx status, FastAPI's shape.
+null (Search-R1 silently treats 0 as "default"), and requests are bounded (body size, number of queries, topk,
+and results per request = queries x topk, which bounds the response's size and the server's memory). Errors are
+``{"detail": message}`` with a 4xx status, FastAPI's shape.
 
-The server is the standard library's ThreadingHTTPServer: one small JSON endpoint does not justify a web
-framework dependency, and retrieval is thread-safe, so a thread per connection is all the concurrency needed.
+The HTTP layer is uvicorn (h11) running a Starlette app, not hand-written: a large listen backlog, an event loop
+instead of a thread per connection (a slow client costs a coroutine, not a thread), quiet handling of clients
+that hang up. Two limits uvicorn does not set are added here: a deadline for a request's headers (uvicorn bounds
+idle keep-alive connections only, so a client trickling header bytes would be held forever) and one for its
+body. Retrieval runs in a worker thread so a long batch does not stall other connections.
 """
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import json
 import logging
 import os
 import socket
+import threading
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+
+import h11
+import uvicorn
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from agentcredit.tools.search import DEFAULT_TOPK, Retriever, load_retriever
 
@@ -34,6 +46,13 @@ log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 1 << 20  # 1 MiB: thousands of queries; anything bigger is a client bug or abuse
 MAX_QUERIES = 4096
 MAX_TOPK = 1000
+# queries x topk per request. Each bounded alone, their product was not: 512 queries x topk 1,000 with scores made
+# a 626 MB answer and 2.7 GiB of server memory (issue 34). 16,384 covers Search-R1's batched calls (a 512-prompt
+# batch at its topk 3 is 1,536 results) with a wide margin and keeps an answer near 20 MB of JSON.
+MAX_RESULTS = 16384
+LISTEN_BACKLOG = (
+    2048  # uvicorn's default; with the old 5, 27 of 64 simultaneous connects waited >1 s (SYN retry)
+)
 
 
 class RequestError(Exception):
@@ -45,7 +64,9 @@ class RequestError(Exception):
         self.message = message
 
 
-def parse_retrieve_request(payload: Any, *, default_topk: int) -> tuple[list[str], int, bool]:
+def parse_retrieve_request(
+    payload: Any, *, default_topk: int, max_results: int = MAX_RESULTS
+) -> tuple[list[str], int, bool]:
     """Validate a decoded ``/retrieve`` body; returns (queries, topk, return_scores) or raises RequestError."""
     bad = HTTPStatus.UNPROCESSABLE_ENTITY
     if not isinstance(payload, dict):
@@ -69,12 +90,33 @@ def parse_retrieve_request(payload: Any, *, default_topk: int) -> tuple[list[str
         raise RequestError(bad, f"field 'topk' must be an integer or null, got {type(topk).__name__}")
     elif not 1 <= topk <= MAX_TOPK:
         raise RequestError(bad, f"field 'topk' must be between 1 and {MAX_TOPK}, got {topk}")
+    if len(queries) * topk > max_results:
+        raise RequestError(
+            bad,
+            f"{len(queries)} queries x topk {topk} = {len(queries) * topk} results; at most {max_results} "
+            "results per request (send fewer queries per request or a smaller topk)",
+        )
     return_scores = payload.get("return_scores", False)
     if not isinstance(return_scores, bool):
         raise RequestError(
             bad, f"field 'return_scores' must be true or false, got {type(return_scores).__name__}"
         )
     return queries, topk, return_scores
+
+
+def decode_json_body(raw: bytes) -> Any:
+    """Decode a request body or raise a 400 RequestError naming what is wrong."""
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise RequestError(HTTPStatus.BAD_REQUEST, "request body is not valid UTF-8") from None
+    except json.JSONDecodeError as exc:
+        raise RequestError(
+            HTTPStatus.BAD_REQUEST,
+            f"request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
+        ) from None
+    except RecursionError:  # e.g. 100,000 nested '[': the decoder's recursion guard, not a server fault
+        raise RequestError(HTTPStatus.BAD_REQUEST, "request body is JSON nested too deeply") from None
 
 
 def retrieve_response(
@@ -90,137 +132,143 @@ def retrieve_response(
     return {"result": result}
 
 
-class _Handler(BaseHTTPRequestHandler):
-    server: SearchServer
-    protocol_version = "HTTP/1.1"  # keep-alive: verl's client reuses connections
+def _json(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> Response:
+    data = json.dumps(body, ensure_ascii=False).encode("utf-8")
+    return Response(data, status, headers=headers, media_type="application/json; charset=utf-8")
 
-    def setup(self) -> None:
-        # Seconds a connection may stay silent (idle keep-alive, or a body that never arrives): a stalled client
-        # must not hold a thread forever.
-        self.timeout = self.server.request_timeout
-        super().setup()
 
-    def _send(self, status: HTTPStatus, body: dict[str, Any], headers: dict[str, str] | None = None) -> None:
-        data = json.dumps(body, ensure_ascii=False).encode("utf-8")
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json; charset=utf-8")
-        self.send_header("Content-Length", str(len(data)))
-        for key, value in (headers or {}).items():
-            self.send_header(key, value)
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(data)
+def _error(status: HTTPStatus, message: str, headers: dict[str, str] | None = None) -> Response:
+    return _json(status, {"detail": message}, headers)
 
-    def _error(self, status: HTTPStatus, message: str, headers: dict[str, str] | None = None) -> None:
-        self._send(status, {"detail": message}, headers)
 
-    def _route(self) -> str | None:
-        path = self.path.split("?", 1)[0].rstrip("/") or "/"
-        return path if path in ("/retrieve", "/health") else None
+# A rejected request whose body we did not read: the connection cannot carry a next request.
+_CLOSE = {"Connection": "close"}
 
-    def _wrong_method(self) -> None:
-        route = self._route()
-        if route is None:
-            self._drain_and_close()
-            self._error(
-                HTTPStatus.NOT_FOUND, f"no such endpoint {self.path!r}; use POST /retrieve or GET /health"
-            )
+
+class _SearchApp:
+    """The ASGI app: routing, body limits and the Search-R1 endpoints, with the messages of the API's tests."""
+
+    def __init__(self, server: SearchServer):
+        self.server = server
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":  # lifespan is off; nothing else is served
             return
-        allowed = "POST" if route == "/retrieve" else "GET"
-        self._drain_and_close()
-        self._error(
-            HTTPStatus.METHOD_NOT_ALLOWED,
-            f"{self.command} is not allowed on {route}; use {allowed}",
-            {"Allow": allowed},
-        )
+        request = Request(scope, receive)
+        try:
+            response = await self.handle(request)
+        except ClientDisconnect:
+            return  # the client hung up mid-body: nobody to answer, nothing to report
+        await response(scope, receive, send)
 
-    def _drain_and_close(self) -> None:
-        # We do not read bodies we reject, so the connection cannot be reused for the next request.
-        self.close_connection = True
-
-    def do_GET(self) -> None:  # noqa: N802 (the stdlib's naming)
-        if self._route() == "/health":
-            srv = self.server
-            self._send(
+    async def handle(self, request: Request) -> Response:
+        path = request.url.path.rstrip("/") or "/"
+        method = request.method
+        if path not in ("/retrieve", "/health"):
+            return _error(
+                HTTPStatus.NOT_FOUND,
+                f"no such endpoint {request.url.path!r}; use POST /retrieve or GET /health",
+                _CLOSE,
+            )
+        allowed = "POST" if path == "/retrieve" else "GET"
+        if method != allowed and not (allowed == "GET" and method == "HEAD"):
+            return _error(
+                HTTPStatus.METHOD_NOT_ALLOWED,
+                f"{method} is not allowed on {path}; use {allowed}",
+                {"Allow": allowed, **_CLOSE},
+            )
+        srv = self.server
+        if path == "/health":
+            return _json(
                 HTTPStatus.OK,
                 {"status": "ok", "retriever": srv.retriever_name, "passages": len(srv.retriever.passages)},
             )
-        else:
-            self._wrong_method()
-
-    do_HEAD = do_GET
-    do_PUT = do_DELETE = do_PATCH = _wrong_method
-
-    def do_POST(self) -> None:  # noqa: N802
-        if self._route() != "/retrieve":
-            self._wrong_method()
-            return
         try:
-            payload = self._read_json()
+            raw = await self.read_body(request)
+            payload = await run_in_threadpool(decode_json_body, raw)
             queries, topk, return_scores = parse_retrieve_request(
-                payload, default_topk=self.server.default_topk
+                payload, default_topk=srv.default_topk, max_results=srv.max_results
             )
         except RequestError as exc:
-            self._error(exc.status, exc.message)
-            return
+            close = exc.status != HTTPStatus.BAD_REQUEST and exc.status != HTTPStatus.UNPROCESSABLE_ENTITY
+            return _error(exc.status, exc.message, _CLOSE if close else None)
         try:
-            body = retrieve_response(self.server.retriever, queries, topk, return_scores)
+            body = await run_in_threadpool(retrieve_response, srv.retriever, queries, topk, return_scores)
         except Exception as exc:  # a retriever bug must give the client a 500, not a dropped connection
             log.exception("retrieval failed")
-            self._error(HTTPStatus.INTERNAL_SERVER_ERROR, f"retrieval failed: {type(exc).__name__}: {exc}")
-            return
-        self._send(HTTPStatus.OK, body)
+            return _error(HTTPStatus.INTERNAL_SERVER_ERROR, f"retrieval failed: {type(exc).__name__}: {exc}")
+        return await run_in_threadpool(_json, HTTPStatus.OK, body)
 
-    def _read_json(self) -> Any:
-        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
-            self._drain_and_close()
+    async def read_body(self, request: Request) -> bytes:
+        if "chunked" in request.headers.get("transfer-encoding", "").lower():
             raise RequestError(
                 HTTPStatus.LENGTH_REQUIRED, "chunked bodies are not supported; send Content-Length"
             )
-        length_header = self.headers.get("Content-Length")
+        length_header = request.headers.get("content-length")
         if length_header is None:
-            self._drain_and_close()
             raise RequestError(HTTPStatus.LENGTH_REQUIRED, "a Content-Length header is required")
         try:
             length = int(length_header)
             if length < 0:
                 raise ValueError
         except ValueError:
-            self._drain_and_close()
             raise RequestError(HTTPStatus.BAD_REQUEST, f"invalid Content-Length {length_header!r}") from None
         limit = self.server.max_body_bytes
         if length > limit:
-            self._drain_and_close()
             raise RequestError(
                 HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
                 f"request body is {length} bytes; the limit is {limit} bytes",
             )
         try:
-            raw = self.rfile.read(length)
+            # One deadline for the whole body, not per read: a sender trickling a byte a second is cut off too.
+            async with asyncio.timeout(self.server.request_timeout):
+                return await request.body()
         except TimeoutError:
-            self._drain_and_close()
             raise RequestError(HTTPStatus.REQUEST_TIMEOUT, "timed out reading the request body") from None
-        if len(raw) != length:
-            self._drain_and_close()
-            raise RequestError(HTTPStatus.BAD_REQUEST, f"body ended after {len(raw)} of {length} bytes")
-        try:
-            return json.loads(raw.decode("utf-8"))
-        except UnicodeDecodeError:
-            raise RequestError(HTTPStatus.BAD_REQUEST, "request body is not valid UTF-8") from None
-        except json.JSONDecodeError as exc:
-            raise RequestError(
-                HTTPStatus.BAD_REQUEST,
-                f"request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
-            ) from None
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (stdlib signature)
-        log.info("%s - %s", self.address_string(), format % args)
 
 
-class SearchServer(ThreadingHTTPServer):
-    """A ThreadingHTTPServer bound to one retriever. ``port=0`` picks a free port (see ``server_address``)."""
+class _HeaderDeadlineH11(H11Protocol):
+    """uvicorn's h11 protocol with a deadline on a request's headers.
 
-    daemon_threads = True
+    uvicorn cancels its keep-alive timer on any received byte and has no header timeout, so a client sending a
+    header byte now and then would hold its connection forever. The deadline starts when the connection opens
+    and again after each response; if the client's next request line and headers are not complete by then, the
+    connection is closed (nothing was asked yet, so there is no one to answer).
+    """
+
+    header_timeout: float = 60.0  # set per server by SearchServer (a subclass per instance)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:  # type: ignore[override]
+        super().connection_made(transport)  # type: ignore[arg-type]
+        self._arm_header_deadline()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._arm_header_deadline()
+
+    def _arm_header_deadline(self) -> None:
+        handle = self.loop.call_later(self.header_timeout, self._header_deadline_passed, self.conn)
+        self._header_deadline = handle
+
+    def _header_deadline_passed(self, conn: h11.Connection) -> None:
+        # IDLE: no complete request head since the deadline was armed (a request in flight is SEND_BODY/DONE).
+        if conn is self.conn and conn.their_state is h11.IDLE and not self.transport.is_closing():
+            self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        handle = getattr(self, "_header_deadline", None)
+        if handle is not None:
+            handle.cancel()
+        super().connection_lost(exc)
+
+
+class SearchServer:
+    """The search service bound to one retriever. ``port=0`` picks a free port (see ``server_address``).
+
+    The socket is bound and listening when the constructor returns (so a busy port fails here, and clients that
+    connect before ``serve_forever`` wait in the backlog); ``serve_forever`` runs uvicorn in the calling thread
+    until ``shutdown`` (from another thread) or Ctrl-C.
+    """
 
     def __init__(
         self,
@@ -230,8 +278,10 @@ class SearchServer(ThreadingHTTPServer):
         port: int = 8000,
         default_topk: int = DEFAULT_TOPK,
         max_body_bytes: int = MAX_BODY_BYTES,
+        max_results: int = MAX_RESULTS,
         retriever_name: str | None = None,
         request_timeout: float = 60.0,
+        backlog: int = LISTEN_BACKLOG,
     ):
         if not 1 <= default_topk <= MAX_TOPK:
             raise ValueError(f"default_topk must be between 1 and {MAX_TOPK}, got {default_topk}")
@@ -240,17 +290,53 @@ class SearchServer(ThreadingHTTPServer):
         self.retriever = retriever
         self.default_topk = default_topk
         self.max_body_bytes = max_body_bytes
+        self.max_results = max_results
         self.request_timeout = request_timeout
         self.retriever_name = retriever_name or type(retriever).__name__
-        if ":" in host:
-            self.address_family = socket.AF_INET6
-        super().__init__((host, port), _Handler)
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.socket = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self.socket.bind((host, port))
+            self.socket.listen(backlog)
+        except OSError:
+            self.socket.close()
+            raise
+        self.server_address = self.socket.getsockname()
+        protocol = type("_Protocol", (_HeaderDeadlineH11,), {"header_timeout": request_timeout})
+        config = uvicorn.Config(
+            _SearchApp(self),
+            http=protocol,
+            lifespan="off",
+            ws="none",  # plain HTTP only
+            backlog=backlog,
+            log_config=None,  # leave logging to the application (the CLI), as the rest of agentcredit does
+            access_log=False,
+            timeout_graceful_shutdown=5,
+        )
+        self._uvicorn = uvicorn.Server(config)
+        self._stopped = threading.Event()
 
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]
         host = f"[{host}]" if ":" in str(host) else host
         return f"http://{host}:{port}/retrieve"
+
+    def serve_forever(self) -> None:
+        self._stopped.clear()
+        try:
+            self._uvicorn.run(sockets=[self.socket])
+        finally:
+            self._stopped.set()
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop ``serve_forever`` (running in another thread) and wait for it to return."""
+        self._uvicorn.should_exit = True
+        self._stopped.wait(timeout)
+
+    def server_close(self) -> None:
+        self.socket.close()
 
 
 def is_loopback(host: str) -> bool:
