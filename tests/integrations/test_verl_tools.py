@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import socket
+import sys
 import threading
 
 import pytest
@@ -10,7 +14,7 @@ pytest.importorskip("verl")
 
 from agentcredit.integrations.verl.settings import ToolSettings  # noqa: E402
 from agentcredit.integrations.verl.tools import RemoteRetriever, build_runtime, passage_from_document  # noqa: E402
-from agentcredit.tools.base import ToolCall  # noqa: E402
+from agentcredit.tools.base import ToolCall, ToolUnavailableError  # noqa: E402
 from agentcredit.tools.search import BM25Search, passage_from_row  # noqa: E402
 from agentcredit.tools.search.server import SearchServer  # noqa: E402
 
@@ -60,3 +64,56 @@ def test_search_r1_documents_without_title_fields():
         passage_from_document({"id": "7"}, where="t")
     with pytest.raises(ValueError, match="http"):
         RemoteRetriever("localhost:8000")
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0, reason="the sandbox runs code as an unprivileged uid only when the worker is root"
+)
+def test_sandbox_preflight_says_what_to_change_when_the_interpreter_is_unreadable(tmp_path):
+    """issue 36: a root Ray worker without bubblewrap runs the sandbox's code as an unprivileged uid, which cannot
+    read an interpreter under a 0700 directory (a venv under /root, as many images have). The preflight stops the
+    worker with one message naming the node, the directory, and the verl keys or packages that fix it."""
+    from agentcredit.tools import sandbox
+
+    hidden = tmp_path / "private"
+    hidden.mkdir(mode=0o700)
+    python = hidden / "python"
+    shutil.copy2(os.path.realpath(sys.executable), python)
+    previous = sandbox.configure()
+    try:
+        with pytest.raises(ToolUnavailableError) as err:
+            build_runtime(
+                ToolSettings(python=True, python_isolation="rlimits", python_interpreter=str(python))
+            )
+    finally:
+        sandbox.configure(python=previous.python)
+    message = str(err.value)
+    assert message.startswith(f"agentcredit.tools.python on node {socket.gethostname()} (uid 0)")
+    assert "keeps the sandbox uid from" in message and str(python) in message  # the directory in the way
+    for fix in ("bubblewrap", "agentcredit.tools.python_interpreter", "chmod o+rx", "python_isolation=bwrap"):
+        assert fix in message
+
+
+def test_sandbox_interpreter_setting_is_checked_on_the_node(tmp_path):
+    """A python_interpreter that is not an executable file on the worker's node is named in one line."""
+    for bad in ("python3", str(tmp_path / "missing" / "python")):
+        with pytest.raises(ToolUnavailableError, match="python_interpreter=.* is not an absolute path"):
+            build_runtime(ToolSettings(python=True, python_interpreter=bad))
+
+
+def test_sandbox_runs_with_a_readable_interpreter_in_the_fallback_mode():
+    """The same rlimits fallback with an interpreter every uid can read (the system's): the tool answers."""
+    from agentcredit.tools import sandbox
+
+    system = shutil.which("python3", path="/usr/bin:/bin")
+    if system is None:
+        pytest.skip("no system python3 in /usr/bin or /bin")
+    previous = sandbox.configure()
+    try:
+        runtime = build_runtime(
+            ToolSettings(python=True, python_isolation="rlimits", python_interpreter=system)
+        )
+        (result,) = runtime.run([ToolCall("python", {"code": "print(6 * 7)"})])
+    finally:
+        sandbox.configure(python=previous.python)
+    assert result.ok and result.output == "42\n"

@@ -49,6 +49,16 @@ class ToolSettings(UserToolsConfig):
     )
     python: bool = Field(False, description="enable the sandboxed python tool (carl-segment's code fences).")
     python_timeout: float = Field(5.0, gt=0, description="wall-clock limit of one python call.")
+    python_isolation: Literal["auto", "bwrap", "rlimits"] = Field(
+        "auto",
+        description="the sandbox's isolation: auto (bubblewrap, else the rlimits fallback), bwrap (refuse the "
+        "fallback), rlimits (docs/sandbox.md).",
+    )
+    python_interpreter: str | None = Field(
+        None,
+        description="the interpreter the sandbox runs, a path on every agent-loop node; None = the worker's own. "
+        "Without bubblewrap a root worker runs code as an unprivileged uid, which must be able to read it.",
+    )
     suite: bool = Field(
         False, description="PORTool's 17-tool suite (agentcredit.tools.suite), run in each worker."
     )

@@ -16,10 +16,10 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from agentcredit.tools.base import ToolRuntime
+from agentcredit.tools.base import ToolRuntime, ToolUnavailableError
 from agentcredit.tools.search import EMPTY_QUERY_TEXT, Passage, format_passages, no_results_text
 
-__all__ = ["RemoteRetriever", "build_runtime", "passage_from_document"]
+__all__ = ["RemoteRetriever", "build_runtime", "check_python_sandbox", "passage_from_document"]
 
 
 def passage_from_document(doc: Any, *, where: str) -> Passage:
@@ -71,6 +71,41 @@ class RemoteRetriever:
         return format_passages(passages, self.style) if passages else no_results_text(query)
 
 
+#: What an agent-loop node needs for the python tool, and the keys that change it (docs/scaling-out-with-verl.md).
+SANDBOX_NODE_FIX = (
+    "Every node that runs agent-loop workers needs one of: bubblewrap able to create namespaces there (Debian "
+    "package 'bubblewrap'; in a container, one that allows user namespaces), or, for the rlimits fallback when the "
+    "worker runs as root, an interpreter the sandbox's unprivileged uid can read and execute: set "
+    "agentcredit.tools.python_interpreter to one (e.g. /usr/bin/python3, with the packages your task's code "
+    "imports), or make the directories named above readable by others (chmod o+rx); "
+    "agentcredit.tools.python_isolation=bwrap refuses the fallback"
+)
+
+
+def check_python_sandbox(settings: Any) -> None:
+    """The sandbox preflight of an agent-loop worker (``print(1)`` as ``environment.build_tools`` runs it, once
+    per process): raise :class:`ToolUnavailableError` naming this node and what to install or change on it."""
+    import socket
+
+    from agentcredit.tools.sandbox import check_available, configure
+
+    where = f"agentcredit.tools.python on node {socket.gethostname()} (uid {os.geteuid()})"
+    interpreter = settings.python_interpreter
+    if interpreter is not None:
+        if not (
+            os.path.isabs(interpreter) and os.path.isfile(interpreter) and os.access(interpreter, os.X_OK)
+        ):
+            raise ToolUnavailableError(
+                f"{where}: agentcredit.tools.python_interpreter={interpreter!r} is not an absolute path to an "
+                "executable file on this node"
+            )
+        configure(python=interpreter)
+    try:
+        check_available(settings.python_isolation)
+    except ToolUnavailableError as exc:
+        raise ToolUnavailableError(f"{where}: {exc}. {SANDBOX_NODE_FIX}") from exc
+
+
 #: MCP servers this worker process started; they live as long as the process (verl's workers are long-lived).
 _RESOURCES: list[Any] = []
 
@@ -120,8 +155,10 @@ def build_runtime(settings: Any, protocol: str = "tags") -> ToolRuntime:
 
         tools["search"] = search
     if settings.python:
-        from agentcredit.tools.sandbox import check_available, python_tool
+        from agentcredit.tools.sandbox import python_tool
 
-        check_available()  # the preflight of environment.build_tools: print(1) in the sandbox, once per process
-        tools["python"] = python_tool(retriever, timeout=settings.python_timeout)
+        check_python_sandbox(settings)
+        tools["python"] = python_tool(
+            retriever, timeout=settings.python_timeout, isolation=settings.python_isolation
+        )
     return ToolRuntime(tools, max_workers=settings.max_workers, episodes=episodes)
