@@ -290,6 +290,8 @@ class AgentCreditTrainer(PPOTrainerSync):
         self._plan = plan
         metrics["agentcredit/minibatch_rows"] = float(plan.rows_per_minibatch)
         metrics["agentcredit/padding_rows"] = float(len(plan.order) - n_real)
+        # episodes missing from a short last mini-batch (failed sessions): their slots weigh 0, the others nominal
+        metrics["agentcredit/minibatch_missing_episodes"] = float(plan.missing_episodes)
         return batch
 
     @contextlib.contextmanager
