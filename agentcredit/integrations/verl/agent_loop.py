@@ -49,10 +49,12 @@ from agentcredit.tools.episodes import EpisodeSession, StepOutcome
 
 __all__ = [
     "AgentCreditAgentLoop",
+    "branch_request_id",
     "episode_outcome",
     "episode_request_id",
     "sample_fields",
     "score_request_id",
+    "scoring_params",
     "teacher_messages",
 ]
 
@@ -174,6 +176,27 @@ def episode_request_id(full_determinism: bool, priority: Any = None) -> str:
     return uuid4().hex
 
 
+def branch_request_id(episode_id: str, branch: int | None, full_determinism: bool) -> str:
+    """The id of the generate calls of one branch of a tree (``branch``: the job's index in the tree; None for a
+    single episode). The branches of a round run concurrently: under full determinism verl hands the id to vLLM
+    unchanged, and two running requests with one id collide there, so each branch gets its own suffix (as the
+    scoring ids do). Otherwise every branch shares the tree's id, so verl's load balancer keeps the whole tree on
+    the replica whose prefix cache holds the prompt (it gives vLLM a fresh id per call)."""
+    return f"{episode_id}-branch{branch}" if full_determinism and branch is not None else episode_id
+
+
+def scoring_params(engine: str) -> dict[str, Any]:
+    """Sampling parameters of a prompt-logprob request (TIPS's and GEAR's teacher scoring) for the rollout engine.
+
+    Both verl servers read vLLM's ``prompt_logprobs`` (verl's SGLang server turns it into ``logprob_start_len``);
+    ``detokenize`` is a field of vLLM's ``SamplingParams`` only: verl's SGLang server passes the remaining keys to
+    SGLang's ``SamplingParams``, which has no such field and raises, so it is sent to vLLM alone."""
+    params: dict[str, Any] = {"max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 0}
+    if engine == "vllm":
+        params["detokenize"] = False  # the scored ids are never turned back into text
+    return params
+
+
 def score_request_id(episode_id: str, index: int, full_determinism: bool) -> str:
     """The id of the episode's ``index``-th teacher scoring request. They run concurrently: under full
     determinism verl hands the id to vLLM unchanged, so each gets its own; otherwise they share the episode's
@@ -192,14 +215,20 @@ class AgentCreditAgentLoop(AgentLoopBase):
         self.settings = load_settings(self.config.agentcredit)
         self.response_length = int(self.rollout_config.response_length)
         self.full_determinism = bool(getattr(self.rollout_config, "full_determinism", False))
+        self.engine = str(
+            getattr(self.rollout_config, "name", "vllm")
+        )  # the rollout's (and the teacher's) engine
         # weight versions the episode was sampled with (verl's staleness tags need them); one loop per sample
         self._weight_steps: list[int] = []
         self._request_id = uuid4().hex  # run() sets the episode's (episode_request_id)
         self._n_scores = 0
 
-    async def _generate(self, context: list[int], params: dict[str, Any]) -> Generation:
+    async def _generate(
+        self, context: list[int], params: dict[str, Any], branch: int | None = None
+    ) -> Generation:
+        request_id = branch_request_id(self._request_id, branch, self.full_determinism)
         out = await self.server_manager.generate(
-            request_id=self._request_id, prompt_ids=context, sampling_params=params
+            request_id=request_id, prompt_ids=context, sampling_params=params
         )
         for key in ("min_global_steps", "max_global_steps"):
             if out.extra_fields.get(key) is not None:
@@ -215,7 +244,7 @@ class AgentCreditAgentLoop(AgentLoopBase):
 
     async def _prompt_logprobs(self, ids: list[int], server: Any = None) -> list[float]:
         """log p(ids[t] | ids[:t]) for t >= 1, scored by ``server`` (default: the rollout server)."""
-        params = {"max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 0, "detokenize": False}
+        params = scoring_params(self.engine)
         request_id = score_request_id(self._request_id, self._n_scores, self.full_determinism)
         self._n_scores += 1
         server = server or self.server_manager

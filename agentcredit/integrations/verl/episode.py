@@ -55,8 +55,9 @@ class Generation:
     log_probs: list[float] | None = None
 
 
-#: ``generate(context_ids, sampling_params) -> Generation``.
-GenerateFn = Callable[[list[int], dict[str, Any]], Awaitable[Generation]]
+#: ``generate(context_ids, sampling_params, branch) -> Generation``; ``branch`` is the index of the job in its tree
+#: (None for a single episode), so concurrent branches can carry request ids of their own where ids must differ.
+GenerateFn = Callable[[list[int], dict[str, Any], int | None], Awaitable[Generation]]
 #: ``prompt_logprobs(ids) -> lp`` with ``lp[j] = log p(ids[j + 1] | ids[: j + 1])``, ``len(ids) - 1`` values.
 PromptLogprobsFn = Callable[[list[int]], Awaitable[list[float]]]
 #: ``run_tools(calls) -> results`` in call order.
@@ -129,6 +130,7 @@ async def _generate_segment(
     budget: int,
     sampling_params: dict[str, Any],
     eos_token_ids: frozenset[int],
+    branch: int | None = None,
 ) -> tuple[list[int], list[float] | None, str]:
     """Sample one policy segment: its tokens, their log-probs (if the server gives them) and the finish reason."""
     ids: list[int] = []
@@ -138,7 +140,7 @@ async def _generate_segment(
         params = dict(sampling_params, max_new_tokens=budget - len(ids))
         if stops:
             params["stop"] = list(stops)
-        out = await generate(context + ids, params)
+        out = await generate(context + ids, params, branch)
         new = list(out.token_ids)
         if out.log_probs is None:
             logprobs = None
@@ -247,6 +249,7 @@ class TreeRunner:
         self.branching = (
             branching  # keep every state for later jobs (a tree strategy); one episode needs none
         )
+        self.jobs = 0  # jobs run so far: a tree's branch index (the request-id suffix under full determinism)
 
     async def run_episode(self) -> Episode:
         """One episode from the prompt (a single job from the root)."""
@@ -271,6 +274,8 @@ class TreeRunner:
                 f"job starts at node {job.node}, which is not a state an episode can continue from"
             )
         snap = self.snapshots[job.node]
+        branch = self.jobs if self.branching else None
+        self.jobs += 1
         state = copy.deepcopy(snap.state)
         visible, pending_transient = list(snap.visible), snap.pending_transient
         boundaries, policy_segments = [list(b) for b in snap.boundaries], snap.policy_segments
@@ -287,7 +292,15 @@ class TreeRunner:
             if budget <= 0:
                 break
             ids, logprobs, finish = await _generate_segment(
-                protocol, state, tokenizer, self.generate, ctx, budget, self.sampling_params, self.eos
+                protocol,
+                state,
+                tokenizer,
+                self.generate,
+                ctx,
+                budget,
+                self.sampling_params,
+                self.eos,
+                branch,
             )
             if not ids:
                 break
