@@ -230,6 +230,28 @@ def test_scoring_requests_send_detokenize_to_vllm_only(byte_tokenizer, engine, m
             assert params["detokenize"] is False and params["prompt_logprobs"] == 0
 
 
+def test_a_tool_that_cannot_run_ends_the_episode_unseen_and_untrained(byte_tokenizer):
+    """issue 36: a search timeout is an infrastructure failure, not an answer: the model never reads
+    `ERROR: search failed` (no further turn is generated), the episode is marked and nothing of it is trained."""
+    from agentcredit.tools.base import unavailable
+
+    server = FakeServer(byte_tokenizer, ["<search>author of X</search>", "<answer>Jane Doe</answer>"])
+    down = {
+        "search": lambda a: unavailable(
+            "search failed (http://retriever:8000/retrieve, timeout 30 s): timed out"
+        )
+    }
+    out = _run_loop(byte_tokenizer, "grpo", server, tools=down)
+    rec = RowRecord.model_validate(out.extra_fields["agentcredit"])
+    assert len(server.request_ids) == 1 and server.texts == ["<answer>Jane Doe</answer>"]
+    assert rec.infra_failures == [
+        "search: ERROR: search failed (http://retriever:8000/retrieve, timeout 30 s): timed out"
+    ]
+    assert sum(out.response_mask) == 0 and not any(s.trained for s in rec.spans)
+    assert out.reward_score == 0.0 and rec.segment_kinds == ["search"]
+    assert "ERROR" not in byte_tokenizer.decode(out.response_ids)
+
+
 def test_missing_question_is_a_clear_error():
     with pytest.raises(ValueError, match="extra_info.question is missing"):
         agent_loop_module.sample_fields({"raw_prompt": [], "extra_info": {}})

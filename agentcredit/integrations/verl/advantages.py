@@ -456,8 +456,17 @@ def apply_to_dataproto(
     for row, pad in enumerate(padding):
         if pad and bool(mask[row].any()):
             raise ValueError(f"row {row} is flagged as padding but has trained tokens in its response_mask")
-    real = [row for row, pad in enumerate(padding) if not pad]
     raw = non_tensor.get(EXTRA_KEY)
+    # episodes in which a tool could not run (the agent loop marked and masked them): left out like padding
+    failed = {
+        row: raw[row]["episode_id"]
+        for row, pad in enumerate(padding)
+        if not pad and raw is not None and isinstance(raw[row], dict) and raw[row].get("infra_failures")
+    }
+    for row in failed:
+        if bool(mask[row].any()):
+            raise ValueError(f"row {row} records an infrastructure failure but has trained tokens")
+    real = [row for row, pad in enumerate(padding) if not pad and row not in failed]
     records = parse_records(None if raw is None else [raw[r] for r in real], len(real))
     index = torch.tensor(real, dtype=torch.long)
 
@@ -477,6 +486,7 @@ def apply_to_dataproto(
         previous_alpha=previous_alpha,
         rows_per_episode=rows_per_episode,
     )
+    result.metrics["agentcredit/infra_failed_episodes"] = float(len(set(failed.values())))
     kept = trained[index].cpu().to(torch.float32)
     stored = [("advantages", result.advantages), ("returns", result.returns)]
     if result.loss_weights is not None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import random
 import time
 from functools import partial
@@ -57,6 +58,8 @@ __all__ = [
     "scoring_params",
     "teacher_messages",
 ]
+
+logger = logging.getLogger(__name__)
 
 #: One tool runtime (and its thread pool) per worker process and tool configuration.
 _RUNTIMES: dict[str, ToolRuntime] = {}
@@ -200,7 +203,10 @@ def scoring_params(engine: str) -> dict[str, Any]:
 def score_request_id(episode_id: str, index: int, full_determinism: bool) -> str:
     """The id of the episode's ``index``-th teacher scoring request. They run concurrently: under full
     determinism verl hands the id to vLLM unchanged, so each gets its own; otherwise they share the episode's
-    (verl gives vLLM a fresh id per call), so TIPS's scoring of the episode's own prefixes hits the cache."""
+    (verl gives vLLM a fresh id per call) and land on the episode's replica. That does not make them cache hits:
+    vLLM skips reading the prefix cache for a request with ``prompt_logprobs`` (it needs the log-probs of every
+    prompt position), so each scoring call is a full prefill (docs/scaling-out-with-verl.md, "Teacher scoring
+    cost")."""
     return f"{episode_id}-score{index}" if full_determinism else episode_id
 
 
@@ -356,6 +362,12 @@ class AgentCreditAgentLoop(AgentLoopBase):
     ) -> list[AgentLoopOutput]:
         """verl's outputs of one episode (one per training view), scored, with the method's teacher signals."""
         s, loop = self.settings, asyncio.get_running_loop()
+        if episode.infra_failures:  # a tool could not run: not scored, no teacher calls, nothing trained
+            rows = episode_rows(episode, 0.0, format_reward_key=s.portool.format_reward_key)
+            logger.warning(
+                "agentcredit: episode left out, a tool could not run: %s", "; ".join(episode.infra_failures)
+            )
+            return [self._output(row, prompt_ids, episode, 0.0, 0.0, timing, kwargs) for row in rows]
         if s.reward is not None:  # your own reward, on the episode's text (the native trainer's definition)
             outcome = episode_reward(
                 _user_reward(s.reward), example, episode.answer, episode.tree, episode.leaf, self.tokenizer
@@ -402,27 +414,35 @@ class AgentCreditAgentLoop(AgentLoopBase):
             tree_id=tree_id,
             fork_counts=forks,
         )
-        metrics = AgentLoopMetrics(generate_sequences=timing["generate"], tool_calls=timing["tools"])
-        outputs = [
-            AgentLoopOutput(
-                prompt_ids=list(prompt_ids),
-                response_ids=row.response_ids,
-                response_mask=row.response_mask,
-                response_logprobs=row.response_logprobs,
-                reward_score=outcome,
-                num_turns=len(episode.tree.path(episode.leaf)),  # the user prompt plus every segment
-                metrics=metrics,
-                extra_fields={
-                    EXTRA_KEY: row.record.model_dump(),
-                    "turn_scores": [],
-                    "tool_rewards": [],
-                    "reward_extra_info": {"acc": accuracy},
-                    **self._step_fields(kwargs),
-                },
-            )
-            for row in rows
-        ]
-        return outputs
+        return [self._output(row, prompt_ids, episode, outcome, accuracy, timing, kwargs) for row in rows]
+
+    def _output(
+        self,
+        row: Any,
+        prompt_ids: list[int],
+        episode: Episode,
+        outcome: float,
+        accuracy: float,
+        timing: dict[str, float],
+        kwargs: dict[str, Any],
+    ) -> AgentLoopOutput:
+        """One verl row of the episode, with its record in ``extra_fields``."""
+        return AgentLoopOutput(
+            prompt_ids=list(prompt_ids),
+            response_ids=row.response_ids,
+            response_mask=row.response_mask,
+            response_logprobs=row.response_logprobs,
+            reward_score=outcome,
+            num_turns=len(episode.tree.path(episode.leaf)),  # the user prompt plus every segment
+            metrics=AgentLoopMetrics(generate_sequences=timing["generate"], tool_calls=timing["tools"]),
+            extra_fields={
+                EXTRA_KEY: row.record.model_dump(),
+                "turn_scores": [],
+                "tool_rewards": [],
+                "reward_extra_info": {"acc": accuracy},
+                **self._step_fields(kwargs),
+            },
+        )
 
 
 def grows_tree(settings: AgentCreditSettings, sampling_params: dict[str, Any]) -> bool:

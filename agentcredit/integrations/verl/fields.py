@@ -90,6 +90,11 @@ class RowRecord(BaseModel):
     teacher_logprobs: list[float] | None = Field(
         None, description="GEAR: log p(a_t | answer-conditioned context) per response token of this row"
     )
+    infra_failures: list[str] = Field(
+        default_factory=list,
+        description='tool calls that could not run ("tool: output"): the episode ended there, its tokens are not '
+        "trained (no span is trained, response_mask is 0) and the credit leaves it out, as a failed session",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> RowRecord:
