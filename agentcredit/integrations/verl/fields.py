@@ -18,7 +18,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-__all__ = ["RowRecord", "Span", "parse_records"]
+__all__ = ["TEACHER_FIELD", "RowRecord", "Span", "parse_records"]
+
+#: GEAR's teacher log-probs, one per response token: the trainer moves them out of the record (Python floats inside
+#: ``extra_fields``, which verl hands to every worker call) into this tensor field of TransferQueue.
+TEACHER_FIELD = "agentcredit_teacher_log_probs"
 
 
 class Span(BaseModel):
