@@ -586,3 +586,27 @@ def test_both_trainers_give_the_same_advantages_from_one_definition(method, env)
         expected = (native.advantages * native.loss_mask)[n_row][batch.policy_mask[n_row]]
         torch.testing.assert_close(got, expected.to(got.dtype), atol=1e-6, rtol=1e-6)
     assert bool((b.proto.batch["advantages"] != 0).any())
+
+
+def test_an_episode_whose_tool_could_not_run_is_left_out_of_the_group():
+    """issue 36: an episode the agent loop marked (``infra_failures``; its response_mask all 0) is left out of the
+    credit like a failed session: p0's group is (1, 0) without it, it gets zeros, and the metric counts it."""
+    eps = [search_ep("p0", 1.0), search_ep("p0", 0.0), search_ep("p0", 1.0)]
+    b = build_batch(eps)
+    failed = [r for r, (e, _) in enumerate(b.row_of) if e == 2]
+    for r in failed:
+        b.proto.non_tensor_batch["agentcredit"][r] = {
+            **b.proto.non_tensor_batch["agentcredit"][r],
+            "infra_failures": ["search: ERROR: search failed: timed out"],
+        }
+        b.proto.batch["response_mask"][r] = 0
+    _, res = apply_to_dataproto(b.proto, settings("grpo"))
+    per_ep = grpo_advantages(torch.tensor([1.0, 0.0]), ["p0", "p0"])
+    mask = b.proto.batch["response_mask"]
+    expected = (
+        torch.stack([per_ep[e] if e < 2 else torch.tensor(0.0) for e, _ in b.row_of]).unsqueeze(1) * mask
+    )
+    torch.testing.assert_close(b.proto.batch["advantages"], expected.float())
+    assert float(per_ep[0]) == pytest.approx(0.5 / (math.sqrt(0.5) + 1e-6), rel=1e-6)  # (1 - mean) / std
+    assert res.metrics["agentcredit/infra_failed_episodes"] == 1.0
+    assert res.metrics["agentcredit/episodes"] == 2.0

@@ -41,10 +41,12 @@ class FakeServer:
         self.scored: list[list[int]] = []
         self.request_ids: list[str] = []  # of the policy turns; teacher scoring requests in score_ids
         self.score_ids: list[str] = []
+        self.score_params: list[dict] = []  # the sampling params of the teacher scoring requests
 
     async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
         if "prompt_logprobs" in sampling_params:
             self.score_ids.append(request_id)
+            self.score_params.append(dict(sampling_params))
             self.scored.append(list(prompt_ids))
             lp = [[-0.001 * j] for j in range(1, len(prompt_ids))] + [[0.0]]
             return TokenOutput(token_ids=[0], extra_fields={"prompt_logprobs": lp})
@@ -205,6 +207,51 @@ def test_full_determinism_routes_by_priority_as_verls_tool_agent_loop(byte_token
     assert agent_loop_module.episode_request_id(True) != agent_loop_module.episode_request_id(True)
 
 
+#: What verl 0.9.1's SGLang server hands SGLang's ``SamplingParams`` from a scoring request: it pops ``max_tokens``
+#: (as max_new_tokens), ``logprobs`` and ``prompt_logprobs`` (as ``logprob_start_len``) and passes the rest through;
+#: SGLang's ``SamplingParams`` has ``temperature`` but no ``detokenize``, and raises on an unknown key.
+SGLANG_SCORING_KEYS = {"max_tokens", "temperature", "prompt_logprobs"}
+
+
+@pytest.mark.parametrize(("engine", "method"), [("sglang", "tips"), ("sglang", "gear"), ("vllm", "gear")])
+def test_scoring_requests_send_detokenize_to_vllm_only(byte_tokenizer, engine, method):
+    """issue 36: every prompt-logprob request sent "detokenize": False, which SGLang's SamplingParams rejects, so
+    TIPS and GEAR scoring raised on SGLang. Now only vLLM gets it."""
+    turns = TIPS_TURNS if method == "tips" else ["<search>author of X</search>", "<answer>Jane Doe</answer>"]
+    server = FakeServer(byte_tokenizer, turns)
+    overrides = [f"actor_rollout_ref.rollout.name={engine}"]
+    overrides += CURRENT_POLICY_TEACHER if method == "tips" else []
+    _run_loop(byte_tokenizer, method, server, overrides=overrides, tools=SEARCH)
+    assert server.score_params
+    for params in server.score_params:
+        if engine == "sglang":
+            assert set(params) <= SGLANG_SCORING_KEYS
+        else:
+            assert params["detokenize"] is False and params["prompt_logprobs"] == 0
+
+
+def test_a_tool_that_cannot_run_ends_the_episode_unseen_and_untrained(byte_tokenizer):
+    """issue 36: a search timeout is an infrastructure failure, not an answer: the model never reads
+    `ERROR: search failed` (no further turn is generated), the episode is marked and nothing of it is trained."""
+    from agentcredit.tools.base import unavailable
+
+    server = FakeServer(byte_tokenizer, ["<search>author of X</search>", "<answer>Jane Doe</answer>"])
+    down = {
+        "search": lambda a: unavailable(
+            "search failed (http://retriever:8000/retrieve, timeout 30 s): timed out"
+        )
+    }
+    out = _run_loop(byte_tokenizer, "grpo", server, tools=down)
+    rec = RowRecord.model_validate(out.extra_fields["agentcredit"])
+    assert len(server.request_ids) == 1 and server.texts == ["<answer>Jane Doe</answer>"]
+    assert rec.infra_failures == [
+        "search: ERROR: search failed (http://retriever:8000/retrieve, timeout 30 s): timed out"
+    ]
+    assert sum(out.response_mask) == 0 and not any(s.trained for s in rec.spans)
+    assert out.reward_score == 0.0 and rec.segment_kinds == ["search"]
+    assert "ERROR" not in byte_tokenizer.decode(out.response_ids)
+
+
 def test_missing_question_is_a_clear_error():
     with pytest.raises(ValueError, match="extra_info.question is missing"):
         agent_loop_module.sample_fields({"raw_prompt": [], "extra_info": {}})
@@ -350,6 +397,35 @@ def test_portool_grows_its_tree_in_one_session_with_one_output_per_leaf(
     assert recs[0].step_nodes[1] != recs[1].step_nodes[1]  # two answers: two leaves
     assert [o.reward_score for o in outs] == [1.0, 1.0]
     assert len(server.request_ids) == 4 and len(set(server.request_ids)) == 1  # one routing id per tree
+
+
+def test_tree_branches_get_request_ids_of_their_own_under_full_determinism(
+    byte_tokenizer, tmp_path, monkeypatch
+):
+    """issue 36: a tree's branches run concurrently; under rollout.full_determinism verl passes the request id to
+    vLLM unchanged, so one shared id would collide there. Each branch (job) gets its own suffix; the requests of
+    one branch keep theirs (they run one after another, as an episode's turns)."""
+    (tmp_path / "my_det_tree_agent.py").write_text(USER_CODE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    call = '<tool_call>\n{"name": "lookup", "arguments": {"title": "X"}}\n</tool_call>'
+    server = FakeServer(byte_tokenizer, [call, call, "Jane Doe", "Jane Doe"])
+    overrides = [
+        "agentcredit.protocol=chat",
+        "agentcredit.tools.suite=false",
+        "+agentcredit.tools.functions=[my_det_tree_agent:lookup]",
+        "agentcredit.tree.n=2",
+        "agentcredit.tree.t_max=2",
+        "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.rollout.full_determinism=true",
+    ]
+    outs = _run_loop(byte_tokenizer, "portool", server, overrides, priority=3)
+    assert len(outs) == 2 and len(server.request_ids) == 4
+    assert all(i.startswith("det-3-branch") for i in server.request_ids)
+    # round 1: two concurrent paths, each with an id of its own
+    assert len(set(server.request_ids[:2])) == 2
+    assert agent_loop_module.branch_request_id("det-3", 1, True) == "det-3-branch1"
+    assert agent_loop_module.branch_request_id("det-3", None, True) == "det-3"  # one episode: verl's id
+    assert agent_loop_module.branch_request_id("abc", 1, False) == "abc"  # shared: the tree's cache routing
 
 
 def test_greedy_requests_get_one_episode_even_under_a_tree_strategy():

@@ -36,12 +36,13 @@ class ScriptedServer:
     def __init__(self, tokenizer, texts, *, honour_stop=True, eos_after=()):
         self.tok, self.texts, self.honour_stop = tokenizer, list(texts), honour_stop
         self.eos_after = set(eos_after)
-        self.contexts, self.params = [], []
+        self.contexts, self.params, self.branches = [], [], []
         self.calls = 0  # generate requests
         self.script_index = 0  # scripted texts fully consumed
 
-    async def generate(self, context, params):
+    async def generate(self, context, params, branch=None):
         """Like a deterministic model: a stop string truncates the text, and the next call continues it."""
+        self.branches.append(branch)
         self.contexts.append(list(context))
         self.params.append(dict(params))
         self.calls += 1

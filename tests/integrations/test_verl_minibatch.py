@@ -14,6 +14,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import settings as settings_h
+from hypothesis import strategies as st
 
 pytest.importorskip("verl")
 
@@ -183,9 +186,33 @@ def test_plan_lays_out_whole_episodes_per_rank_for_verls_iterator():
     assert minibatches == [[0, 1, 2, 3], [4, 5]]
 
 
-def test_plan_rejects_a_partial_minibatch():
-    with pytest.raises(ValueError, match="cannot be split into mini-batches of 2 episodes"):
-        plan_minibatches(["a", "b", "c"], episodes_per_minibatch=2)
+def test_plan_pads_a_short_last_minibatch():
+    """issue 36: a failed session leaves the batch an episode short; the plan raised, ending a carl-segment run
+    where GRPO just pads. Now the last mini-batch is short, padded to the same row count."""
+    plan = plan_minibatches(["a", "b", "c"], episodes_per_minibatch=2)
+    assert plan.order == [0, 1, 2, None] and plan.n_minibatches == 2 and plan.rows_per_minibatch == 2
+    assert plan.episodes == 3 and plan.missing_episodes == 1
+    assert plan.rows_per_episode == 1.0  # nominal: rows / episodes of a full mini-batch
+    with pytest.raises(ValueError, match="no rows"):
+        plan_minibatches([], episodes_per_minibatch=2)
+
+
+def test_short_last_minibatch_keeps_the_nominal_per_episode_weight():
+    """A (3 rows, 5 segments), B (1 row, 1 segment), C (3 rows, 5 segments), 2 episodes per mini-batch: groups
+    [A, B] (4 rows) and [C] (3 rows + 1 padding row), factor 4 / 2 = 2. Hand-worked with verl's loss: every
+    segment's total weight is 1/2, as in a full mini-batch of 2 (A 2.5, B 0.5, and C 2.5, not the 5 a mean over
+    the short mini-batch's one episode would give); 2 optimizer steps."""
+    b, plain = _batch([Ep("p0", TWO_CALLS, 1.0), Ep("p0", DIRECT, 0.0), Ep("p1", TWO_CALLS, 1.0)])
+    plan = plan_minibatches([e for e, _ in b.row_of], episodes_per_minibatch=2)
+    assert plan.order == [0, 1, 2, 3, 4, 5, 6, None] and plan.missing_episodes == 1
+    apply_to_dataproto(
+        b.proto,
+        settings("carl-segment", carl_segment={"segment_mean_loss": True}),
+        rows_per_episode=plan.rows_per_episode,
+    )
+    weights, steps = _verl_weights(b, plain, plan.order, plan.rows_per_minibatch)
+    assert _per_trajectory(b, weights) == pytest.approx([2.5, 0.5, 2.5], abs=1e-6)
+    assert steps == 2
 
 
 def test_rows_per_minibatch_is_a_multiple_of_n_and_dp():
@@ -263,3 +290,35 @@ def test_trainer_lays_out_multi_row_batches_and_updates_with_the_plans_rows(monk
     trainer._update_actor(batch, {})
     assert sent[0]["mini_batch_size"] == sent[0]["global_batch_size"] == 3
     assert cfg.actor_rollout_ref.actor.ppo_mini_batch_size == 1  # restored after the update
+
+
+@settings_h(max_examples=200, deadline=None)
+@given(
+    episode_of_row=st.lists(st.integers(0, 9), min_size=1, max_size=40),
+    per_minibatch=st.integers(1, 5),
+    dp_size=st.integers(1, 4),
+    row_multiple=st.integers(1, 5),
+)
+def test_plan_invariants(episode_of_row, per_minibatch, dp_size, row_multiple):
+    """Any episode count (short last mini-batch included): every row once, every mini-batch whole episodes (at
+    most ``per_minibatch``, only the last one fewer), one row count that is a multiple of dp and n."""
+    plan = plan_minibatches(episode_of_row, per_minibatch, dp_size=dp_size, row_multiple=row_multiple)
+    rows = [r for r in plan.order if r is not None]
+    assert sorted(rows) == list(range(len(episode_of_row)))
+    width = plan.rows_per_minibatch
+    assert width % dp_size == 0 and width % row_multiple == 0
+    assert len(plan.order) == plan.n_minibatches * width
+    share = width // dp_size
+    n_episodes = len(set(episode_of_row))
+    assert plan.episodes == n_episodes and 0 <= plan.missing_episodes < per_minibatch
+    seen: set[int] = set()
+    for j in range(plan.n_minibatches):  # rank r holds its share of every mini-batch, in order
+        slots = [
+            plan.order[(r * plan.n_minibatches + j) * share + i] for r in range(dp_size) for i in range(share)
+        ]
+        episodes = {episode_of_row[s] for s in slots if s is not None}
+        assert not episodes & seen  # an episode's rows are all in one mini-batch
+        seen |= episodes
+        full = j < plan.n_minibatches - 1
+        assert len(episodes) == per_minibatch if full else 1 <= len(episodes) <= per_minibatch
+    assert plan.rows_per_episode == width / per_minibatch  # nominal, whatever the last mini-batch holds

@@ -194,3 +194,17 @@ def test_the_teacher_is_refreshed_before_the_rollout_wakes(monkeypatch):
     assert order == ["teacher 200", "rollout"]
     assert trainer._pending_sync_metrics == {"agentcredit/teacher_sync/sync_seconds": 1.5}
     assert "agentcredit_teacher_refresh" in trainer.timing_raw
+
+
+def test_tips_layout_that_fills_one_8_gpu_node():
+    """issue 36: the documented layout (4 training GPUs + agentcredit.tips.teacher_replicas=4) fits one 8-GPU
+    node exactly; one more replica does not, and the check names the keys."""
+    layout = ["trainer.n_gpus_per_node=4", "agentcredit.tips.teacher_replicas=4"]
+    with initialize_config_dir(str(config_dir()), version_base=None):
+        cfg = compose("tips", overrides=layout)
+        over = compose("tips", overrides=[layout[0], "agentcredit.tips.teacher_replicas=5"])
+    settings = load_settings(cfg.agentcredit)
+    assert teacher_module.teacher_gpus(cfg, settings) == 4
+    teacher_module.check_teacher_gpus(cfg, settings, cluster_gpus=8)
+    with pytest.raises(ValueError, match="teacher_replicas=5"):
+        teacher_module.check_teacher_gpus(over, load_settings(over.agentcredit), cluster_gpus=8)

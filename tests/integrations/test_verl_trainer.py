@@ -57,7 +57,11 @@ class MemoryTQ:
 
     def kv_batch_put(self, keys, partition_id, fields):
         for name in fields.keys():
-            values = fields[name].unbind(0) if fields[name].is_nested else list(fields[name])
+            column = fields[name]
+            if not isinstance(column, torch.Tensor):  # non-tensor data (extra_fields): a NonTensorStack
+                values = column.tolist() if hasattr(column, "tolist") else list(column)
+            else:
+                values = column.unbind(0) if column.is_nested else list(column)
             for k, v in zip(keys, values, strict=True):
                 self.rows[k][name] = v
         return Meta(list(keys), partition_id, [{} for _ in keys])
@@ -268,3 +272,34 @@ def test_a_tree_needs_rollout_n_equal_to_its_leaves():
         cfg = compose("carl_critical", overrides=["actor_rollout_ref.rollout.n=16"])
     with pytest.raises(ValueError, match=r"grows 17 leaves per prompt .* set actor_rollout_ref.rollout.n=17"):
         trainer_module.check_trainer_config(cfg)
+
+
+def test_gear_teacher_logprobs_travel_as_a_tensor_field(monkeypatch):
+    """issue 36: GEAR's teacher log-probs were per-token Python lists in extra_fields, which verl hands to every
+    worker call. Right after the rollout (_balance_batch) the trainer moves them into a tensor field and takes
+    them out of the records; the advantage step reads the field and gives what the records gave."""
+    with initialize_config_dir(str(config_dir()), version_base=None):
+        cfg = compose("gear")
+    eps = [search_ep("p0", 1.0), search_ep("p0", 0.0, 2, (3, 6, 2)), search_ep("p0", 1.0)]
+    batch = build_batch(eps, seed=3, with_teacher=True)
+    rows = _stored_rows(batch)
+    memory = MemoryTQ(rows)
+    monkeypatch.setattr(trainer_module, "tq", memory)
+    trainer = _trainer(cfg)
+    keys = list(rows)
+    trainer._move_teacher_logprobs(Meta(keys), [rows[k]["extra_fields"] for k in keys])
+    for r, key in enumerate(keys):
+        assert rows[key]["extra_fields"]["agentcredit"]["teacher_logprobs"] is None
+        n = rows[key]["response_mask"].shape[0]
+        field = rows[key][trainer_module.TEACHER_FIELD]
+        assert field.dtype == torch.float32 and field.shape == (n,)
+        torch.testing.assert_close(field, batch.teacher[r, :n].float())
+    metrics: dict = {}
+    trainer._compute_advantage(Meta(keys, tags=[{} for _ in keys]), metrics)
+    assert trainer_module.TEACHER_FIELD in memory.selected[-1]
+    reference = build_batch(eps, seed=3, with_teacher=True)  # the records' lists, as before
+    apply_to_dataproto(reference.proto, trainer.agentcredit)
+    for r, key in enumerate(keys):
+        n = rows[key]["response_mask"].shape[0]
+        torch.testing.assert_close(rows[key]["advantages"], reference.proto.batch["advantages"][r, :n])
+    assert trainer_module.teacher_to_tensor_field([{"agentcredit": {"teacher_logprobs": None}}]) is None

@@ -34,7 +34,7 @@ from agentcredit.credit import (
 from agentcredit.credit import Episode as LayoutEpisode
 from agentcredit.credit.metrics import explained_variance
 from agentcredit.integrations.verl import EXTRA_KEY
-from agentcredit.integrations.verl.fields import RowRecord, Span, parse_records
+from agentcredit.integrations.verl.fields import TEACHER_FIELD, RowRecord, Span, parse_records
 from agentcredit.integrations.verl.losses import LOSS_WEIGHTS, VALUE_WEIGHTS
 from agentcredit.integrations.verl.settings import AgentCreditSettings
 
@@ -244,6 +244,7 @@ def compute_advantages(
     responses: Tensor | None = None,
     previous_alpha: float | None = None,
     rows_per_episode: float | None = None,
+    teacher_logprobs: Tensor | None = None,
 ) -> AdvantageResult:
     """Per-token advantages and returns of a verl batch for ``settings.method``.
 
@@ -265,6 +266,8 @@ def compute_advantages(
         rows_per_episode: rows / trajectories of every verl mini-batch, padding rows included, when the trainer
             laid the batch out in mini-batches of whole episodes (:mod:`.minibatch`); None = this batch's
             average (exact only when the batch is a single mini-batch).
+        teacher_logprobs: ``[B, T']`` GEAR's teacher log-probs per response token (the trainer's tensor field);
+            None = read them from the records.
     """
     method = settings.method
     preset = get_preset(method)
@@ -325,7 +328,12 @@ def compute_advantages(
             rollout_log_probs if rollout else old_log_probs,
         )
         layout.entropy = need("entropy", entropy)
-        layout.teacher_logp = _teacher_logprobs(records, response_mask.shape, layout.student_logp.dtype)
+        if teacher_logprobs is not None:  # the trainer's tensor field (TEACHER_FIELD)
+            layout.teacher_logp = _fit_width(teacher_logprobs, response_mask.shape[1]).to(
+                layout.student_logp.dtype
+            )
+        else:  # the records' lists (a batch the trainer did not lay out)
+            layout.teacher_logp = _teacher_logprobs(records, response_mask.shape, layout.student_logp.dtype)
         advantages = gear_reweight(
             layout, advantages, lambda_kl=g.lambda_kl, lambda_h=g.lambda_h, alpha=g.alpha, beta=g.beta
         ).to(dtype)
@@ -376,6 +384,15 @@ def compute_advantages(
     return AdvantageResult(
         advantages, returns, metrics, alpha=alpha, loss_weights=loss_weights, value_weights=value_weights
     )
+
+
+def _fit_width(values: Tensor, width: int) -> Tensor:
+    """``values`` [B, T'] cut or zero-padded to [B, width] (a padded nested field's width is its own longest row)."""
+    if values.dim() != 2:
+        raise ValueError(f"teacher log-probs must be [B, T], got shape {tuple(values.shape)}")
+    if values.shape[1] >= width:
+        return values[:, :width]
+    return torch.nn.functional.pad(values, (0, width - values.shape[1]))
 
 
 def _teacher_logprobs(records: Sequence[RowRecord], shape: torch.Size, dtype: torch.dtype) -> Tensor:
@@ -456,8 +473,17 @@ def apply_to_dataproto(
     for row, pad in enumerate(padding):
         if pad and bool(mask[row].any()):
             raise ValueError(f"row {row} is flagged as padding but has trained tokens in its response_mask")
-    real = [row for row, pad in enumerate(padding) if not pad]
     raw = non_tensor.get(EXTRA_KEY)
+    # episodes in which a tool could not run (the agent loop marked and masked them): left out like padding
+    failed = {
+        row: raw[row]["episode_id"]
+        for row, pad in enumerate(padding)
+        if not pad and raw is not None and isinstance(raw[row], dict) and raw[row].get("infra_failures")
+    }
+    for row in failed:
+        if bool(mask[row].any()):
+            raise ValueError(f"row {row} records an infrastructure failure but has trained tokens")
+    real = [row for row, pad in enumerate(padding) if not pad and row not in failed]
     records = parse_records(None if raw is None else [raw[r] for r in real], len(real))
     index = torch.tensor(real, dtype=torch.long)
 
@@ -476,7 +502,9 @@ def apply_to_dataproto(
         responses=optional("responses"),
         previous_alpha=previous_alpha,
         rows_per_episode=rows_per_episode,
+        teacher_logprobs=optional(TEACHER_FIELD),
     )
+    result.metrics["agentcredit/infra_failed_episodes"] = float(len(set(failed.values())))
     kept = trained[index].cpu().to(torch.float32)
     stored = [("advantages", result.advantages), ("returns", result.returns)]
     if result.loss_weights is not None:

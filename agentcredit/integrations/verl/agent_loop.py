@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import random
 import time
 from functools import partial
@@ -49,12 +50,16 @@ from agentcredit.tools.episodes import EpisodeSession, StepOutcome
 
 __all__ = [
     "AgentCreditAgentLoop",
+    "branch_request_id",
     "episode_outcome",
     "episode_request_id",
     "sample_fields",
     "score_request_id",
+    "scoring_params",
     "teacher_messages",
 ]
+
+logger = logging.getLogger(__name__)
 
 #: One tool runtime (and its thread pool) per worker process and tool configuration.
 _RUNTIMES: dict[str, ToolRuntime] = {}
@@ -174,10 +179,34 @@ def episode_request_id(full_determinism: bool, priority: Any = None) -> str:
     return uuid4().hex
 
 
+def branch_request_id(episode_id: str, branch: int | None, full_determinism: bool) -> str:
+    """The id of the generate calls of one branch of a tree (``branch``: the job's index in the tree; None for a
+    single episode). The branches of a round run concurrently: under full determinism verl hands the id to vLLM
+    unchanged, and two running requests with one id collide there, so each branch gets its own suffix (as the
+    scoring ids do). Otherwise every branch shares the tree's id, so verl's load balancer keeps the whole tree on
+    the replica whose prefix cache holds the prompt (it gives vLLM a fresh id per call)."""
+    return f"{episode_id}-branch{branch}" if full_determinism and branch is not None else episode_id
+
+
+def scoring_params(engine: str) -> dict[str, Any]:
+    """Sampling parameters of a prompt-logprob request (TIPS's and GEAR's teacher scoring) for the rollout engine.
+
+    Both verl servers read vLLM's ``prompt_logprobs`` (verl's SGLang server turns it into ``logprob_start_len``);
+    ``detokenize`` is a field of vLLM's ``SamplingParams`` only: verl's SGLang server passes the remaining keys to
+    SGLang's ``SamplingParams``, which has no such field and raises, so it is sent to vLLM alone."""
+    params: dict[str, Any] = {"max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 0}
+    if engine == "vllm":
+        params["detokenize"] = False  # the scored ids are never turned back into text
+    return params
+
+
 def score_request_id(episode_id: str, index: int, full_determinism: bool) -> str:
     """The id of the episode's ``index``-th teacher scoring request. They run concurrently: under full
     determinism verl hands the id to vLLM unchanged, so each gets its own; otherwise they share the episode's
-    (verl gives vLLM a fresh id per call), so TIPS's scoring of the episode's own prefixes hits the cache."""
+    (verl gives vLLM a fresh id per call) and land on the episode's replica. That does not make them cache hits:
+    vLLM skips reading the prefix cache for a request with ``prompt_logprobs`` (it needs the log-probs of every
+    prompt position), so each scoring call is a full prefill (docs/scaling-out-with-verl.md, "Teacher scoring
+    cost")."""
     return f"{episode_id}-score{index}" if full_determinism else episode_id
 
 
@@ -192,14 +221,20 @@ class AgentCreditAgentLoop(AgentLoopBase):
         self.settings = load_settings(self.config.agentcredit)
         self.response_length = int(self.rollout_config.response_length)
         self.full_determinism = bool(getattr(self.rollout_config, "full_determinism", False))
+        self.engine = str(
+            getattr(self.rollout_config, "name", "vllm")
+        )  # the rollout's (and the teacher's) engine
         # weight versions the episode was sampled with (verl's staleness tags need them); one loop per sample
         self._weight_steps: list[int] = []
         self._request_id = uuid4().hex  # run() sets the episode's (episode_request_id)
         self._n_scores = 0
 
-    async def _generate(self, context: list[int], params: dict[str, Any]) -> Generation:
+    async def _generate(
+        self, context: list[int], params: dict[str, Any], branch: int | None = None
+    ) -> Generation:
+        request_id = branch_request_id(self._request_id, branch, self.full_determinism)
         out = await self.server_manager.generate(
-            request_id=self._request_id, prompt_ids=context, sampling_params=params
+            request_id=request_id, prompt_ids=context, sampling_params=params
         )
         for key in ("min_global_steps", "max_global_steps"):
             if out.extra_fields.get(key) is not None:
@@ -215,7 +250,7 @@ class AgentCreditAgentLoop(AgentLoopBase):
 
     async def _prompt_logprobs(self, ids: list[int], server: Any = None) -> list[float]:
         """log p(ids[t] | ids[:t]) for t >= 1, scored by ``server`` (default: the rollout server)."""
-        params = {"max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 0, "detokenize": False}
+        params = scoring_params(self.engine)
         request_id = score_request_id(self._request_id, self._n_scores, self.full_determinism)
         self._n_scores += 1
         server = server or self.server_manager
@@ -327,6 +362,12 @@ class AgentCreditAgentLoop(AgentLoopBase):
     ) -> list[AgentLoopOutput]:
         """verl's outputs of one episode (one per training view), scored, with the method's teacher signals."""
         s, loop = self.settings, asyncio.get_running_loop()
+        if episode.infra_failures:  # a tool could not run: not scored, no teacher calls, nothing trained
+            rows = episode_rows(episode, 0.0, format_reward_key=s.portool.format_reward_key)
+            logger.warning(
+                "agentcredit: episode left out, a tool could not run: %s", "; ".join(episode.infra_failures)
+            )
+            return [self._output(row, prompt_ids, episode, 0.0, 0.0, timing, kwargs) for row in rows]
         if s.reward is not None:  # your own reward, on the episode's text (the native trainer's definition)
             outcome = episode_reward(
                 _user_reward(s.reward), example, episode.answer, episode.tree, episode.leaf, self.tokenizer
@@ -373,27 +414,35 @@ class AgentCreditAgentLoop(AgentLoopBase):
             tree_id=tree_id,
             fork_counts=forks,
         )
-        metrics = AgentLoopMetrics(generate_sequences=timing["generate"], tool_calls=timing["tools"])
-        outputs = [
-            AgentLoopOutput(
-                prompt_ids=list(prompt_ids),
-                response_ids=row.response_ids,
-                response_mask=row.response_mask,
-                response_logprobs=row.response_logprobs,
-                reward_score=outcome,
-                num_turns=len(episode.tree.path(episode.leaf)),  # the user prompt plus every segment
-                metrics=metrics,
-                extra_fields={
-                    EXTRA_KEY: row.record.model_dump(),
-                    "turn_scores": [],
-                    "tool_rewards": [],
-                    "reward_extra_info": {"acc": accuracy},
-                    **self._step_fields(kwargs),
-                },
-            )
-            for row in rows
-        ]
-        return outputs
+        return [self._output(row, prompt_ids, episode, outcome, accuracy, timing, kwargs) for row in rows]
+
+    def _output(
+        self,
+        row: Any,
+        prompt_ids: list[int],
+        episode: Episode,
+        outcome: float,
+        accuracy: float,
+        timing: dict[str, float],
+        kwargs: dict[str, Any],
+    ) -> AgentLoopOutput:
+        """One verl row of the episode, with its record in ``extra_fields``."""
+        return AgentLoopOutput(
+            prompt_ids=list(prompt_ids),
+            response_ids=row.response_ids,
+            response_mask=row.response_mask,
+            response_logprobs=row.response_logprobs,
+            reward_score=outcome,
+            num_turns=len(episode.tree.path(episode.leaf)),  # the user prompt plus every segment
+            metrics=AgentLoopMetrics(generate_sequences=timing["generate"], tool_calls=timing["tools"]),
+            extra_fields={
+                EXTRA_KEY: row.record.model_dump(),
+                "turn_scores": [],
+                "tool_rewards": [],
+                "reward_extra_info": {"acc": accuracy},
+                **self._step_fields(kwargs),
+            },
+        )
 
 
 def grows_tree(settings: AgentCreditSettings, sampling_params: dict[str, Any]) -> bool:

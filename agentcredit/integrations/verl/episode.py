@@ -32,7 +32,7 @@ from agentcredit.integrations.verl.fields import RowRecord, Span
 from agentcredit.protocols.base import EpisodeState, Protocol
 from agentcredit.rollout.engine import Job, JobResult, PlanContext, Strategy
 from agentcredit.rollout.tree import FlatSequence, RolloutTree, Segment
-from agentcredit.tools.base import ToolCall, ToolResult
+from agentcredit.tools.base import ToolCall, ToolResult, ToolUnavailableError
 from agentcredit.tools.episodes import StepOutcome
 
 __all__ = [
@@ -55,8 +55,9 @@ class Generation:
     log_probs: list[float] | None = None
 
 
-#: ``generate(context_ids, sampling_params) -> Generation``.
-GenerateFn = Callable[[list[int], dict[str, Any]], Awaitable[Generation]]
+#: ``generate(context_ids, sampling_params, branch) -> Generation``; ``branch`` is the index of the job in its tree
+#: (None for a single episode), so concurrent branches can carry request ids of their own where ids must differ.
+GenerateFn = Callable[[list[int], dict[str, Any], int | None], Awaitable[Generation]]
 #: ``prompt_logprobs(ids) -> lp`` with ``lp[j] = log p(ids[j + 1] | ids[: j + 1])``, ``len(ids) - 1`` values.
 PromptLogprobsFn = Callable[[list[int]], Awaitable[list[float]]]
 #: ``run_tools(calls) -> results`` in call order.
@@ -74,6 +75,9 @@ class Episode:
     prompt_length: int
     boundaries: list[list[int]] = field(default_factory=list)  # contexts S_0, S_1, ... after each observation
     finished: bool = True  # False: cut by the response budget before the protocol ended the episode
+    # "tool: output" of the tool calls that could not run (ToolResult.infra: search server down or timed out, sandbox
+    # died): the episode ended there, before its observation, and is not trained on or scored (:func:`episode_rows`)
+    infra_failures: list[str] = field(default_factory=list)
 
     def policy_nodes(self) -> list[int]:
         return [i for i in self.tree.path(self.leaf) if self.tree.segment(i).is_policy]
@@ -129,6 +133,7 @@ async def _generate_segment(
     budget: int,
     sampling_params: dict[str, Any],
     eos_token_ids: frozenset[int],
+    branch: int | None = None,
 ) -> tuple[list[int], list[float] | None, str]:
     """Sample one policy segment: its tokens, their log-probs (if the server gives them) and the finish reason."""
     ids: list[int] = []
@@ -138,7 +143,7 @@ async def _generate_segment(
         params = dict(sampling_params, max_new_tokens=budget - len(ids))
         if stops:
             params["stop"] = list(stops)
-        out = await generate(context + ids, params)
+        out = await generate(context + ids, params, branch)
         new = list(out.token_ids)
         if out.log_probs is None:
             logprobs = None
@@ -247,6 +252,7 @@ class TreeRunner:
         self.branching = (
             branching  # keep every state for later jobs (a tree strategy); one episode needs none
         )
+        self.jobs = 0  # jobs run so far: a tree's branch index (the request-id suffix under full determinism)
 
     async def run_episode(self) -> Episode:
         """One episode from the prompt (a single job from the root)."""
@@ -262,6 +268,7 @@ class TreeRunner:
             self.prompt_length,
             info.get("boundaries", []),
             info.get("finished", False),
+            list(info.get("infra_failures", [])),
         )
 
     async def run_job(self, job: Job) -> JobResult:
@@ -271,11 +278,13 @@ class TreeRunner:
                 f"job starts at node {job.node}, which is not a state an episode can continue from"
             )
         snap = self.snapshots[job.node]
+        branch = self.jobs if self.branching else None
+        self.jobs += 1
         state = copy.deepcopy(snap.state)
         visible, pending_transient = list(snap.visible), snap.pending_transient
         boundaries, policy_segments = [list(b) for b in snap.boundaries], snap.policy_segments
         node, added, steps = job.node, [], 0
-        answer, finished = None, False
+        answer, finished, infra = None, False, []
 
         def context() -> list[int]:
             return [t for i in visible for t in tree.segment(i).token_ids]
@@ -287,7 +296,15 @@ class TreeRunner:
             if budget <= 0:
                 break
             ids, logprobs, finish = await _generate_segment(
-                protocol, state, tokenizer, self.generate, ctx, budget, self.sampling_params, self.eos
+                protocol,
+                state,
+                tokenizer,
+                self.generate,
+                ctx,
+                budget,
+                self.sampling_params,
+                self.eos,
+                branch,
             )
             if not ids:
                 break
@@ -301,6 +318,22 @@ class TreeRunner:
                 results = await self.run_tools(list(turn.calls)) if turn.calls else []
                 if isinstance(results, StepOutcome):  # a per-episode environment's step (tools.environment)
                     step, results = results, results.results
+                infra = [f"{r.name}: {r.output[:500]}" for r in results if r.infra]
+            if infra:
+                # a tool could not run (the machine's failure, not the model's): the model never reads the error,
+                # and the episode ends here, marked, to be left out of the credit and the loss (episode_rows)
+                if self.branching:  # a tree's credit needs every leaf: the whole session fails (verl pads)
+                    raise ToolUnavailableError(
+                        "infrastructure failure in a tree rollout, so the prompt's session is dropped: "
+                        + "; ".join(infra)
+                    )
+                seg = Segment(
+                    ids, text, role="policy", kind=turn.kind, logprobs=logprobs, info=dict(turn.info)
+                )
+                node = tree.add(seg, node)
+                added.append(node)
+                break
+            if not turn.done and not capped:
                 observation = protocol.observation(state, turn, results)
                 if (
                     step is not None and step.done
@@ -360,6 +393,8 @@ class TreeRunner:
             if job.max_steps is not None and steps >= job.max_steps:
                 return JobResult(job, added, node, False)
         tree.nodes[node].info.update({"answer": answer, "finished": finished, "boundaries": boundaries})
+        if infra:
+            tree.nodes[node].info["infra_failures"] = infra
         return JobResult(job, added, node, True)
 
 
@@ -443,11 +478,15 @@ def episode_rows(
             fork_counts=fork_counts or {},
             potentials=potentials,
             teacher_logprobs=teacher[i] if teacher is not None else None,
+            infra_failures=episode.infra_failures,
         )
+        failed = bool(episode.infra_failures)
+        if failed:  # nothing of it is trained: verl's loss reads response_mask, the credit skips the record
+            record.spans = [span.model_copy(update={"trained": False}) for span in record.spans]
         rows.append(
             Row(
                 response_ids=view.token_ids[p:],
-                response_mask=[int(m) for m in view.policy_mask[p:]],
+                response_mask=[0 if failed else int(m) for m in view.policy_mask[p:]],
                 response_logprobs=view.logprobs[p:] if has_logprobs else None,
                 record=record,
             )

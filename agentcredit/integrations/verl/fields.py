@@ -18,7 +18,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-__all__ = ["RowRecord", "Span", "parse_records"]
+__all__ = ["TEACHER_FIELD", "RowRecord", "Span", "parse_records"]
+
+#: GEAR's teacher log-probs, one per response token: the trainer moves them out of the record (Python floats inside
+#: ``extra_fields``, which verl hands to every worker call) into this tensor field of TransferQueue.
+TEACHER_FIELD = "agentcredit_teacher_log_probs"
 
 
 class Span(BaseModel):
@@ -89,6 +93,11 @@ class RowRecord(BaseModel):
     )
     teacher_logprobs: list[float] | None = Field(
         None, description="GEAR: log p(a_t | answer-conditioned context) per response token of this row"
+    )
+    infra_failures: list[str] = Field(
+        default_factory=list,
+        description='tool calls that could not run ("tool: output"): the episode ended there, its tokens are not '
+        "trained (no span is trained, response_mask is 0) and the credit leaves it out, as a failed session",
     )
 
     @model_validator(mode="after")

@@ -12,6 +12,12 @@ whole episodes and the same number of rows (padding rows fill the gap). With tha
 per epoch are ``episodes / episodes_per_minibatch`` as in agentcredit's own trainer, and a per-token advantage
 factor ``rows_per_minibatch / episodes_per_minibatch`` turns verl's ``seq-mean-token-sum`` (a sum over the
 mini-batch divided by its row count) into a mean over the mini-batch's trajectories.
+
+The last mini-batch may hold fewer episodes: verl's sync trainer trains on a batch with whatever rows its sessions
+produced (a failed session, e.g. a sandbox preflight or a teacher call that raised, leaves its prompt's group
+short), and a multi-row method must not end the run where GRPO just pads. The short mini-batch is padded to the
+same row count and keeps the nominal factor, so each of its episodes weighs what it would in a full one (the
+missing ones weigh 0, as verl's padding rows do for one-row methods).
 """
 
 from __future__ import annotations
@@ -35,6 +41,14 @@ class MinibatchPlan:
     rows_per_minibatch: int
     episodes_per_minibatch: int
     n_minibatches: int
+    episodes: int = (
+        0  # episodes in the batch; fewer than n_minibatches x episodes_per_minibatch if one is short
+    )
+
+    @property
+    def missing_episodes(self) -> int:
+        """Episode slots of the short last mini-batch left empty (0 when the count is an exact multiple)."""
+        return self.n_minibatches * self.episodes_per_minibatch - self.episodes
 
     @property
     def rows_per_episode(self) -> float:
@@ -59,9 +73,11 @@ def plan_minibatches(
             e.g. ``rollout.n`` so that it can be written back as a whole ``ppo_mini_batch_size``.
 
     Episodes keep their first-appearance order and are cut into consecutive groups of
-    ``episodes_per_minibatch``; every group is padded to the largest group's row count. Each rank's slice is its
-    share of every mini-batch, in mini-batch order, so its contiguous chunks of ``rows_per_minibatch / dp_size``
-    rows (verl's unshuffled iterator) are the planned mini-batches.
+    ``episodes_per_minibatch``, the last one possibly short; every group is padded to the largest group's row
+    count. Each rank's slice is its share of every mini-batch, in mini-batch order, so its contiguous chunks of
+    ``rows_per_minibatch / dp_size`` rows (verl's unshuffled iterator) are the planned mini-batches.
+    :attr:`MinibatchPlan.rows_per_episode` stays the nominal ``rows_per_minibatch / episodes_per_minibatch`` for a
+    short group too.
     """
     if episodes_per_minibatch < 1 or dp_size < 1 or row_multiple < 1:
         raise ValueError(
@@ -72,11 +88,8 @@ def plan_minibatches(
     for row, episode in enumerate(episode_of_row):
         rows_of.setdefault(episode, []).append(row)
     episodes = list(rows_of.values())
-    if not episodes or len(episodes) % episodes_per_minibatch:
-        raise ValueError(
-            f"{len(episodes)} episodes cannot be split into mini-batches of {episodes_per_minibatch} episodes; "
-            "train_batch_size x rollout.n must be a multiple of ppo_mini_batch_size x rollout.n"
-        )
+    if not episodes:
+        raise ValueError("plan_minibatches: the batch has no rows")
     groups = [
         [row for ep in episodes[i : i + episodes_per_minibatch] for row in ep]
         for i in range(0, len(episodes), episodes_per_minibatch)
@@ -86,4 +99,4 @@ def plan_minibatches(
     padded: list[list[int | None]] = [g + [None] * (width - len(g)) for g in groups]
     share = width // dp_size
     order = [slot for rank in range(dp_size) for g in padded for slot in g[rank * share : (rank + 1) * share]]
-    return MinibatchPlan(order, width, episodes_per_minibatch, len(groups))
+    return MinibatchPlan(order, width, episodes_per_minibatch, len(groups), len(episodes))

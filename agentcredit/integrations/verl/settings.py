@@ -44,11 +44,30 @@ class ToolSettings(UserToolsConfig):
     )
     search_topk: int = Field(3, ge=1, description="passages per query (Search-R1 / TIPS / CARL: top-3).")
     search_timeout: float = Field(30.0, gt=0, description="seconds per retrieval request.")
+    search_batch_size: int = Field(
+        32,
+        ge=1,
+        description="queries of concurrent episodes (one worker process) sent in one request, at most; 1 = one "
+        "request per query. Search-R1's API and agentcredit's server take a list.",
+    )
+    search_batch_wait: float = Field(
+        0.01, ge=0, description="seconds the first query of a batch waits for others to join it."
+    )
     search_format: Literal["default", "search-r1", "verl"] = Field(
         "search-r1", description="how passages are rendered (agentcredit.tools.search.format_passages)."
     )
     python: bool = Field(False, description="enable the sandboxed python tool (carl-segment's code fences).")
     python_timeout: float = Field(5.0, gt=0, description="wall-clock limit of one python call.")
+    python_isolation: Literal["auto", "bwrap", "rlimits"] = Field(
+        "auto",
+        description="the sandbox's isolation: auto (bubblewrap, else the rlimits fallback), bwrap (refuse the "
+        "fallback), rlimits (docs/sandbox.md).",
+    )
+    python_interpreter: str | None = Field(
+        None,
+        description="the interpreter the sandbox runs, a path on every agent-loop node; None = the worker's own. "
+        "Without bubblewrap a root worker runs code as an unprivileged uid, which must be able to read it.",
+    )
     suite: bool = Field(
         False, description="PORTool's 17-tool suite (agentcredit.tools.suite), run in each worker."
     )

@@ -29,12 +29,14 @@ from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_
 from verl.trainer.ppo.v1 import PPOTrainerSync, register_trainer
 from verl.utils.config import omega_conf_to_dataclass
 from verl.utils.debug import marked_timer
+from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 from verl.workers.utils.padding import response_to_nested
 
 from agentcredit.credit.estimators import ESTIMATORS
 from agentcredit.credit.registry import PRESETS, get_preset
 from agentcredit.integrations.verl import EXTRA_KEY, TRAINER_NAME
 from agentcredit.integrations.verl.advantages import apply_to_dataproto
+from agentcredit.integrations.verl.fields import TEACHER_FIELD
 from agentcredit.integrations.verl.losses import (
     LOSS_WEIGHTS,
     VALUE_WEIGHTS,
@@ -50,7 +52,14 @@ from agentcredit.integrations.verl.teacher import (
     wants_lagged_teacher,
 )
 
-__all__ = ["AgentCreditTrainer", "check_trainer_config", "episode_keys", "fields_to_dataproto"]
+__all__ = [
+    "TEACHER_FIELD",
+    "AgentCreditTrainer",
+    "check_trainer_config",
+    "episode_keys",
+    "fields_to_dataproto",
+    "teacher_to_tensor_field",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -156,6 +165,24 @@ def episode_keys(extra_fields: list, keys: list) -> list:
     return out
 
 
+def teacher_to_tensor_field(extra_fields: list) -> tuple[list, list[torch.Tensor]] | None:
+    """Every row's ``extra_fields`` without the record's ``teacher_logprobs``, and those log-probs as one float32
+    tensor per row (empty for a row without them); None when no row carries any (nothing to move)."""
+    if not any(((e or {}).get(EXTRA_KEY) or {}).get("teacher_logprobs") is not None for e in extra_fields):
+        return None
+    new_extra, tensors = [], []
+    for extra in extra_fields:
+        extra = dict(extra or {})
+        record = extra.get(EXTRA_KEY)
+        values = None
+        if isinstance(record, dict):
+            values = record.get("teacher_logprobs")
+            extra[EXTRA_KEY] = {**record, "teacher_logprobs": None}
+        new_extra.append(extra)
+        tensors.append(torch.tensor(values if values is not None else [], dtype=torch.float32))
+    return new_extra, tensors
+
+
 def _as_list(values: Any) -> list:
     return values.tolist() if hasattr(values, "tolist") else list(values)
 
@@ -188,6 +215,9 @@ class AgentCreditTrainer(PPOTrainerSync):
         super().__init__(config)
         self._tips_alpha: float | None = None  # TIPS batch_target: kept when a batch has no non-zero delta
         self._plan: MinibatchPlan | None = None  # this step's mini-batches of whole episodes, if multi-row
+        self._teacher_field = (
+            False  # this step's GEAR teacher log-probs are in TEACHER_FIELD (_balance_batch)
+        )
         self._teacher: LaggedTeacher | None = None  # TIPS with refresh_every > 1 (launched in _setup)
 
     def _setup(self):
@@ -261,7 +291,8 @@ class AgentCreditTrainer(PPOTrainerSync):
         data = tq.kv_batch_get(
             keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields"]
         )
-        episodes = episode_keys(_as_list(data["extra_fields"]), list(batch.keys))
+        extra = self._move_teacher_logprobs(batch, _as_list(data["extra_fields"]))
+        episodes = episode_keys(extra, list(batch.keys))
         if len(set(episodes)) == len(episodes):  # one row per episode: verl's rows are trajectories
             return super()._balance_batch(batch, metrics, logging_prefix, keep_minibatch)
         for key, section in (("actor_rollout_ref.actor", "actor"), ("critic", "critic")):
@@ -290,7 +321,25 @@ class AgentCreditTrainer(PPOTrainerSync):
         self._plan = plan
         metrics["agentcredit/minibatch_rows"] = float(plan.rows_per_minibatch)
         metrics["agentcredit/padding_rows"] = float(len(plan.order) - n_real)
+        # episodes missing from a short last mini-batch (failed sessions): their slots weigh 0, the others nominal
+        metrics["agentcredit/minibatch_missing_episodes"] = float(plan.missing_episodes)
         return batch
+
+    def _move_teacher_logprobs(self, batch, extra_fields: list) -> list:
+        """GEAR: before any worker call (this runs right after the rollout, and verl hands the whole batch, its
+        ``extra_fields`` included, to every worker call), move the teacher's per-token log-probs out of the records
+        into :data:`TEACHER_FIELD`, a tensor field the advantage step reads; returns the rows' ``extra_fields``."""
+        self._teacher_field = False
+        moved = teacher_to_tensor_field(extra_fields)
+        if moved is None:
+            return extra_fields
+        new_extra, tensors = moved
+        fields = list_of_dict_to_tensordict(
+            [{"extra_fields": e, TEACHER_FIELD: t} for e, t in zip(new_extra, tensors, strict=True)]
+        )
+        tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=fields)
+        self._teacher_field = True
+        return new_extra
 
     @contextlib.contextmanager
     def _planned_minibatch(self, section: str):
@@ -331,6 +380,8 @@ class AgentCreditTrainer(PPOTrainerSync):
             fields.append("responses")  # gigpo: a step's anchor state is the response tokens before it
         if self.config.actor_rollout_ref.rollout.calculate_log_probs:
             fields.append("rollout_log_probs")
+        if self._teacher_field:
+            fields.append(TEACHER_FIELD)
         return fields
 
     def _compute_advantage(self, batch, metrics: dict):

@@ -1,0 +1,401 @@
+"""One-GPU check of the verl integration: verl 0.9.1's real sync-trainer ``fit()`` through ``AgentCreditTrainer``.
+
+For each method (default: carl-segment, grpo, ppo) it runs two training steps on one GPU with real Ray,
+TransferQueue and FSDP actor / reference / critic workers, on a random two-layer Qwen2 built here (no download),
+with the LLM server replaced by a scripted one (:class:`ScriptedServer`: no vLLM needed), and prints, per step, the
+losses and the agentcredit metrics; it exits non-zero when a loss is missing or not finite. ``--dry-run`` builds
+the model and data and composes and validates every config (verl's ``validate_config`` and agentcredit's checks)
+without Ray or a GPU; ``tests/integrations/test_verl_gpu_check.py`` runs that part on CPU.
+
+    VERL_USE_EXTERNAL_MODULES=agentcredit.integrations.verl.register,verl_gpu_check \\
+    PYTHONPATH=$PWD:$PWD/scripts python scripts/verl_gpu_check.py --workdir /tmp/verl-gpu-check
+
+``scripts/verl_gpu_check.md`` says what it needs and what it checks. It has not run on a GPU yet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import ray
+import torch
+from verl.workers.rollout import base as rollout_base
+from verl.workers.rollout.base import BaseRollout
+from verl.workers.rollout.replica import RolloutReplica, RolloutReplicaRegistry, TokenOutput
+
+ROOT = Path(__file__).resolve().parents[1]
+#: the rollout backend this script registers in verl (its replica and its worker-side adapter)
+SCRIPTED = "agentcredit_scripted"
+METHODS = ("carl-segment", "grpo", "ppo")
+#: metric keys whose values must be finite numbers when present; at least one per step must be present
+LOSS_KEYS = re.compile(r"^(actor/(pg_loss|kl_loss|entropy_loss)|critic/vf_loss)$")
+#: what the scripted model says, per protocol: a tool call (an observation follows), then an answer
+SCRIPTS = {
+    "tags": ["<search>who wrote X</search>", "<answer>Jane Doe</answer>"],
+    "codefence": ["I compute.\n```python\nprint(6 * 7)\n```", "<context>42</context>", "\\boxed{Jane Doe}"],
+}
+QUESTIONS = [("who wrote X", ["Jane Doe"]), ("who wrote Y", ["John Roe"])]
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--methods", default=",".join(METHODS), help="comma-separated: carl-segment, grpo, ppo"
+    )
+    parser.add_argument("--steps", type=int, default=2, help="training steps per method")
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/agentcredit-verl-gpu-check"))
+    parser.add_argument("--dry-run", action="store_true", help="build and validate only: no Ray, no GPU")
+    args = parser.parse_args(argv)
+    args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = sorted(set(args.methods) - set(METHODS))
+    if unknown:
+        parser.error(f"--methods: unknown {unknown}; choose from {list(METHODS)}")
+    if args.steps < 1:
+        parser.error("--steps must be >= 1")
+    return args
+
+
+# ------------------------------------------------------------------------------------------ model and data
+def byte_tokenizer():
+    """A byte-level tokenizer (one token per UTF-8 byte) with ChatML specials, built offline."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    tok = Tokenizer(models.BPE(vocab={ch: i for i, ch in enumerate(sorted(alphabet))}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>"],
+    )
+    fast.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    return fast
+
+
+def build_model(out: Path, seed: int = 0) -> Path:
+    """A random two-layer Qwen2 and its tokenizer, saved as a Hugging Face model directory."""
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    tokenizer = byte_tokenizer()
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    GenerationConfig(
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
+    ).save_pretrained(out)
+    return out
+
+
+def write_data(out: Path, protocol: str, protocol_options: dict[str, Any]) -> Path:
+    """Two questions as the agent loop reads them (:func:`agentcredit.integrations.verl.data.verl_row`)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from agentcredit.integrations.verl.data import verl_row
+    from agentcredit.protocols import get_protocol
+    from agentcredit.tasks import Example
+
+    proto = get_protocol(protocol, **protocol_options)
+    rows = [
+        verl_row(
+            Example(f"q{i}", q, answers, "gpu-check", {}),
+            i,
+            "train",
+            proto.messages(proto.new_episode(q)),
+            "qa",
+        )
+        for i, (q, answers) in enumerate(QUESTIONS)
+    ]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows), out)
+    return out
+
+
+# ------------------------------------------------------------------------------------- the scripted server
+class ScriptedModel:
+    """verl's token-in/token-out server interface, answering from :data:`SCRIPTS` (no model runs here: the
+    trainer's FSDP workers compute every log-prob it trains on). Per request id it walks through the script, so
+    each episode makes its tool call and then answers; odd episodes answer wrongly, so groups have variance."""
+
+    def __init__(self, model_path: str, protocol: str):
+        from transformers import AutoTokenizer
+
+        self.tok = AutoTokenizer.from_pretrained(model_path)
+        self.script = SCRIPTS[protocol]
+        self.turns: dict[str, int] = {}
+        self.episodes = 0
+
+    async def generate(self, prompt_ids, sampling_params, request_id, **kwargs) -> TokenOutput:
+        if "prompt_logprobs" in sampling_params:  # a teacher scoring request (not used by these methods)
+            lp = [[-1.0] for _ in range(len(prompt_ids) - 1)] + [[0.0]]
+            return TokenOutput(token_ids=[self.tok.eos_token_id], extra_fields={"prompt_logprobs": lp})
+        turn = self.turns.get(request_id, 0)
+        if turn == 0:
+            self.episodes += 1
+        self.turns[request_id] = turn + 1
+        text = self.script[min(turn, len(self.script) - 1)]
+        if turn == len(self.script) - 1 and self.episodes % 2 == 0:
+            text = text.replace("Jane Doe", "nobody")
+        budget = int(sampling_params.get("max_new_tokens", sampling_params.get("max_tokens", 256)))
+        ids = (self.tok.encode(text, add_special_tokens=False) + [self.tok.eos_token_id])[:budget]
+        log_probs = [-0.5] * len(ids) if sampling_params.get("logprobs") else None
+        return TokenOutput(token_ids=ids, log_probs=log_probs, stop_reason="completed")
+
+    async def wake_up(self):
+        return None
+
+    async def sleep(self):
+        return None
+
+    async def abort_all_requests(self, reject_request: bool = False):
+        return None
+
+    async def resume_generation(self):
+        return None
+
+    async def clear_kv_cache(self):
+        return None
+
+    async def release_kv_cache(self):
+        return None
+
+    async def resume_kv_cache(self):
+        return None
+
+    async def start_profile(self, **kwargs):
+        return None
+
+    async def stop_profile(self):
+        return None
+
+
+#: the Ray actor verl's load balancer and agent loops call
+ScriptedServer = ray.remote(ScriptedModel)
+
+
+class ScriptedReplica(RolloutReplica):
+    """A rollout replica whose server is :class:`ScriptedServer` (one CPU actor; no GPU, no engine)."""
+
+    async def launch_servers(self):
+        protocol = os.environ.get("AGENTCREDIT_GPU_CHECK_PROTOCOL", "tags")
+        name = f"agentcredit_scripted_server_{self.replica_rank}{self.name_suffix}"
+        path = getattr(self.model_config, "local_path", None) or self.model_config.path
+        self._server_handle = ScriptedServer.options(name=name, max_concurrency=1000).remote(path, protocol)
+        self._server_address = name
+        self.servers = [self._server_handle]
+
+    def rollout_worker_use_gpu(self) -> bool:
+        return False
+
+
+class ScriptedRollout(BaseRollout):
+    """The worker side of the scripted backend (verl builds it in the hybrid actor): nothing to hold or sync, so
+    the weights the checkpoint engine sends are consumed and dropped."""
+
+    async def resume(self, tags: list[str]):
+        return None
+
+    async def update_weights(self, weights, wire_format: str = "named_tensors", **kwargs):
+        for _ in weights:
+            pass
+
+    async def release(self):
+        return None
+
+
+def register() -> None:
+    """Make ``actor_rollout_ref.rollout.name=agentcredit_scripted`` a verl rollout backend (every process)."""
+    RolloutReplicaRegistry.register(SCRIPTED, lambda: ScriptedReplica)
+    rollout_base._ROLLOUT_REGISTRY[(SCRIPTED, "async")] = f"{__name__}.ScriptedRollout"
+
+
+register()  # at import: VERL_USE_EXTERNAL_MODULES lists this module, so every Ray process runs it
+
+
+# ---------------------------------------------------------------------------------------------- configs
+def overrides(method: str, model: Path, data: Path, workdir: Path, steps: int) -> list[str]:
+    """The shipped config of ``method`` scaled down to one GPU, two prompts and short sequences."""
+    scripts = str(Path(__file__).resolve().parent)
+    out = [
+        f"actor_rollout_ref.model.path={model}",
+        f"critic.model.path={model}",
+        f"data.train_files={data}",
+        f"data.val_files={data}",
+        "data.train_batch_size=2",
+        "data.max_prompt_length=256",
+        "data.max_response_length=256",
+        "agentcredit.max_segment_tokens=64",
+        "actor_rollout_ref.rollout.name=" + SCRIPTED,
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        "actor_rollout_ref.rollout.checkpoint_engine.backend=naive",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2",
+        "critic.ppo_mini_batch_size=2",
+        "critic.ppo_micro_batch_size_per_gpu=2",
+        # no flash-attn on the check's machine: sdpa, and verl's padding-free path (which needs it) off
+        "actor_rollout_ref.model.use_remove_padding=false",
+        "critic.model.use_remove_padding=false",
+        "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+        "+critic.model.override_config.attn_implementation=sdpa",
+        "trainer.nnodes=1",
+        "trainer.n_gpus_per_node=1",
+        f"trainer.total_training_steps={steps}",
+        "trainer.val_before_train=false",
+        "trainer.test_freq=-1",
+        "trainer.save_freq=-1",
+        "trainer.logger=[console]",
+        f"trainer.default_local_dir={workdir / 'checkpoints' / method}",
+        "ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES="
+        "'agentcredit.integrations.verl.register,verl_gpu_check'",
+        f"+ray_kwargs.ray_init.runtime_env.env_vars.PYTHONPATH='{ROOT}:{scripts}'",
+        f"+ray_kwargs.ray_init.runtime_env.env_vars.AGENTCREDIT_GPU_CHECK_PROTOCOL={protocol_of(method)}",
+    ]
+    if method == "carl-segment":
+        # the python tool is off (no sandbox set-up on the check's node): the code fence gets an "unknown tool"
+        # observation, still transient, so replacement mode still renders each episode as two rows
+        out += [
+            "agentcredit.tools.python=false",
+            "trainer.critic_warmup=2",
+        ]  # step 1 critic only, step 2 both
+    else:
+        out += ["agentcredit.tools.search_url=null"]
+    return out
+
+
+def protocol_of(method: str) -> str:
+    return "codefence" if method == "carl-segment" else "tags"
+
+
+def compose_config(method: str, model: Path, data: Path, workdir: Path, steps: int):
+    """verl's config tree with agentcredit's config for ``method`` and :func:`overrides`, validated as verl's
+    ``main_ppo`` and agentcredit's trainer validate it."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    from agentcredit.integrations.verl import METHOD_CONFIGS, config_dir
+    from agentcredit.integrations.verl.trainer import check_trainer_config
+
+    with initialize_config_dir(str(config_dir()), version_base=None):
+        cfg = compose(METHOD_CONFIGS[method], overrides=overrides(method, model, data, workdir, steps))
+    OmegaConf.resolve(cfg)
+    check_trainer_config(cfg)
+    validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+    return cfg
+
+
+# ------------------------------------------------------------------------------------------- the check
+def check_step(method: str, step: int, data: dict[str, Any]) -> list[str]:
+    """The losses and agentcredit metrics of one logged step, as printed lines; raises if a loss is missing or
+    not finite."""
+    losses = {k: float(v) for k, v in data.items() if LOSS_KEYS.match(k)}
+    if not losses:
+        raise RuntimeError(f"{method} step {step}: no loss in the logged metrics ({sorted(data)[:40]})")
+    bad = {k: v for k, v in losses.items() if not math.isfinite(v)}
+    if bad:
+        raise RuntimeError(f"{method} step {step}: losses not finite: {bad}")
+    fields = {k: float(v) for k, v in data.items() if k.startswith("agentcredit/")}
+    lines = [f"CHECK {method} step {step} {k} = {v:.6g}" for k, v in sorted(losses.items())]
+    return lines + [f"CHECK {method} step {step} {k} = {v:.6g}" for k, v in sorted(fields.items())]
+
+
+def _install_step_printer(method: str) -> None:
+    """Print (and check) every step's metrics where verl's trainer logs them (the TaskRunner process)."""
+    from verl.utils import tracking
+
+    original = tracking.Tracking.log
+
+    def log(self, data, step, backend=None):
+        if any(LOSS_KEYS.match(k) for k in data) or any(k.startswith("agentcredit/") for k in data):
+            for line in check_step(method, step, data):
+                print(line, flush=True)
+        return original(self, data, step, backend)
+
+    tracking.Tracking.log = log
+
+
+if os.environ.get("AGENTCREDIT_GPU_CHECK_METHOD"):  # in the TaskRunner (and every other) process
+    _install_step_printer(os.environ["AGENTCREDIT_GPU_CHECK_METHOD"])
+
+
+def run_method(method: str, args: argparse.Namespace, model: Path) -> None:
+    """One method in a fresh process (one Ray cluster per method, as a user's launch)."""
+    from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
+
+    from agentcredit.integrations.verl.settings import load_settings
+
+    workdir = args.workdir
+    probe = compose_config(method, model, workdir / "probe.parquet", workdir, args.steps)
+    settings = load_settings(probe.agentcredit)
+    data = write_data(workdir / f"{method}.parquet", settings.protocol, settings.protocol_options)
+    cfg = compose_config(method, model, data, workdir, args.steps)
+    from omegaconf import open_dict
+
+    with open_dict(cfg):
+        cfg.ray_kwargs.ray_init.runtime_env.env_vars.AGENTCREDIT_GPU_CHECK_METHOD = method
+    run_ppo(cfg, task_runner_class=TaskRunnerV1)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    model = build_model(args.workdir / "tiny-qwen2")
+    if args.dry_run:
+        for method in args.methods:
+            compose_config(method, model, args.workdir / "probe.parquet", args.workdir, args.steps)
+            print(f"DRY-RUN {method}: config composed and validated")
+        return 0
+    if not torch.cuda.is_available():
+        print("no GPU visible: run with --dry-run on a CPU machine", file=sys.stderr)
+        return 2
+    failed = []
+    for method in args.methods:  # a fresh interpreter per method: Ray and TransferQueue are per process
+        env = dict(os.environ, PYTHONPATH=f"{ROOT}:{Path(__file__).resolve().parent}")
+        env["VERL_USE_EXTERNAL_MODULES"] = "agentcredit.integrations.verl.register,verl_gpu_check"
+        code = (
+            "import sys, verl_gpu_check as c; a = c.parse_args(sys.argv[1:]); "
+            f"c.run_method({method!r}, a, a.workdir / 'tiny-qwen2')"
+        )
+        argv_child = ["--workdir", str(args.workdir), "--steps", str(args.steps), "--methods", method]
+        print(f"=== {method}", flush=True)
+        rc = subprocess.call([sys.executable, "-c", code, *argv_child], env=env)
+        if rc:
+            failed.append(method)
+    print("FAILED: " + ", ".join(failed) if failed else f"OK: {', '.join(args.methods)}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
