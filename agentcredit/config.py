@@ -17,6 +17,7 @@ naming the file and line (YAML itself would keep the last one silently).
 from __future__ import annotations
 
 import copy
+import math
 from pathlib import Path
 from typing import Any, Literal
 
@@ -71,13 +72,31 @@ class ModelConfig(Section):
 class UserRewardConfig(Section):
     """Your own outcome reward; one definition for the native ``task`` section and verl's ``agentcredit`` block."""
 
-    reward: str | None = Field(
+    reward: str | list[str] | None = Field(
         None,
         description="Your own outcome reward, 'package.module:function', with verl's signature (data_source, "
         "solution_str, ground_truth, extra_info) or TRL's (completions, **kwargs); it replaces metric and "
-        "format_bonus (and PORTool's judge). See agentcredit.environment.UserReward. SFT keeps a scripted "
-        "demonstration only when it scores at least 1.0, so a reward on another scale keeps none.",
+        "format_bonus (and PORTool's judge). See agentcredit.environment.UserReward. A list is TRL's reward_funcs: "
+        "the outcome is their weighted sum (reward_weights) and each is logged as rewards/<function>/mean. SFT "
+        "keeps a scripted demonstration only when it scores at least 1.0, so a reward on another scale keeps none.",
     )
+    reward_weights: list[float] | None = Field(
+        None,
+        description="Weights of reward's functions, one per function (TRL's reward_weights; default 1.0 each).",
+    )
+
+    @model_validator(mode="after")
+    def _weights_match_functions(self) -> UserRewardConfig:
+        if self.reward_weights is None:
+            return self
+        n = 0 if self.reward is None else 1 if isinstance(self.reward, str) else len(self.reward)
+        if len(self.reward_weights) != n:
+            raise ValueError(
+                f"reward_weights has {len(self.reward_weights)} weights for {n} reward function(s) in reward"
+            )
+        if not all(math.isfinite(w) for w in self.reward_weights):
+            raise ValueError(f"reward_weights must be finite numbers, got {self.reward_weights}")
+        return self
 
 
 class TaskConfig(UserRewardConfig):
@@ -596,6 +615,36 @@ def apply_override(data: dict[str, Any], assignment: str) -> None:
     node[keys[-1]] = value
 
 
+class TaskOptionsDropped(UserWarning):
+    """``--set task.name=...`` changed the task, so the old task's ``task.options`` were dropped."""
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> None:
+    """Apply ``key=value`` overrides in order. ``task.options`` belong to the task they were written for: when an
+    override changes ``task.name``, the file's options are dropped (one warning says which), and only options that
+    an override sets are kept (e.g. ``--set task.name=jsonl:mine.jsonl`` on an arith-tools run must not pass
+    ``easy_fraction`` to the JSONL loader)."""
+    task = data.get("task") if isinstance(data.get("task"), dict) else {}
+    old_name, old_options = task.get("name"), dict(task.get("options") or {})
+    for assignment in overrides:
+        apply_override(data, assignment)
+    task = data.get("task") if isinstance(data.get("task"), dict) else {}
+    if not old_options or task.get("name") == old_name:
+        return
+    kept = [a for a in overrides if a.split("=", 1)[0].strip().startswith("task.options")]
+    task["options"] = {}
+    for assignment in kept:
+        apply_override(data, assignment)
+    import warnings
+
+    warnings.warn(
+        f"task.name changed from {old_name!r} to {task.get('name')!r}: dropped the old task's task.options "
+        f"{sorted(old_options)} (give the new task's with --set task.options.KEY=VALUE)",
+        TaskOptionsDropped,
+        stacklevel=2,
+    )
+
+
 def _describe(error: dict[str, Any], model: type[BaseModel]) -> str:
     loc = [str(p) for p in error["loc"]]
     key = ".".join(loc) or "<top level>"
@@ -626,8 +675,7 @@ def validate_config(data: dict[str, Any], *, source: str = "config") -> Config:
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """Load a preset (or the defaults when ``path`` is None), apply ``key=value`` overrides and validate."""
     data = read_preset(path) if path is not None else {}
-    for assignment in overrides:
-        apply_override(data, assignment)
+    apply_overrides(data, overrides)
     return validate_config(data, source=str(path or "defaults"))
 
 
