@@ -7,7 +7,10 @@ from typing import Annotated
 
 import typer
 
-from agentcredit.tools.base import ToolUnavailableError  # standard library only: keeps `--help` fast
+from agentcredit.tools.base import (  # standard library only: keeps `--help` fast
+    ToolUnavailableError,
+    UserCodeError,
+)
 
 app = typer.Typer(
     name="agentcredit",
@@ -69,7 +72,8 @@ SetOpt = Annotated[
 
 
 def _fail(exc: Exception) -> None:
-    """One red ``error: ...`` line on stderr, no traceback, exit status 2 (a tool that cannot run included)."""
+    """One red ``error: ...`` line on stderr, no traceback, exit status 2 (a tool that cannot run included, and
+    :class:`UserCodeError`: your reward or environment failing, named with the example)."""
     typer.secho(f"error: {exc}", err=True, fg=typer.colors.RED)
     raise typer.Exit(code=2) from exc
 
@@ -99,7 +103,7 @@ def train(
     try:
         cfg = config_for_resume(resume, set_ or []) if resume is not None else _config(config, set_)
         run_train(cfg, run_dir=run_dir, resume=resume)
-    except (ConfigError, FileNotFoundError, ValueError, ToolUnavailableError) as exc:
+    except (ConfigError, FileNotFoundError, ValueError, ToolUnavailableError, UserCodeError) as exc:
         _fail(exc)
 
 
@@ -125,7 +129,7 @@ def sft(
         run_sft(
             _config(config, set_), out, examples=examples, epochs=epochs, lr=lr, rejection_samples=rejection
         )
-    except (FileNotFoundError, ValueError, ToolUnavailableError) as exc:
+    except (FileNotFoundError, ValueError, ToolUnavailableError, UserCodeError) as exc:
         _fail(exc)
 
 
@@ -162,7 +166,7 @@ def warmup(
                 head_epochs=head_epochs, steps=steps, pairs_per_step=pairs, seed=cfg.train.seed
             ),
         )
-    except (FileNotFoundError, ValueError, ToolUnavailableError) as exc:
+    except (FileNotFoundError, ValueError, ToolUnavailableError, UserCodeError) as exc:
         _fail(exc)
 
 
@@ -224,7 +228,7 @@ def study(
             typer.echo(f"report: {result['markdown']} and {result['html']}")
         if publish is not None:
             typer.echo(f"published {len(runner.publish(publish))} files to {publish}")
-    except (StudyError, FileNotFoundError, ValueError, ToolUnavailableError) as exc:
+    except (StudyError, FileNotFoundError, ValueError, ToolUnavailableError, UserCodeError) as exc:
         _fail(exc)
 
 
@@ -251,7 +255,7 @@ def demo(
             eval_limit=eval_limit,
             overrides=tuple(set_ or ()),
         )
-    except ToolUnavailableError as exc:  # the sandbox cannot run: stop with what to fix, not 8 minutes later
+    except (ToolUnavailableError, UserCodeError) as exc:  # stop with what to fix, not 8 minutes later
         _fail(exc)
 
 
@@ -286,7 +290,7 @@ def eval_(
             split=split, limit=limit, samples=samples, temperature=temperature, tiers=tiers, seed=seed
         )
         run_eval(model, config, overrides=set_ or [], options=options, out_dir=out)
-    except (ConfigError, FileNotFoundError, ValueError, ToolUnavailableError) as exc:
+    except (ConfigError, FileNotFoundError, ValueError, ToolUnavailableError, UserCodeError) as exc:
         _fail(exc)
 
 
@@ -348,7 +352,7 @@ def probe_credit_cmd(
         result = probe_credit(
             cfg, prompts=prompts, estimators=estimator or list(PROBE_ESTIMATORS), log=typer.echo
         )
-    except (ConfigError, FileNotFoundError, ValueError, ToolUnavailableError) as exc:
+    except (ConfigError, FileNotFoundError, ValueError, ToolUnavailableError, UserCodeError) as exc:
         _fail(exc)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -393,7 +397,7 @@ def bench_train_cmd(
             overrides=set_ or [],
             log=(lambda _msg: None) if json_out else typer.echo,
         )
-    except (ConfigError, FileNotFoundError, ValueError, ToolUnavailableError) as exc:
+    except (ConfigError, FileNotFoundError, ValueError, ToolUnavailableError, UserCodeError) as exc:
         _fail(exc)
     text = json.dumps(result, indent=2)
     if out is not None:
@@ -454,7 +458,7 @@ def bench_rollout_cmd(
             skip_naive=skip_naive,
             log=(lambda _msg: None) if json_out else typer.echo,
         )
-    except (ConfigError, FileNotFoundError, ValueError, ToolUnavailableError) as exc:
+    except (ConfigError, FileNotFoundError, ValueError, ToolUnavailableError, UserCodeError) as exc:
         _fail(exc)
     typer.echo(json.dumps(result) if json_out else format_result(result))
 

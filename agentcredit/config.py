@@ -8,14 +8,17 @@ A method is a composition of parts (``algorithm.estimator``, ``algorithm.critic`
 ``algorithm.reweight``, ``algorithm.update_set``, ``algorithm.loss_agg``, ``rollout.strategy``); the seven presets
 are seven settings of them. :class:`AlgorithmConfig` rejects the combinations the maths does not allow.
 
-Preset files may start with ``base: [other.yaml, ...]``: the bases are merged first (paths relative to the file),
-so a preset is ``methods/<method>.yaml`` + ``tasks/<task>.yaml`` + a few overrides.
+Preset files may start with ``base: [other.yaml, ...]``: the bases are merged first (paths relative to the file,
+else a packaged preset by name: ``base: grpo`` or ``base: grpo-arith-tools`` in a user's YAML), so a preset is
+``methods/<method>.yaml`` + ``tasks/<task>.yaml`` + a few overrides. A key given twice in one mapping is an error
+naming the file and line (YAML itself would keep the last one silently).
 """
 
 from __future__ import annotations
 
 import copy
 import functools
+import math
 import re
 import typing
 from pathlib import Path
@@ -72,13 +75,31 @@ class ModelConfig(Section):
 class UserRewardConfig(Section):
     """Your own outcome reward; one definition for the native ``task`` section and verl's ``agentcredit`` block."""
 
-    reward: str | None = Field(
+    reward: str | list[str] | None = Field(
         None,
         description="Your own outcome reward, 'package.module:function', with verl's signature (data_source, "
         "solution_str, ground_truth, extra_info) or TRL's (completions, **kwargs); it replaces metric and "
-        "format_bonus (and PORTool's judge). See agentcredit.environment.UserReward. SFT keeps a scripted "
-        "demonstration only when it scores at least 1.0, so a reward on another scale keeps none.",
+        "format_bonus (and PORTool's judge). See agentcredit.environment.UserReward. A list is TRL's reward_funcs: "
+        "the outcome is their weighted sum (reward_weights) and each is logged as rewards/<function>/mean. SFT "
+        "keeps a scripted demonstration only when it scores at least 1.0, so a reward on another scale keeps none.",
     )
+    reward_weights: list[float] | None = Field(
+        None,
+        description="Weights of reward's functions, one per function (TRL's reward_weights; default 1.0 each).",
+    )
+
+    @model_validator(mode="after")
+    def _weights_match_functions(self) -> UserRewardConfig:
+        if self.reward_weights is None:
+            return self
+        n = 0 if self.reward is None else 1 if isinstance(self.reward, str) else len(self.reward)
+        if len(self.reward_weights) != n:
+            raise ValueError(
+                f"reward_weights has {len(self.reward_weights)} weights for {n} reward function(s) in reward"
+            )
+        if not all(math.isfinite(w) for w in self.reward_weights):
+            raise ValueError(f"reward_weights must be finite numbers, got {self.reward_weights}")
+        return self
 
 
 class TaskConfig(UserRewardConfig):
@@ -562,26 +583,111 @@ def _deep_merge(base: dict, over: dict) -> dict:
     return out
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """PyYAML's SafeLoader that rejects a key given twice in one mapping (PyYAML keeps the last one silently,
+    so a second ``algorithm:`` block would quietly replace the first). ``source`` names the file in the error."""
+
+    source = "<config>"
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if (
+                key_node.tag == "tag:yaml.org,2002:merge"
+            ):  # ``<<: *anchor`` merges; its keys may be overridden
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if isinstance(key, list | dict):
+                continue  # unhashable: SafeLoader itself reports it
+            if key in seen:
+                raise ConfigError(
+                    f"{self.source} line {line}: key {key!r} appears twice in one mapping (first on line "
+                    f"{seen[key]}); YAML would keep only the last, so remove one"
+                )
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_yaml_file(path: str | Path) -> tuple[Any, dict[str, int]]:
+    """A YAML config file's data and the line of each top-level key; duplicate keys and bad YAML are ConfigErrors
+    naming the file and line. The one place YAML configs (presets, user configs, study files) are read."""
+    path = Path(path)
+    loader = _StrictLoader(path.read_text())
+    loader.source = str(path)
+    try:
+        node = loader.get_single_node()
+        data = loader.construct_document(node) if node is not None else None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    finally:
+        loader.dispose()
+    lines = (
+        {str(k.value): k.start_mark.line + 1 for k, _ in node.value}
+        if isinstance(node, yaml.MappingNode)
+        else {}
+    )
+    return data, lines
+
+
 def read_yaml_with_bases(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
-    """Read a preset, merging the files listed under its ``base:`` key first."""
+    """Read a preset, merging the files listed under its ``base:`` key first.
+
+    A base is a path relative to the file, else a packaged preset by name (``grpo``, ``grpo-arith-tools``,
+    ``tasks/arith-tools``; see :func:`_packaged_base`), so a user's YAML can start from ``base: grpo``.
+    """
     path = Path(path).resolve()
     if path in _seen:
         raise ConfigError(f"{path}: 'base' files include each other in a loop")
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    data, lines = load_yaml_file(path)
+    data = data or {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections, got {type(data).__name__}")
     bases = data.pop("base", []) or []
     if isinstance(bases, str):
         bases = [bases]
+    if not isinstance(bases, list) or not all(isinstance(b, str) for b in bases):
+        raise ConfigError(
+            f"{path} line {lines.get('base')}: 'base' must be a file or preset name, or a list of them"
+        )
     merged: dict[str, Any] = {}
     for base in bases:
-        merged = _deep_merge(merged, read_yaml_with_bases(path.parent / base, (*_seen, path)))
+        local = path.parent / base
+        if local.is_file():
+            merged = _deep_merge(merged, read_yaml_with_bases(local, (*_seen, path)))
+            continue
+        packaged = _packaged_base(base, (*_seen, path))
+        if packaged is None:
+            raise ConfigError(
+                f"{path} line {lines.get('base')}: base {base!r} is neither a file next to it ({local}) nor a "
+                f"packaged preset (a method of {_stems('methods')}, a task of {_stems('tasks')}, "
+                "a <method>-<task> pair, or a file under agentcredit/configs)"
+            )
+        merged = _deep_merge(merged, packaged)
     return _deep_merge(merged, data)
+
+
+def _packaged_base(name: str, seen: tuple[Path, ...]) -> dict[str, Any] | None:
+    """A ``base:`` entry that names a packaged preset, or None. A bare method name (``grpo``) is
+    ``configs/methods/grpo.yaml``, a bare task name ``configs/tasks/<task>.yaml``, a pair ``<method>-<task>`` the
+    composed preset; a path under ``agentcredit/configs`` (``methods/grpo.yaml``) is taken as is."""
+    stem = name.removesuffix(".yaml")
+    for candidate in (
+        CONFIG_DIR / f"{stem}.yaml",
+        CONFIG_DIR / "methods" / f"{stem}.yaml",
+        CONFIG_DIR / "tasks" / f"{stem}.yaml",
+    ):
+        if candidate.is_file():
+            return read_yaml_with_bases(candidate, seen)
+    if composed := _composed_preset(stem):
+        method, task = composed
+        return _deep_merge(
+            read_yaml_with_bases(CONFIG_DIR / "methods" / f"{method}.yaml", seen),
+            read_yaml_with_bases(CONFIG_DIR / "tasks" / f"{task}.yaml", seen),
+        )
+    return None
 
 
 def apply_override(data: dict[str, Any], assignment: str) -> None:
@@ -602,6 +708,36 @@ def apply_override(data: dict[str, Any], assignment: str) -> None:
         if not isinstance(node, dict):
             raise ConfigError(f"override {assignment!r}: {key!r} is not a section")
     node[keys[-1]] = value
+
+
+class TaskOptionsDropped(UserWarning):
+    """``--set task.name=...`` changed the task, so the old task's ``task.options`` were dropped."""
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> None:
+    """Apply ``key=value`` overrides in order. ``task.options`` belong to the task they were written for: when an
+    override changes ``task.name``, the file's options are dropped (one warning says which), and only options that
+    an override sets are kept (e.g. ``--set task.name=jsonl:mine.jsonl`` on an arith-tools run must not pass
+    ``easy_fraction`` to the JSONL loader)."""
+    task = data.get("task") if isinstance(data.get("task"), dict) else {}
+    old_name, old_options = task.get("name"), dict(task.get("options") or {})
+    for assignment in overrides:
+        apply_override(data, assignment)
+    task = data.get("task") if isinstance(data.get("task"), dict) else {}
+    if not old_options or task.get("name") == old_name:
+        return
+    kept = [a for a in overrides if a.split("=", 1)[0].strip().startswith("task.options")]
+    task["options"] = {}
+    for assignment in kept:
+        apply_override(data, assignment)
+    import warnings
+
+    warnings.warn(
+        f"task.name changed from {old_name!r} to {task.get('name')!r}: dropped the old task's task.options "
+        f"{sorted(old_options)} (give the new task's with --set task.options.KEY=VALUE)",
+        TaskOptionsDropped,
+        stacklevel=2,
+    )
 
 
 def _describe(error: dict[str, Any], model: type[BaseModel]) -> str:
@@ -644,8 +780,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         # `--set algorithm.reweight=gear` on the grpo preset: the preset's name no longer says what trains, so
         # the name is derived from the parts ("gear"); a method named in an override must agree with them.
         data.pop("method", None)
-    for assignment in overrides:
-        apply_override(data, assignment)
+    apply_overrides(data, overrides)
     return validate_config(data, source=str(path or "defaults"))
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -25,7 +26,7 @@ from agentcredit.protocols import get_protocol
 from agentcredit.protocols.base import Protocol
 from agentcredit.tasks import Example, load_task, task_corpus
 from agentcredit.tasks.scoring import answer_reward
-from agentcredit.tools.base import ToolRuntime, ToolUnavailableError
+from agentcredit.tools.base import ToolRuntime, ToolUnavailableError, UserCodeError
 
 if TYPE_CHECKING:
     from agentcredit.rollout.tree import RolloutTree
@@ -140,12 +141,65 @@ class UserReward:
                     raise ValueError(f"returned {scores!r}, not a list with one number per completion")
                 out = scores[0]
         except Exception as exc:
-            raise RuntimeError(f"{where} raised {type(exc).__name__}: {exc}") from exc
+            raise UserCodeError(f"{where} raised {type(exc).__name__}: {exc}") from exc
         if hasattr(out, "item") and not isinstance(out, numbers.Real):  # a one-element torch or numpy array
             out = out.item()
         if isinstance(out, bool) or not isinstance(out, numbers.Real) or not math.isfinite(out):
-            raise ValueError(f"{where} returned {out!r}; a reward must be one finite number")
+            raise UserCodeError(f"{where} returned {out!r}; a reward must be one finite number")
         return float(out)
+
+
+class WeightedReward:
+    """``task.reward`` as a list of functions with ``task.reward_weights``: TRL's ``reward_funcs`` and
+    ``reward_weights`` (``GRPOConfig``: the reward is the weighted sum of the functions' rewards, weights 1.0 by
+    default). Each function is a :class:`UserReward` (verl's or TRL's signature, errors named the same way);
+    :meth:`score_parts` gives each one's value, which the engine records on the episode (``reward_parts``) and the
+    trainer logs per step as ``rewards/<function>/mean`` (TRL's metric names)."""
+
+    def __init__(self, specs: Sequence[str], weights: Sequence[float] | None = None):
+        if not specs:
+            raise ValueError("task.reward: an empty list names no reward function")
+        self.parts = [UserReward(spec) for spec in specs]
+        self.weights = [float(w) for w in weights] if weights is not None else [1.0] * len(specs)
+        if len(self.weights) != len(self.parts):
+            raise ValueError(
+                f"task.reward_weights: {len(self.weights)} weights for {len(self.parts)} functions"
+            )
+        short = [getattr(p.fn, "__name__", p.spec) for p in self.parts]
+        # a function's own name (TRL's metric name), or its whole spec where two share a name
+        self.names = [n if short.count(n) == 1 else p.spec for n, p in zip(short, self.parts, strict=True)]
+        if len(set(self.names)) != len(self.names):
+            raise ValueError(f"task.reward lists a function twice: {list(specs)}")
+
+    def __call__(self, example: Example, answer: str | None) -> float:
+        raise TypeError("task.reward's functions read the whole episode: call score_episode")
+
+    def score_parts(
+        self, example: Example, answer: str | None, solution: str, token_ids: Sequence[int] = ()
+    ) -> dict[str, float]:
+        """Each function's reward (unweighted), by name."""
+        return {
+            name: part.score_episode(example, answer, solution, token_ids)
+            for name, part in zip(self.names, self.parts, strict=True)
+        }
+
+    def combine(self, parts: dict[str, float]) -> float:
+        """The weighted sum of :meth:`score_parts`."""
+        return float(sum(w * parts[n] for n, w in zip(self.names, self.weights, strict=True)))
+
+    def score_episode(
+        self, example: Example, answer: str | None, solution: str, token_ids: Sequence[int] = ()
+    ) -> float:
+        return self.combine(self.score_parts(example, answer, solution, token_ids))
+
+
+def user_reward(
+    spec: str | Sequence[str], weights: Sequence[float] | None = None
+) -> UserReward | WeightedReward:
+    """``task.reward`` (and ``task.reward_weights``) as the reward object: one function, or a weighted list."""
+    if isinstance(spec, str) and weights is None:
+        return UserReward(spec)
+    return WeightedReward([spec] if isinstance(spec, str) else list(spec), weights)
 
 
 def build_tools(
@@ -362,6 +416,7 @@ def _build_environment(config: Config, resources: list[Any]) -> Environment:
                 "('package.module:function') or tools.mcp, or suite tools in tools.suite_tools"
             )
     protocol = get_protocol(config.protocol.name, **protocol_options)
+    warn_on_two_caps(config.rollout.max_turns, protocol.max_segments, "max_segments" in protocol_options)
     corpus = (
         Path(config.tools.corpus)
         if config.tools.corpus
@@ -370,7 +425,7 @@ def _build_environment(config: Config, resources: list[Any]) -> Environment:
     tools = build_tools(config, config.protocol.name, corpus, functions)
     tools.episodes = episodes
     if config.task.reward is not None:
-        reward: RewardFn = UserReward(config.task.reward)
+        reward: RewardFn = user_reward(config.task.reward, config.task.reward_weights)
     elif config.algorithm.estimator == "portool":
         from agentcredit.tasks.judge import build_judge
 
@@ -379,6 +434,32 @@ def _build_environment(config: Config, resources: list[Any]) -> Environment:
     else:
         reward = partial(outcome_reward, metric=config.task.metric, format_bonus=config.task.format_bonus)
     return Environment(protocol, tools, reward, corpus, resources)
+
+
+def episode_cap(max_turns: int | None, max_segments: int) -> int:
+    """Assistant messages an episode may have: ``rollout.max_turns`` and the protocol's ``max_segments`` both cap
+    it (the engine ends the episode at the first, the protocol cuts its last message at the second), so the smaller
+    applies. This is the documented precedence; :func:`warn_on_two_caps` says so when they differ."""
+    return min(max_turns or max_segments, max_segments)
+
+
+def warn_on_two_caps(max_turns: int, max_segments: int, segments_set: bool) -> None:
+    """One warning when ``rollout.max_turns`` and the protocol's ``max_segments`` differ: the smaller silently cuts
+    every episode that needs more (issue 35: a task needing 4 messages under a cap of 3 scored 0 everywhere)."""
+    if max_turns == max_segments:
+        return
+    where = "protocol.options.max_segments" if segments_set else "the protocol's default max_segments"
+    warnings.warn(
+        f"rollout.max_turns={max_turns} and {where}={max_segments} both cap an episode's assistant messages; the "
+        f"smaller, {episode_cap(max_turns, max_segments)}, applies (an episode needing more ends without an "
+        "answer). Set both to the same value to silence this",
+        EpisodeCapWarning,
+        stacklevel=3,
+    )
+
+
+class EpisodeCapWarning(UserWarning):
+    """``rollout.max_turns`` and the protocol's ``max_segments`` differ (see :func:`episode_cap`)."""
 
 
 def load_examples(config: Config, *, split: str | None = None, limit: int | None = None) -> list[Example]:

@@ -167,3 +167,61 @@ def test_the_solution_is_decoded_without_special_tokens_as_verl_and_trl_decode(r
     tree, leaf = episode()
     episode_reward(UserReward("my_rewards:verl_style"), EXAMPLE, "It is 391", tree, leaf, Tokenizer())
     assert rewards.seen[-1][1] == "3 5"
+
+
+def test_a_list_of_rewards_is_their_weighted_sum_and_each_is_kept(rewards):
+    """Issue 35: TRL users bring reward_funcs with reward_weights. 0.5 * verl_style (1.0: "391" is in the text)
+    + 2.0 * trl_style (0.5 per word; the transcript "<tool_call>q</tool_call> / tool: 391 / It is 391" has 6 words:
+    3.0) = 0.5 + 6.0."""
+    from agentcredit.environment import WeightedReward, user_reward
+
+    tree, leaf = episode()
+    reward = user_reward(["my_rewards:verl_style", "my_rewards:trl_style"], [0.5, 2.0])
+    assert isinstance(reward, WeightedReward) and reward.names == ["verl_style", "trl_style"]
+    assert episode_reward(reward, EXAMPLE, "It is 391", tree, leaf) == pytest.approx(0.5 * 1.0 + 2.0 * 3.0)
+    assert tree.nodes[leaf].info["reward_parts"] == {"verl_style": 1.0, "trl_style": 3.0}
+    assert user_reward(["my_rewards:verl_style", "my_rewards:trl_style"]).weights == [
+        1.0,
+        1.0,
+    ]  # TRL's default
+    assert isinstance(user_reward("my_rewards:verl_style"), UserReward)
+    with pytest.raises(RuntimeError, match=r"task.reward my_rewards:raises on example 'q7' raised KeyError"):
+        user_reward(["my_rewards:verl_style", "my_rewards:raises"]).score_episode(EXAMPLE, "391", "391")
+
+
+def test_reward_weights_must_match_the_functions(rewards):
+    from agentcredit.config import ConfigError
+
+    c = load_config("grpo-arith-tools", ["task.reward=[my_rewards:verl_style, my_rewards:trl_style]",
+                                         "task.reward_weights=[1.0, 0.1]"])  # fmt: skip
+    assert c.task.reward == ["my_rewards:verl_style", "my_rewards:trl_style"] and c.task.reward_weights == [
+        1,
+        0.1,
+    ]
+    with pytest.raises(ConfigError, match="reward_weights has 1 weights for 2 reward function"):
+        load_config("grpo-arith-tools", ["task.reward=[my_rewards:verl_style, my_rewards:trl_style]",
+                                         "task.reward_weights=[1.0]"])  # fmt: skip
+    with pytest.raises(ConfigError, match="reward_weights has 1 weights for 0 reward function"):
+        load_config("grpo-arith-tools", ["task.reward_weights=[1.0]"])
+
+
+def test_each_reward_function_is_logged_per_step_in_metrics_jsonl(rewards, tmp_path):
+    import json
+
+    from agentcredit.train.trainer import Trainer
+
+    overrides = [
+        "model.name=tiny", "rollout.prompts_per_step=2", "rollout.n=2", "rollout.max_new_tokens=8",
+        "rollout.max_episode_tokens=16", "train.tensorboard=false", "train.steps=1", "task.limit=4",
+        "task.reward=[my_rewards:verl_style, my_rewards:trl_style]", "task.reward_weights=[1.0, 0.0]",
+    ]  # fmt: skip
+    trainer = Trainer(load_config("grpo-arith-tools", overrides), run_dir=tmp_path / "run")
+    try:
+        trainer.train(progress=False)
+    finally:
+        trainer.close()
+    (step,) = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    for name in ("verl_style", "trl_style"):
+        assert f"rewards/{name}/mean" in step and f"rewards/{name}/std" in step
+    assert step["rewards/trl_style/mean"] > 0  # 0.5 per word of the transcript: weighted 0, still logged
+    assert step["reward/mean"] == pytest.approx(step["rewards/verl_style/mean"])  # weight 0 on trl_style

@@ -25,7 +25,7 @@ import numpy as np
 
 from agentcredit.config import MICRO_BATCH_TOKENS
 from agentcredit.environment import Environment, example_metric, infra_failures, run_episodes
-from agentcredit.rollout.tree import RolloutTree
+from agentcredit.rollout.tree import RolloutTree, segment_step_reward, step_reward_fields
 from agentcredit.tasks import Example
 from agentcredit.tasks.scoring import exact_match, f1_score, score, substring_match
 from agentcredit.tools.base import ToolUnavailableError
@@ -75,6 +75,7 @@ def episode_records(
                     "policy_tokens": sum(len(s) for s in policy),
                     "finish": leaf_info.get("finish"),
                     "infra_failures": infra_failures(tree, leaf),  # tools that could not run: not scored
+                    **step_reward_fields(tree, leaf),
                     "segments": [
                         {
                             "node": i,
@@ -84,6 +85,7 @@ def episode_records(
                             "transient": tree.segment(i).transient,
                             "tokens": len(tree.segment(i)),
                             "calls": tree.segment(i).info.get("calls", []),
+                            **segment_step_reward(tree, i),
                         }
                         for i in path
                     ],
@@ -145,6 +147,41 @@ def summarize(records: Sequence[dict[str, Any]], *, tiers: dict[str, str] | None
             out[f"{tier}/tool_calls"] = float(np.mean([r["tool_calls"] for r in sel]))
             out[f"{tier}/episodes"] = float(len(sel))
     return out
+
+
+# What was evaluated, beside the metrics in eval's summary.json and train's eval_summary.json (the metrics' own
+# names never collide with these: summarize's keys are scores, counts and "<tier>/..." / "critic/..." names).
+SUMMARY_FIELDS = ("model", "method", "task", "split", "questions", "samples", "temperature", "seconds")
+SUMMARY_TABLES = (
+    "reliability",
+    "tiers",
+)  # the critic's reliability table, the tier labels (None when absent)
+
+
+def summary_file(metrics: dict[str, float], **fields: Any) -> dict[str, Any]:
+    """One flat shape for ``agentcredit eval``'s ``summary.json`` and ``train``'s ``eval_summary.json``: what was
+    evaluated (:data:`SUMMARY_FIELDS`), every metric at the top level, then :data:`SUMMARY_TABLES`."""
+    unknown = sorted(set(fields) - set(SUMMARY_FIELDS) - set(SUMMARY_TABLES))
+    clash = sorted(set(metrics) & (set(SUMMARY_FIELDS) | set(SUMMARY_TABLES)))
+    if unknown or clash:
+        raise ValueError(f"summary_file: unknown fields {unknown}, metrics named like fields {clash}")
+    return {
+        **{k: fields.get(k) for k in SUMMARY_FIELDS},
+        **metrics,
+        **{k: fields.get(k) for k in SUMMARY_TABLES},
+    }
+
+
+def summary_metrics(data: dict[str, Any]) -> dict[str, float]:
+    """The numeric metrics of a summary file (:func:`summary_file`; files written before it nest them under
+    ``metrics``), without the fields that say what was evaluated."""
+    source = data["metrics"] if isinstance(data.get("metrics"), dict) else data
+    skip = set(SUMMARY_FIELDS) | set(SUMMARY_TABLES)
+    return {
+        k: float(v)
+        for k, v in source.items()
+        if k not in skip and isinstance(v, int | float) and not isinstance(v, bool)
+    }
 
 
 # ------------------------------------------------------------------------------------------------ critic

@@ -65,23 +65,21 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 def _final_eval(run: Path) -> tuple[dict[str, float], list[dict[str, Any]], str]:
     """The newest final evaluation of a run: ``eval-*/summary.json`` (agentcredit eval), else ``eval_summary.json``."""
+    from agentcredit.eval.evaluate import summary_metrics  # one reader for both writers' files
+
     candidates = sorted(run.glob("eval*/summary.json"), key=lambda p: p.stat().st_mtime)
     if candidates:
         summary_path = candidates[-1]
         data = json.loads(summary_path.read_text())
         episodes_path = summary_path.parent / "episodes.jsonl"
-        metrics = data.get("metrics", data)
     elif (run / "eval_summary.json").is_file():
         summary_path = run / "eval_summary.json"
-        metrics = json.loads(summary_path.read_text())
+        data = json.loads(summary_path.read_text())
         episodes_path = run / "eval_episodes.jsonl"
     else:
         return {}, [], ""
     episodes = _read_jsonl(episodes_path) if episodes_path.is_file() else []
-    scalars = {
-        k: float(v) for k, v in metrics.items() if isinstance(v, int | float) and not isinstance(v, bool)
-    }
-    return scalars, episodes, str(summary_path.relative_to(run))
+    return summary_metrics(data), episodes, str(summary_path.relative_to(run))
 
 
 def load_run(path: str | Path) -> RunData:

@@ -48,10 +48,9 @@ def eval_config(config: str | Path | None, overrides: list[str], run_config: Con
     if run_config is None:
         raise ConfigError("--config is required unless --model is a run or checkpoint directory")
     data = run_config.model_dump(mode="json")
-    from agentcredit.config import apply_override, validate_config
+    from agentcredit.config import apply_overrides, validate_config
 
-    for assignment in overrides:
-        apply_override(data, assignment)
+    apply_overrides(data, overrides)
     return validate_config(data, source="the run's config.yaml")
 
 
@@ -92,9 +91,10 @@ def run_eval(
     out_dir: Path | None = None,
     log: Log = print,
 ) -> dict[str, Any]:
-    """Evaluate ``model`` (see :mod:`agentcredit.eval.loading`) and write the results; returns summary.json's data."""
+    """Evaluate ``model`` (see :mod:`agentcredit.eval.loading`) and write the results; returns summary.json's data
+    (:func:`~agentcredit.eval.evaluate.summary_file`: flat, the metrics at the top level) and ``out_dir``."""
     from agentcredit.environment import build_environment, load_examples
-    from agentcredit.eval.evaluate import critic_metrics, evaluate, rollout_caps
+    from agentcredit.eval.evaluate import critic_metrics, evaluate, rollout_caps, summary_file
     from agentcredit.eval.loading import load_for_eval
 
     options = options or EvalOptions()
@@ -146,19 +146,19 @@ def run_eval(
     out_dir = Path(out_dir) if out_dir is not None else default_out_dir(model, cfg, split)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_jsonl(out_dir / "episodes.jsonl", records)
-    result = {
-        "model": loaded.source,
-        "method": cfg.method,
-        "task": cfg.task.name,
-        "split": split,
-        "questions": len(examples),
-        "samples": options.samples,
-        "temperature": options.temperature,
-        "seconds": time.perf_counter() - start,
-        "metrics": summary,
-        "reliability": reliability,
-        "tiers": tiers,
-    }
+    result = summary_file(
+        summary,
+        model=loaded.source,
+        method=cfg.method,
+        task=cfg.task.name,
+        split=split,
+        questions=len(examples),
+        samples=options.samples,
+        temperature=options.temperature,
+        seconds=time.perf_counter() - start,
+        reliability=reliability,
+        tiers=tiers,
+    )
     (out_dir / "summary.json").write_text(json.dumps(_jsonable(result), indent=2))
     log(format_summary(summary))
     log(f"wrote {out_dir / 'episodes.jsonl'} and {out_dir / 'summary.json'}")

@@ -122,15 +122,19 @@ def _segment_html(seg: dict[str, Any], scale: float) -> str:
             f'<div class="obs"><div class="obs-label">{label}</div>'
             f"<pre>{html.escape(seg.get('text', ''))}</pre></div>"
         )
+    # an environment's step reward, on the step whose calls it answered (environment.step())
+    step_reward = (
+        f" · step reward {float(seg['env_reward']):+.3f}" if seg.get("env_reward") is not None else ""
+    )
     if seg.get("advantages") is None:
         body = f'<span class="plain">{html.escape(seg.get("text", ""))}</span>'
-        label = kind or "policy"
+        label = (kind or "policy") + step_reward
     else:
         adv = seg["advantages"]
         used = [a for a, u in zip(adv, seg.get("in_loss") or [True] * len(adv), strict=True) if u]
         mean = f"mean A {sum(used) / len(used):+.3f}" if used else "not in the update"
         value = f" · V {seg['value']:.3f}" if seg.get("value") is not None else ""
-        label = f"{kind or 'policy'} · {mean}{value}"
+        label = f"{kind or 'policy'} · {mean}{value}{step_reward}"
         body = _tokens_html(seg, scale)
     return f'<div class="seg"><div class="boundary">{html.escape(label)}</div><div class="toks">{body}</div></div>'
 
@@ -142,6 +146,11 @@ def _episode_html(index: int, record: dict[str, Any], scale: float) -> str:
     if record.get("step") is not None:
         head.append(f"step {record['step']}")
     head.append(f"reward {float(record.get('reward', float('nan'))):.3f}")
+    if record.get("step_rewards"):  # the return: the outcome plus the environment's step rewards
+        outcome = record.get("outcome_reward")
+        outcome_text = f"{float(outcome):.3f}" if outcome is not None else "?"
+        steps = " ".join(f"{float(r):+.3f}" for r in record["step_rewards"])
+        head.append(f"outcome {outcome_text} + step rewards {steps}")
     answers = ", ".join(map(str, record.get("answers") or []))
     meta = (
         f'<div class="meta"><b>Q:</b> {html.escape(str(record.get("question", "")))}<br>'

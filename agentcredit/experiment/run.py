@@ -14,7 +14,7 @@ import torch
 
 from agentcredit.config import Config, ConfigError, dump_config, load_config
 from agentcredit.environment import build_environment, load_examples
-from agentcredit.eval.evaluate import evaluate, require_all_scored, rollout_caps
+from agentcredit.eval.evaluate import evaluate, require_all_scored, rollout_caps, summary_file
 from agentcredit.experiment.locks import claim  # the studies' lock: one mechanism for runs and studies
 from agentcredit.models.heads import initial_value_head
 from agentcredit.models.loading import load_base_model, load_policy
@@ -211,11 +211,23 @@ def _train_in(config: Config, run_dir: Path, *, resume: bool, progress: bool, lo
                 {config.task.eval_split: heldout}, every=config.train.eval_every, last_step=-1, log=log
             )
         trainer.train(progress=progress, on_step=on_step)
+        start = time.perf_counter()
         summary, records = evaluate_model(
             trainer.model, trainer.tokenizer, config, value_head=trainer.value_head
         )
         write_episodes(run_dir / "eval_episodes.jsonl", records)
-        (run_dir / "eval_summary.json").write_text(json.dumps(summary, indent=2))
+        final = summary_file(  # the shape of `agentcredit eval`'s summary.json
+            summary,
+            model=str(run_dir),
+            method=config.method,
+            task=config.task.name,
+            split=config.task.eval_split,
+            questions=len({r["id"] for r in records}),
+            samples=1,
+            temperature=0.0,
+            seconds=time.perf_counter() - start,
+        )
+        (run_dir / "eval_summary.json").write_text(json.dumps(final, indent=2))
         log("final evaluation: " + ", ".join(f"{k}={v:.3f}" for k, v in summary.items()))
     finally:
         trainer.close()
@@ -246,18 +258,30 @@ def run_sft(
 
     ``tool_share``: the demonstrations call the tool on this share of questions regardless of tier (arith-tools).
     """
+    from agentcredit.tasks.registry import example_locations
+    from agentcredit.train.demos import check_demo_calls
     from agentcredit.train.sft import demonstrations, rejection_sample, sft
 
     seed_everything(config.train.seed)
-    model, tokenizer = load_base_model(
-        config.model.name, config.model.dtype, seed=config.train.seed
-    )  # full SFT
-    if config.model.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
     env = build_environment(config)
-    start = time.perf_counter()
     try:
         data = load_examples(config, limit=examples)
+        t = config.task
+        locate = example_locations(t.name, t.split, **t.options)
+        if rejection_samples == 0 and config.protocol.name == "chat":
+            # before any work (the model loads for minutes): every demo_calls row against the tools' schemas
+            tools = env.tools.episodes.schemas if env.tools.episodes is not None else env.protocol.schemas
+            check_demo_calls(data, tools, locate=locate)
+        model, tokenizer = load_base_model(
+            config.model.name, config.model.dtype, seed=config.train.seed
+        )  # full SFT
+    except BaseException:
+        env.close()
+        raise
+    if config.model.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    start = time.perf_counter()
+    try:
         if rejection_samples > 0:
             from agentcredit.rollout.strategies import independent
 
@@ -268,7 +292,16 @@ def run_sft(
             trees = rejection_sample(engine, independent(rejection_samples), env, data)
             source = f"rejection sampling ({rejection_samples} samples per question)"
         else:
-            trees = demonstrations(env, tokenizer, data, config.protocol.name, tool_share=tool_share)
+            trees = demonstrations(
+                env,
+                tokenizer,
+                data,
+                config.protocol.name,
+                tool_share=tool_share,
+                locate=locate,
+                max_turns=config.rollout.max_turns,
+                warn=lambda line: log(f"warning: {line}"),
+            )
             source = "scripted demonstrations" + (
                 f" (tool on {tool_share:.0%})" if tool_share is not None else ""
             )

@@ -45,7 +45,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from agentcredit.config import ConfigError, load_config
+from agentcredit.config import ConfigError, load_config, load_yaml_file
 from agentcredit.experiment.locks import claim
 from agentcredit.tasks import Example, load_task
 
@@ -202,9 +202,9 @@ def load_study(path: str | Path) -> StudySpec:
     if not path.is_file():
         raise StudyError(f"study file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise StudyError(f"{path}: not valid YAML: {exc}") from None
+        data, _ = load_yaml_file(path)  # the configs' loader: bad YAML and duplicate keys name file and line
+    except ConfigError as exc:
+        raise StudyError(str(exc)) from None
     try:
         spec = StudySpec.model_validate(data or {})
     except ValidationError as exc:

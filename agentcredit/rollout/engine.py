@@ -284,7 +284,8 @@ def episode_reward(
     ``reward_fn.score_episode(example, answer, transcript, token_ids)`` with what the episode appended after its
     prompt (policy segments and observations): its token ids, and their text decoded by ``tokenizer`` with
     ``skip_special_tokens=True``, as verl's reward manager and TRL decode a response (without a tokenizer, the
-    segments' own text)."""
+    segments' own text). A reward with ``score_parts`` (a weighted list, :class:`~agentcredit.environment.
+    WeightedReward`) also records each function's value in the leaf's ``info["reward_parts"]``."""
     score = getattr(reward_fn, "score_episode", None)
     if score is None:
         return float(reward_fn(example, answer))
@@ -294,6 +295,11 @@ def episode_reward(
         transcript = tokenizer.decode(ids, skip_special_tokens=True)
     else:
         transcript = "".join(tree.segment(node).text for node in path)
+    parts = getattr(reward_fn, "score_parts", None)
+    if parts is not None:  # a weighted list of rewards: each one's value is kept on the episode for the logs
+        values = parts(example, answer, transcript, ids)
+        tree.nodes[leaf].info["reward_parts"] = values
+        return float(reward_fn.combine(values))
     return float(score(example, answer, transcript, ids))
 
 

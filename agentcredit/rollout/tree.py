@@ -365,3 +365,22 @@ def _concat(tree: RolloutTree, nodes: Sequence[int], trained: set[int]) -> FlatS
         logprobs.extend(seg.logprobs if (train and seg.logprobs is not None) else [0.0] * n)
         entropies.extend(seg.entropies if (train and seg.entropies is not None) else [0.0] * n)
     return FlatSequence(ids, mask, index, logprobs, entropies)
+
+
+def segment_step_reward(tree: RolloutTree, node: int) -> dict[str, float]:
+    """``{"env_reward": r}`` for a policy step that a per-episode environment rewarded (``environment.step()``'s
+    reward, recorded on the step whose calls it answered), else nothing: episodes.jsonl and ``agentcredit view``
+    show step rewards where they were given."""
+    reward = tree.segment(node).info.get("env_reward")
+    return {"env_reward": float(reward)} if reward is not None else {}
+
+
+def step_reward_fields(tree: RolloutTree, leaf: int) -> dict[str, Any]:
+    """An episode's reward split, when an environment gave step rewards: ``outcome_reward`` (task.reward or the
+    task's scorer) and ``step_rewards`` (one per rewarded step, in order); ``reward`` is their sum."""
+    steps = [segment_step_reward(tree, n) for n in tree.path(leaf)]
+    rewards = [s["env_reward"] for s in steps if s]
+    outcome = tree.nodes[leaf].info.get("outcome_reward")
+    if not rewards and outcome is None:
+        return {}
+    return {"outcome_reward": outcome, "step_rewards": rewards}

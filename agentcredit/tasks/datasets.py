@@ -499,9 +499,33 @@ def load_jsonl(
     get ``<file stem>-<line>``. Every other field goes to ``info``. A row's own ``metric`` overrides
     ``metric``. ``require_answers=False`` accepts query-only rows (judged, not matched: PORTool's setting).
     """
+    rows = jsonl_rows(
+        path,
+        question_field=question_field,
+        answer_field=answer_field,
+        id_field=id_field,
+        task=task,
+        metric=metric,
+        require_answers=require_answers,
+    )
+    return _unique([example for _, example in rows], str(path))
+
+
+def jsonl_rows(
+    path: str | Path,
+    *,
+    question_field: str = "question",
+    answer_field: str | None = None,
+    id_field: str | None = "id",
+    task: str | None = None,
+    metric: str = "em",
+    require_answers: bool = True,
+) -> list[tuple[str, Example]]:
+    """:func:`load_jsonl`'s examples with where each comes from (``"<path> line <n>"``), so a later check of a
+    row (its ``demo_calls`` against the tools' schemas) can name the file and line."""
     path = Path(path)
     task = task or f"jsonl:{path}"
-    examples = []
+    rows = []
     for where, row in iter_jsonl(path):
         question = require(row, question_field, where, str).strip()
         candidates = (answer_field,) if answer_field else DEFAULT_ANSWER_FIELDS
@@ -525,13 +549,12 @@ def load_jsonl(
         example_id = str(require(row, id_field, where, (str, int))) if id_field and id_field in row else None
         info = {k: v for k, v in row.items() if k not in {question_field, found, id_field}}
         info.setdefault("metric", metric)
-        examples.append(
-            Example(
-                id=example_id or f"{path.name.split('.')[0]}-{line}",
-                question=question,
-                answers=answers,
-                task=task,
-                info=info,
-            )
+        example = Example(
+            id=example_id or f"{path.name.split('.')[0]}-{line}",
+            question=question,
+            answers=answers,
+            task=task,
+            info=info,
         )
-    return _unique(examples, str(path))
+        rows.append((where, example))
+    return rows

@@ -209,6 +209,48 @@ def _load_sample(name: str, split: str, reason: str) -> list[Example]:
     return examples
 
 
+def _check_options(
+    name: str, fn: Callable[..., Any], options: dict[str, Any], exclude: tuple[str, ...]
+) -> None:
+    """A ValueError naming the options ``fn`` (a task's loader or generator) does not take, and those it does,
+    instead of a TypeError from deep inside the call (task.options written for another task)."""
+    import inspect
+
+    params = inspect.signature(fn).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    accepted = [
+        p for p in params if p not in exclude and params[p].kind is not inspect.Parameter.VAR_POSITIONAL
+    ]
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise ValueError(
+            f"task.options {unknown} are not options of task {name!r} (it takes {', '.join(accepted) or 'none'}); "
+            "options written for another task do not carry over"
+        )
+
+
+def _jsonl_path(name: str, split: str | None) -> str:
+    """The file of task ``jsonl:<path>`` for ``split`` (``{split}`` in the path names one file per split)."""
+    path = name.removeprefix("jsonl:")
+    if not path:
+        raise ValueError("task 'jsonl:' needs a path, e.g. jsonl:data/questions.jsonl")
+    if "{split}" in path:
+        if not split:
+            raise ValueError(f"task {name!r} has one file per split ('{{split}}' in its path): give a split")
+        path = path.replace("{split}", split)
+    return path
+
+
+def example_locations(name: str, split: str | None = None, **options: Any) -> dict[str, str]:
+    """Example id -> ``"<file> line <n>"`` for a ``jsonl:<path>`` task (what an error about a row names); empty
+    for the other tasks, whose rows the user did not write."""
+    if not name.startswith("jsonl:"):
+        return {}
+    rows = datasets.jsonl_rows(_jsonl_path(name, split), task=name, **options)
+    return {example.id: where for where, example in rows}
+
+
 def load_task(
     name: str,
     split: str | None = None,
@@ -235,15 +277,8 @@ def load_task(
             :func:`~agentcredit.tasks.datasets.load_jsonl` (``question_field=``, ``answer_field=``, ...).
     """
     if name.startswith("jsonl:"):
-        path = name.removeprefix("jsonl:")
-        if not path:
-            raise ValueError("task 'jsonl:' needs a path, e.g. jsonl:data/questions.jsonl")
-        if "{split}" in path:
-            if not split:
-                raise ValueError(
-                    f"task {name!r} has one file per split ('{{split}}' in its path): give a split"
-                )
-            path = path.replace("{split}", split)
+        path = _jsonl_path(name, split)
+        _check_options(name, datasets.load_jsonl, options, exclude=("path", "task"))
         return seeded_subset(datasets.load_jsonl(path, task=name, **options), limit, seed)
     if split is not None and "@" in split:
         return _holdout_part(name, split, limit, seed, data_dir=data_dir, **options)
@@ -251,6 +286,7 @@ def load_task(
     split = _split_of(spec, split)
     if spec.generator is not None:
         size = limit if limit is not None else (spec.default_size or {}).get(split, 0)
+        _check_options(name, spec.generator, options, exclude=("n", "seed", "split"))
         return spec.generator(size, seed, split=split, **options)
     if options:
         raise ValueError(f"task {name!r} takes no options, got {sorted(options)}")

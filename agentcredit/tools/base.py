@@ -30,6 +30,13 @@ class ToolUnavailableError(RuntimeError):
     """
 
 
+class UserCodeError(RuntimeError):
+    """The user's own code failed (a ``task.reward`` that raises, an environment whose ``step`` returns the wrong
+    shape): not the model's mistake and not the machine's. The message names the function and the example; the
+    ``agentcredit`` command prints it alone (no traceback) and exits 2, as for any other bad input. An exception
+    inside a tool *call* is not one: the model sees it as an ``ERROR:`` observation."""
+
+
 class UnavailableText(str):
     """The text of a tool that could not run at all; :class:`ToolRuntime` marks its result ``infra=True``."""
 

@@ -64,13 +64,20 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from agentcredit.tools.base import ToolCall, ToolResult, ToolUnavailableError, UnavailableText, run_call
+from agentcredit.tools.base import (
+    ToolCall,
+    ToolResult,
+    ToolUnavailableError,
+    UnavailableText,
+    UserCodeError,
+    run_call,
+)
 from agentcredit.tools.functions import FunctionTool, load_function
 
 __all__ = ["UserEnvironmentError", "EpisodeEnvironments", "EpisodeSession", "StepOutcome", "ToolEnv"]
 
 
-class UserEnvironmentError(RuntimeError):
+class UserEnvironmentError(UserCodeError):
     """A user environment failed (its own code, not the model's call): the command stops with this message."""
 
 

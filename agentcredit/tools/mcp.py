@@ -17,7 +17,10 @@ What the model reads:
   before the server sees them, with the words a ``FunctionTool`` uses);
 * a result: its text content, items joined by newlines (an image or audio item is named, not inlined; structured
   content alone comes back as JSON);
-* a result the server flags ``isError`` (the tool raised, say): ``ERROR: tool '<tool>' failed: <its text>``.
+* a result the server flags ``isError`` (the tool raised, say): ``ERROR: tool '<tool>' failed: <its text>``, the
+  SDK's ``Error executing tool <name>:`` prefix taken off (the words a function tool's error gives). mcp 2 sends no
+  reason for an exception other than its ``ToolError``; a server built with
+  :func:`agentcredit.tools.mcp_server.mcp_server` keeps every reason (one warning says so when a server does not).
 
 A server that cannot start is a ``ValueError`` from :func:`mcp_tools` naming its command and what went wrong.
 A server that dies, stops answering (a call past ``call_timeout``) or was closed makes every call return
@@ -243,6 +246,7 @@ class McpClient:
         self.tools: list[McpTool] = []
         self._dead: str | None = None  # why calls can no longer reach the server
         self._closed = False
+        self._warned_reasons = False  # the operator was told the server withholds its tools' error reasons
         self._lock = threading.Lock()
         self._session: Any = None
         self._stop = asyncio.Event()  # set (from close) on the loop; binds to no loop until awaited
@@ -391,7 +395,30 @@ class McpClient:
             return f"ERROR: tool {shown!r} failed: {_describe(exc)}"
         text = _result_text(result)
         if result.get("isError"):
-            return text if text.startswith("ERROR:") else f"ERROR: tool {shown!r} failed: {text}"
+            return (
+                text
+                if text.startswith("ERROR:")
+                else f"ERROR: tool {shown!r} failed: {self._reason(name, text)}"
+            )
+        return text
+
+    def _reason(self, name: str, text: str) -> str:
+        """An error result's text without the SDK's ``Error executing tool <name>: `` prefix, so the model reads the
+        words a function tool's error gives. mcp 2 withholds the reason of an exception other than ``ToolError``
+        (the text is the bare prefix): the operator hears once how to keep it."""
+        prefix = f"Error executing tool {name}"
+        if text.startswith(prefix + ": "):
+            return text[len(prefix) + 2 :]
+        if text.strip() == prefix:
+            with self._lock:
+                first, self._warned_reasons = not self._warned_reasons, True
+            if first:
+                log.warning(
+                    "MCP server `%s` withholds why its tool %r failed (mcp 2 passes only a ToolError's message): "
+                    "build the server with agentcredit.tools.mcp_server.mcp_server(...) or raise ToolError",
+                    self.server.describe(),
+                    name,
+                )
         return text
 
     def _mark_dead(self, why: str) -> None:

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from agentcredit.rollout.tree import RolloutTree
+from agentcredit.rollout.tree import RolloutTree, segment_step_reward, step_reward_fields
 from agentcredit.tasks import Example
 
 
@@ -90,6 +90,7 @@ def credit_records(
                 entry["in_loss"] = used
                 entry["value"] = value
                 entry["calls"] = seg.info.get("calls", [])
+                entry.update(segment_step_reward(tree, node))
             segments.append(entry)
         leaf_info = tree.nodes[traj.leaf].info
         records.append(
@@ -104,6 +105,7 @@ def credit_records(
                 "answer": leaf_info.get("answer"),
                 "reward": traj.reward,
                 "tool_calls": sum(len(s.get("calls", [])) for s in segments),
+                **step_reward_fields(tree, traj.leaf),
                 "segments": segments,
             }
         )

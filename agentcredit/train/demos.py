@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from agentcredit.tasks import Example
 from agentcredit.tasks.example import stable_int
@@ -174,6 +175,68 @@ def demo_turns(example: Example) -> list[list[tuple[str, dict]]] | None:
             parsed.append((call["name"], arguments))
         out.append(parsed)
     return out
+
+
+def check_demo_calls(
+    examples: Sequence[Example],
+    schemas: Sequence[Mapping[str, Any]],
+    *,
+    locate: Mapping[str, str] | None = None,
+    max_messages: int | None = None,
+) -> list[str]:
+    """Every example's ``demo_calls`` checked against the tools' schemas before any work: a call of a tool that does
+    not exist, an argument the tool does not take, a missing required argument or a value of the wrong type (where
+    the schema gives one) raises one ValueError naming the file, line and call (``locate``: example id ->
+    ``"<file> line <n>"``, :func:`agentcredit.tasks.registry.example_locations`), and how many other rows are bad.
+
+    Returns warnings (not errors: the row is still valid) for demonstrations that need more assistant messages
+    (its turns + the answer) than ``max_messages``, the episode cap: SFT would cut them and drop them.
+    """
+    from agentcredit.tools.functions import ArgumentCheck
+
+    tools: dict[str, tuple[ArgumentCheck, set[str]]] = {}
+    for schema in schemas:
+        fn = schema.get("function", schema)
+        params = fn.get("parameters") or {"type": "object", "properties": {}}
+        tools[fn["name"]] = (ArgumentCheck(fn["name"], params), set(params.get("properties") or {}))
+    problems, warnings = [], []
+    for example in examples:
+        where = (locate or {}).get(example.id)
+        where = f"{where} (example {example.id!r})" if where else f"example {example.id!r}"
+        try:
+            turns = demo_turns(example)
+        except ValueError as exc:
+            problems.append(f"{where}: {exc}")
+            continue
+        if turns is None:
+            continue
+        for i, turn in enumerate(turns):
+            for j, (name, arguments) in enumerate(turn):
+                call = f"demo_calls[{i}][{j}] {name}({json.dumps(arguments, ensure_ascii=False)[:120]})"
+                if name not in tools:
+                    known = ", ".join(sorted(tools)) or "none"
+                    problems.append(f"{where}: {call}: no tool is named {name!r} (tools: {known})")
+                    continue
+                check, known_args = tools[name]
+                unknown = sorted(set(arguments) - known_args)
+                error = (
+                    f"argument(s) {unknown} are not parameters of {name} (it takes {sorted(known_args)})"
+                    if unknown
+                    else (check.error(arguments) or "").removeprefix("ERROR: ")
+                )
+                if error:
+                    problems.append(f"{where}: {call}: {error}")
+        if max_messages is not None and len(turns) + 1 > max_messages:
+            warnings.append(
+                f"{where}: its demo_calls need {len(turns) + 1} assistant messages ({len(turns)} tool turns and "
+                f"the answer) but an episode is capped at {max_messages} (the smaller of rollout.max_turns and "
+                "protocol.options.max_segments): SFT cuts this demonstration and drops it, and RL episodes that "
+                "need as many are cut without an answer; raise the cap"
+            )
+    if problems:
+        more = f" (and {len(problems) - 1} more bad demo_calls)" if len(problems) > 1 else ""
+        raise ValueError(problems[0] + more)
+    return warnings
 
 
 def chat_policy(example: Example, turn: int, observation: str | None, *, dialect: str) -> str:

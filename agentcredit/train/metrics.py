@@ -17,12 +17,15 @@ from agentcredit.train.signals import Signals
 def episode_metrics(trees: list[RolloutTree], examples: list[Example]) -> dict[str, float]:
     """Reward, accuracy, tool calls and policy tokens per episode (and by arith-tools tier when present)."""
     rewards, correct, calls, tokens, tiers = [], [], [], [], []
+    parts: dict[str, list[float]] = {}  # task.reward as a weighted list: each function's values
     for tree, example in zip(trees, examples, strict=True):
         leaf_rewards = tree.rewards()
         for leaf, reward in leaf_rewards.items():
             path = tree.path(leaf)
             policy = [tree.segment(i) for i in path if tree.segment(i).role == "policy"]
             rewards.append(reward)
+            for name, value in (tree.nodes[leaf].info.get("reward_parts") or {}).items():
+                parts.setdefault(name, []).append(value)
             correct.append(trajectory_outcome(example, tree.nodes[leaf].info.get("answer")) == "correct")
             calls.append(sum(len(s.info.get("calls", [])) for s in policy))
             tokens.append(sum(len(s) for s in policy))
@@ -35,6 +38,9 @@ def episode_metrics(trees: list[RolloutTree], examples: list[Example]) -> dict[s
         "episode/policy_tokens": float(np.mean(tokens)),
         "episode/count": float(len(rewards)),
     }
+    for name, values in parts.items():  # TRL's names for the same numbers: rewards/<function>/mean and /std
+        out[f"rewards/{name}/mean"] = float(np.mean(values))
+        out[f"rewards/{name}/std"] = float(np.std(values))
     for tier in sorted({t for t in tiers if t}):
         sel = [i for i, t in enumerate(tiers) if t == tier]
         out[f"tier_{tier}/tool_call_rate"] = float(np.mean([calls[i] > 0 for i in sel]))

@@ -11,10 +11,12 @@ trained), computed with the same scoring path and microbatching as RL.
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import time
-from collections.abc import Callable, Sequence
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +24,7 @@ import torch
 
 from agentcredit.config import MICRO_BATCH_TOKENS
 from agentcredit.credit import aggregation_weights
-from agentcredit.environment import Environment, raise_on_infra_failures
+from agentcredit.environment import Environment, episode_cap, raise_on_infra_failures
 from agentcredit.models.scoring import micro_batches, score_tokens
 from agentcredit.progress import Progress
 from agentcredit.rollout.engine import episode_reward
@@ -32,7 +34,7 @@ from agentcredit.tasks import Example
 from agentcredit.tools.base import ToolUnavailableError
 from agentcredit.tools.episodes import EpisodeTools
 from agentcredit.train.batch import build_batch
-from agentcredit.train.demos import scripted_policy
+from agentcredit.train.demos import check_demo_calls, demo_turns, scripted_policy
 from agentcredit.train.optim import adamw
 from agentcredit.train.signals import row_tokens
 
@@ -44,22 +46,40 @@ def demonstrations(
     protocol_name: str,
     *,
     tool_share: float | None = None,
+    locate: Mapping[str, str] | None = None,
+    max_turns: int | None = None,
+    warn: Callable[[str], None] | None = None,
 ) -> list[RolloutTree]:
     """Scripted episodes for ``examples``, played through the environment; only correct ones are kept.
+
+    A task file's ``demo_calls`` are checked against the tools' schemas first (:func:`check_demo_calls`; ``locate``
+    maps example ids to ``"<file> line <n>"``). A call that then answers an error (``ERROR: ...``, a tool that
+    raised) stops SFT with a ValueError naming the row and call: a demonstration must never teach an error as the
+    tool's answer. ``max_turns`` caps the assistant messages as the engine does (``rollout.max_turns``; the
+    protocol's ``max_segments`` caps them too); a demonstration that needs more is reported through ``warn``.
 
     ``tool_share``: see :func:`agentcredit.train.demos.calls_tool`.
     """
     policy = scripted_policy(protocol_name, env.protocol, tool_share=tool_share, tokenizer=tokenizer)
+    cap = episode_cap(max_turns, env.protocol.max_segments)
+    if protocol_name == "chat":
+        schemas = env.tools.episodes.schemas if env.tools.episodes is not None else env.protocol.schemas
+        for line in check_demo_calls(examples, schemas, locate=locate, max_messages=cap):
+            (warn or _warn)(line)
     trees = []
     for example in examples:
         tools = env.tools if env.tools.episodes is None else EpisodeTools(env.tools.episodes, example)
+        where = (locate or {}).get(example.id)
+        where = f"{where} (example {example.id!r})" if where else f"example {example.id!r}"
         try:
             tree = replay(
                 env.protocol,
                 tokenizer,
-                _FailOnInfra(tools),  # an unavailable tool stops SFT: its error is no demonstration
+                # an unavailable tool stops SFT, and so does an error answering a task file's own demo_calls
+                _DemoTools(tools, where, errors=protocol_name == "chat" and demo_turns(example) is not None),
                 example.question,
                 lambda turn, obs, ex=example: policy(ex, turn, obs),
+                max_turns=cap,
             )
         finally:
             if tools is not env.tools:
@@ -75,24 +95,40 @@ def demonstrations(
     return trees
 
 
-class _FailOnInfra:
-    """The environment's tools for demonstrations: a result that is an infrastructure failure (a tool that could
-    not run, ``ToolResult.infra``) raises ToolUnavailableError instead of becoming an SFT target."""
+def _warn(message: str) -> None:
+    warnings.warn(message, stacklevel=3)
 
-    def __init__(self, tools: Any):
-        self.tools = tools
+
+class _DemoTools:
+    """The environment's tools for one demonstration. A result that is an infrastructure failure (a tool that could
+    not run, ``ToolResult.infra``) raises ToolUnavailableError; with ``errors``, for the calls a task file scripts
+    (``demo_calls``), one that is an error (an ``ERROR:`` answer, a tool that raised) raises a ValueError naming
+    the row: neither may become an SFT target. The built-in scripts' tools keep their own error texts (code that
+    prints "ERROR: ..." is an answer)."""
+
+    def __init__(self, tools: Any, where: str, *, errors: bool):
+        self.tools, self.where, self.turn, self.errors = tools, where, 0, errors
 
     def __getattr__(self, name: str) -> Any:  # a per-episode environment's episodes, done and reward
         return getattr(self.tools, name)
 
     def run(self, calls: Sequence[Any]) -> list[Any]:
         results = self.tools.run(calls)
+        self.turn += 1
         broken = [r for r in results if r.infra]
         if broken:
             raise ToolUnavailableError(
                 f"demonstrations stopped: the {broken[0].name!r} tool could not run, so the demonstration would "
                 f"teach its infrastructure error as the tool's answer: {broken[0].output[:500]}"
             )
+        for j, (call, result) in enumerate(zip(calls, results, strict=True)):
+            if self.errors and not result.ok:
+                raise ValueError(
+                    f"{self.where}: the demonstration's call {j} of tool turn {self.turn - 1}, {call.name}"
+                    f"({json.dumps(call.arguments, ensure_ascii=False)[:120]}), answered {result.output[:300]!r}; "
+                    "a demonstration must not teach an error as the tool's answer: fix the row's demo_calls "
+                    "or the tool"
+                )
         return results
 
 

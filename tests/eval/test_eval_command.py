@@ -32,8 +32,8 @@ def test_eval_base_model_writes_episodes_and_summary(tiny_overrides, tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert len(episodes) == 2 and summary["questions"] == 2 and summary["temperature"] == 0.0
     for key in ("accuracy", "em", "f1", "substring_em", "tool_calls", "policy_tokens", "tool_call_rate"):
-        assert key in summary["metrics"]
-    assert summary["reliability"] is None and "critic/ece" not in result["metrics"]
+        assert key in summary
+    assert summary["reliability"] is None and "critic/ece" not in result and "metrics" not in summary
     assert {s["role"] for s in episodes[0]["segments"]} >= {"prompt", "policy"}
 
 
@@ -73,7 +73,7 @@ def test_model_dir_with_value_head_gets_critic_metrics_and_tiers(tiny, tiny_over
         out_dir=tmp_path / "out",
         log=lambda _m: None,
     )
-    m = result["metrics"]
+    m = result
     assert m["critic/v_s0_mean"] == pytest.approx(0.5)  # zero-initialised last layer: V = sigmoid(0)
     assert "critic/ece" in m and "critic/explained_variance" in m and "critic/auc_v_s0" in m
     assert set(result["tiers"].values()) <= {"tier1", "tier2"}
@@ -104,7 +104,7 @@ def test_run_and_checkpoint_directories_load_the_trained_weights(tiny, tiny_over
     # without --config the run's own config is used; the default output goes inside the run
     result = run_eval(str(tmp_path / "run"), None, overrides=["task.eval_limit=1"], log=lambda _m: None)
     assert result["method"] == "ppo" and (tmp_path / "run" / "eval-test" / "summary.json").is_file()
-    assert "critic/explained_variance" in result["metrics"]
+    assert "critic/explained_variance" in result
 
 
 def test_load_errors_say_what_is_expected(tmp_path):
@@ -143,7 +143,52 @@ def test_eval_embedded_model_with_tiers(tmp_path):
         out_dir=tmp_path,
         log=lambda _m: None,
     )
-    m = result["metrics"]
+    m = result
     assert m["episodes"] == 2 and 0 <= m["accuracy"] <= 1 and m["policy_tokens"] > 0
     assert any(k.startswith("tier") for k in m)  # Tier 1 / Tier 2 split from 5 no-tool samples
     assert len(_lines(tmp_path / "episodes.jsonl")) == 2
+
+
+def test_eval_on_your_own_questions_drops_the_old_tasks_options(tiny_overrides, tmp_path):
+    """Issue 35: `eval --config RUN/config.yaml --set task.name=jsonl:FILE` on an arith-tools run raised a TypeError
+    (the run's easy_fraction reached the JSONL loader). The options belong to the old task: dropped, said once."""
+    from agentcredit.config import TaskOptionsDropped, dump_config, load_config
+
+    run_config = tmp_path / "config.yaml"
+    demo = ["task.options={easy_fraction: 0.34, medium_fraction: 0.33}"]  # as `agentcredit demo` writes them
+    run_config.write_text(dump_config(load_config("grpo-arith-tools", demo)))
+    assert "easy_fraction" in load_config(run_config).task.options
+    questions = tmp_path / "mine.jsonl"
+    questions.write_text(
+        '{"question": "What is 6*7?", "answer": 42}\n{"question": "What is 2+2?", "answer": 4}\n'
+    )
+    new_task = f"task.name=jsonl:{questions}"
+    with pytest.warns(
+        TaskOptionsDropped,
+        match=r"from 'arith-tools' to 'jsonl:.*dropped .*\['easy_fraction', 'medium_fraction'\]",
+    ):
+        config = load_config(run_config, [new_task])
+    assert config.task.options == {}
+    kept = load_config(run_config, [new_task, "task.options.answer_field=answer"])  # options for the new task
+    assert kept.task.options == {"answer_field": "answer"}
+    assert load_config(run_config, ["task.split=test"]).task.options == load_config(run_config).task.options
+    result = CliRunner().invoke(
+        app,
+        ["eval", "--model", "tiny", "--config", str(run_config), "--set", new_task, "--limit", "2",
+         "--out", str(tmp_path / "out"), *[a for o in tiny_overrides for a in ("--set", o)]],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "out" / "summary.json").read_text())["questions"] == 2
+
+
+def test_task_options_a_loader_does_not_take_are_one_error(tmp_path):
+    from agentcredit.tasks import load_task
+
+    questions = tmp_path / "mine.jsonl"
+    questions.write_text('{"question": "What is 6*7?", "answer": 42}\n')
+    with pytest.raises(ValueError, match=r"task.options \['easy_fraction'\] are not options of task 'jsonl:"):
+        load_task(f"jsonl:{questions}", easy_fraction=0.5)
+    with pytest.raises(
+        ValueError, match=r"\['answer_field'\] are not options of task 'arith-tools' .*easy_fraction"
+    ):
+        load_task("arith-tools", limit=2, answer_field="x")

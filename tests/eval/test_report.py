@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from agentcredit.eval.evaluate import summary_file, summary_metrics
 from agentcredit.eval.report import load_run, metrics_table, phase_means, write_report
 
 
@@ -41,7 +42,8 @@ def _run(path, method, steps, *, critic=False, eval_dir=True):
         episodes.append(ep)
     if critic:
         metrics["critic/ece"] = 0.2
-    (out / "summary.json").write_text(json.dumps({"metrics": metrics, "reliability": None}))
+    summary = summary_file(metrics, model=str(path), method=method, questions=4, samples=1, seconds=99.0)
+    (out / "summary.json").write_text(json.dumps(summary))  # agentcredit eval's shape: flat
     (out / "episodes.jsonl").write_text("".join(json.dumps(e) + "\n" for e in episodes))
     return path
 
@@ -85,3 +87,18 @@ def test_load_run_errors_name_the_problem(tmp_path):
         load_run(tmp_path)
     with pytest.raises(ValueError, match="at least one"):
         write_report([], tmp_path / "out")
+
+
+def test_one_summary_shape_is_read_for_both_writers_and_old_files(tmp_path):
+    """eval's summary.json and train's eval_summary.json share one flat shape (issue 35); files written before it
+    (metrics nested under "metrics") still read. What was evaluated is never taken for a metric."""
+    run = _run(tmp_path / "a", "grpo", 2)
+    assert load_run(run).final == {"accuracy": 0.5, "em": 0.5, "tool_calls": 0.25, "easy/tool_call_rate": 0.0}
+    flat = summary_file({"accuracy": 1.0}, model="m", questions=3, seconds=2.0, tiers={"q": "tier1"})
+    assert (
+        summary_metrics(flat)
+        == {"accuracy": 1.0}
+        == summary_metrics({"metrics": {"accuracy": 1.0}, "seconds": 2})
+    )
+    with pytest.raises(ValueError, match=r"metrics named like fields \['questions'\]"):
+        summary_file({"questions": 1.0})

@@ -134,3 +134,24 @@ def test_page_renders_in_headless_chromium(tiny, tree, tmp_path):
     assert len(colours) > 50  # text, legend gradient, coloured tokens: not a blank page
     rgb = {c for _, c in colours}
     assert any(b > r + 60 for r, _, b in rgb) and any(r > b + 60 for r, _, b in rgb)  # blue and red credit
+
+
+def test_an_environments_step_reward_is_in_the_records_and_the_page(tiny, tree):
+    """Issue 35: environment.step()'s reward reached training but neither episodes.jsonl nor `agentcredit view`."""
+    from agentcredit.eval.evaluate import episode_records
+
+    invoke, commit = 1, 3  # hand_tree: invoke -> observation -> commit (reward 1), and a direct commit
+    tree.segment(invoke).info["env_reward"] = 0.25
+    tree.nodes[commit].info["outcome_reward"] = 1.0
+    tree.set_reward(commit, 1.25)  # the return: outcome + step rewards, as the engine sets it
+    for records in (
+        _records(tiny, tree),
+        episode_records([tree], [Example("q7", "what is 12*7?", ["84"], "arith-tools", {})]),
+    ):
+        called = next(r for r in records if r["reward"] == 1.25)
+        assert (called["outcome_reward"], called["step_rewards"]) == (1.0, [0.25])
+        assert [s.get("env_reward") for s in called["segments"]] == [None, 0.25, None, None]
+        direct = next(r for r in records if r["reward"] == 0.0)
+        assert "step_rewards" not in direct  # no environment step on this path: nothing to show
+        page = render_viewer(records)
+        assert "step reward +0.250" in page and "reward 1.250 · outcome 1.000 + step rewards +0.250" in page

@@ -249,3 +249,102 @@ def test_config_tools_mcp_builds_a_chat_environment_that_stops_its_server(tmp_pa
     with pytest.raises(ValueError, match="unknown tool"):
         build_environment(config)
     assert _gone(pid_again)
+
+
+WAREHOUSE_SERVER = textwrap.dedent(
+    '''
+    import os
+    import sys
+
+    from agentcredit.tools.mcp_server import mcp_server, server_class
+
+    server = mcp_server("warehouse") if sys.argv[1] == "keep" else server_class()("warehouse")
+    STOCK = {"bolt": 40}
+
+
+    @server.tool()
+    def stock(item: str) -> str:
+        """Units of an item in stock.
+
+        Args:
+            item: the item's name
+        """
+        return str(STOCK[item])
+
+
+    @server.tool()
+    async def where() -> str:
+        """The warehouse this server was told about."""
+        return os.environ.get("WAREHOUSE", "no WAREHOUSE in my environment")
+
+
+    server.run()
+    '''
+)
+
+
+@pytest.mark.parametrize("mode", ["keep", "sdk"])
+def test_a_tool_that_raises_reaches_the_model_with_its_reason(tmp_path, mode, caplog):
+    """Issue 35: on mcp 2 a raising tool read "Error executing tool stock", its reason lost (a function tool keeps
+    it). mcp_server() keeps it on mcp 1 and 2 alike, in a function tool's words; a plain SDK server on mcp 2 cannot,
+    and the operator is told once how to fix that."""
+    import importlib.metadata
+
+    from agentcredit.tools.base import run_call
+    from agentcredit.tools.functions import FunctionTool
+
+    script = tmp_path / "warehouse_server.py"
+    script.write_text(WAREHOUSE_SERVER)
+    env = {
+        "PYTHONPATH": os.pathsep.join(sys.path),
+        "WAREHOUSE": "north",
+    }  # the server gets only what is passed
+    with mcp_tools([McpServer(sys.executable, [str(script), mode], env=env)]) as toolset:
+        tools = {t.name: t for t in toolset.tools}
+        assert run_call(tools, ToolCall("stock", {"item": "bolt"})).output == "40"
+        assert run_call(tools, ToolCall("where", {})).output == "north"
+        with caplog.at_level("WARNING", logger="agentcredit.tools.mcp"):
+            failed = run_call(tools, ToolCall("stock", {"item": "washer"}))
+            run_call(tools, ToolCall("stock", {"item": "nut"}))
+
+    def stock(item: str) -> str:
+        """Units of an item in stock.
+
+        Args:
+            item: the item's name
+        """
+        return str({"bolt": 40}[item])
+
+    as_function = run_call({"stock": FunctionTool(stock)}, ToolCall("stock", {"item": "washer"}))
+    assert not failed.ok and not failed.infra
+    withheld = mode == "sdk" and importlib.metadata.version("mcp").startswith("2.")
+    if withheld:
+        assert failed.output == "ERROR: tool 'stock' failed: Error executing tool stock"
+        assert sum("withholds why its tool 'stock' failed" in r.message for r in caplog.records) == 1
+    else:
+        assert failed.output == as_function.output == "ERROR: tool 'stock' failed: KeyError: 'washer'"
+
+
+def test_the_schema_difference_of_an_mcp_tool_and_a_function(tmp_path):
+    """What docs/bring-your-own-agent.md says: FastMCP puts the whole docstring, Args block included, in the
+    description and gives no per-argument description; a function tool splits them (transformers' parser)."""
+    from agentcredit.tools.functions import FunctionTool
+
+    script = tmp_path / "warehouse_server.py"
+    script.write_text(WAREHOUSE_SERVER)
+    env = {"PYTHONPATH": os.pathsep.join(sys.path)}
+    with mcp_tools([McpServer(sys.executable, [str(script), "keep"], env=env)]) as toolset:
+        remote = next(t for t in toolset.tools if t.name == "stock").schema["function"]
+
+    def stock(item: str) -> str:
+        """Units of an item in stock.
+
+        Args:
+            item: the item's name
+        """
+
+    local = FunctionTool(stock).schema["function"]
+    assert local["description"] == "Units of an item in stock."
+    assert local["parameters"]["properties"]["item"] == {"type": "string", "description": "the item's name"}
+    assert "Args:" in remote["description"] and "item: the item's name" in remote["description"]
+    assert "description" not in remote["parameters"]["properties"]["item"]

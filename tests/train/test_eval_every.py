@@ -7,6 +7,7 @@ import json
 from train_helpers import SMALL
 
 from agentcredit.config import load_config
+from agentcredit.eval.evaluate import SUMMARY_FIELDS, summary_metrics
 from agentcredit.experiment.run import run_train
 
 
@@ -26,3 +27,13 @@ def test_eval_every_logs_held_out_metrics_at_those_steps(tmp_path):
         )
         assert r["time/eval"] > 0
     assert sum("held-out" in line for line in lines) == 2
+    # the final evaluation has `agentcredit eval`'s summary.json shape: what was evaluated, then flat metrics
+    final = json.loads((tmp_path / "run" / "eval_summary.json").read_text())
+    assert list(final)[: len(SUMMARY_FIELDS)] == list(SUMMARY_FIELDS) and "metrics" not in final
+    assert (final["method"], final["task"], final["split"], final["questions"]) == (
+        "grpo",
+        "arith-tools",
+        "test",
+        3,
+    )
+    assert final["accuracy"] == summary_metrics(final)["accuracy"] and "seconds" not in summary_metrics(final)

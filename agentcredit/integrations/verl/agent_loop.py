@@ -25,7 +25,7 @@ from uuid import uuid4
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 
-from agentcredit.environment import UserReward, environment_schemas
+from agentcredit.environment import UserReward, WeightedReward, environment_schemas, user_reward
 from agentcredit.integrations.verl import AGENT_LOOP_NAME, EXTRA_KEY
 from agentcredit.integrations.verl.episode import (
     Episode,
@@ -119,13 +119,14 @@ def _protocol_options(settings: AgentCreditSettings, schemas: list[dict[str, Any
     return options
 
 
-_USER_REWARDS: dict[str, UserReward] = {}
+_USER_REWARDS: dict[Any, UserReward | WeightedReward] = {}
 
 
-def _user_reward(spec: str) -> UserReward:
-    if spec not in _USER_REWARDS:
-        _USER_REWARDS[spec] = UserReward(spec)
-    return _USER_REWARDS[spec]
+def _user_reward(spec: str | list[str], weights: list[float] | None = None) -> UserReward | WeightedReward:
+    key = (spec if isinstance(spec, str) else tuple(spec), tuple(weights) if weights is not None else None)
+    if key not in _USER_REWARDS:
+        _USER_REWARDS[key] = user_reward(spec, weights)
+    return _USER_REWARDS[key]
 
 
 def _example(kwargs: dict[str, Any], question: str, golds: list[str]) -> Example:
@@ -370,7 +371,12 @@ class AgentCreditAgentLoop(AgentLoopBase):
             return [self._output(row, prompt_ids, episode, 0.0, 0.0, timing, kwargs) for row in rows]
         if s.reward is not None:  # your own reward, on the episode's text (the native trainer's definition)
             outcome = episode_reward(
-                _user_reward(s.reward), example, episode.answer, episode.tree, episode.leaf, self.tokenizer
+                _user_reward(s.reward, s.reward_weights),
+                example,
+                episode.answer,
+                episode.tree,
+                episode.leaf,
+                self.tokenizer,
             )
         else:
             outcome = episode_outcome(s, episode.answer, golds)
