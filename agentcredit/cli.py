@@ -95,13 +95,21 @@ def train(
         Path | None, typer.Option("--resume", help="Continue the run in this directory.")
     ] = None,
     run_dir: Annotated[Path | None, typer.Option("--run-dir", help="Where the run is written.")] = None,
+    allow_failed_gate: Annotated[
+        bool,
+        typer.Option(
+            "--allow-failed-gate",
+            help="Train although the model's critic warm-up gate failed (train.allow_failed_gate).",
+        ),
+    ] = False,
 ) -> None:
     """Train a method (rollout -> credit assignment -> PPO update), then evaluate on the eval split."""
     from agentcredit.config import ConfigError
     from agentcredit.experiment.run import config_for_resume, run_train
 
+    set_ = [*(set_ or []), *(["train.allow_failed_gate=true"] if allow_failed_gate else [])]
     try:
-        cfg = config_for_resume(resume, set_ or []) if resume is not None else _config(config, set_)
+        cfg = config_for_resume(resume, set_) if resume is not None else _config(config, set_)
         run_train(cfg, run_dir=run_dir, resume=resume)
     except (ConfigError, FileNotFoundError, ValueError, ToolUnavailableError, UserCodeError) as exc:
         _fail(exc)
@@ -139,8 +147,12 @@ def warmup(
     config: ConfigOpt = "carl-segment-arith-tools",
     set_: SetOpt = None,
     questions: Annotated[
-        int, typer.Option(min=4, help="Warm-up questions (a held-out part is used for the gate).")
-    ] = 48,
+        int,
+        typer.Option(
+            min=4,
+            help="Warm-up questions (20% held out for the gate: 300 judges it on 60; paper: 32K rollouts).",
+        ),
+    ] = 300,
     head_epochs: Annotated[
         int, typer.Option(min=0, help="Head-only epochs on cached boundary features (seconds on a CPU).")
     ] = 50,

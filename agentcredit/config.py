@@ -322,6 +322,13 @@ class AlgorithmConfig(Section):
     critic: Literal["none", "token", "boundary"] = Field(
         "none", description="Value head: per token (PPO/TIPS) or at segment boundaries (carl-segment)."
     )
+    critic_model: Literal["shared", "separate"] = Field(
+        "shared",
+        description="Where the value head sits: 'shared' on the policy's backbone (carl-segment §3.4: a head on "
+        "the policy), so the value loss also trains the backbone; 'separate' on its own copy of the initial model, "
+        "trained at optim.head_lr (verl's critic; TIPS §4 'Baselines' [tips.txt l.142]: policy and value learning "
+        "rates 1e-6 and 1e-5), so the policy's update does not depend on the value loss.",
+    )
     shaping: Literal["none", "tips"] = Field("none", description="Reward shaping: TIPS teacher potentials.")
     reweight: Literal["none", "gear"] = Field("none", description="Advantage reweighting: GEAR.")
     loss_agg: Literal["token-mean", "seq-mean-token-mean", "segment-mean"] = Field(
@@ -367,6 +374,8 @@ class AlgorithmConfig(Section):
                 f"algorithm.estimator={self.estimator!r} needs algorithm.critic={need[self.estimator]!r} "
                 f"(got {self.critic!r})"
             )
+        if self.critic_model == "separate" and self.critic == "none":
+            raise ValueError("algorithm.critic_model='separate' needs a critic (algorithm.critic)")
         if self.shaping == "tips" and self.estimator not in ("gae", "segment"):
             raise ValueError(
                 "algorithm.shaping='tips' needs a critic-based estimator ('gae' or 'segment'): under group-normalised "
@@ -381,7 +390,10 @@ class OptimConfig(Section):
         1e-6, gt=0.0, description="Policy/backbone learning rate (all papers: 1e-6; CPU presets raise it)."
     )
     head_lr: float = Field(
-        5e-6, gt=0.0, description="Value-head learning rate (carl-segment: 5e-6, 10x backbone)."
+        5e-6,
+        gt=0.0,
+        description="Critic learning rate: the value head's, and the whole critic model's with "
+        "algorithm.critic_model='separate' (carl-segment: 5e-6 for the head; TIPS/PPO: 1e-5 for the critic).",
     )
     weight_decay: float = Field(
         0.01, ge=0.0, description="AdamW weight decay of the backbone (papers: 0.01)."
@@ -393,7 +405,13 @@ class OptimConfig(Section):
     warmup_steps: int = Field(
         0, ge=0, description="Linear LR warm-up in optimiser steps (carl-segment: 100)."
     )
-    grad_clip: float = Field(1.0, gt=0.0, description="Gradient-norm clip (papers: 1.0).")
+    grad_clip: float = Field(
+        1.0,
+        gt=0.0,
+        description="Gradient-norm clip (papers: 1.0; TIPS Table 10 actor.grad_clip 1.0, verl's critic 1.0), "
+        "applied to the policy's and the critic's parameters separately, as verl's separate actor and critic "
+        "optimisers do: a large value loss cannot shrink the policy's step.",
+    )
     epochs: int = Field(
         1, ge=1, description="Update epochs per rollout batch (carl-segment: 4; verl default 1)."
     )
@@ -434,6 +452,13 @@ class TrainConfig(Section):
         description="The first N steps (counted in train.steps) update only the value head, as verl's "
         "trainer.critic_warmup: the critic is fitted to the current policy's returns before its advantages "
         "move the policy. The shared backbone stays frozen too, so the policy is unchanged in those steps.",
+    )
+    allow_failed_gate: bool = Field(
+        False,
+        description="Start RL from a model whose critic warm-up gate failed (<model>/warmup_summary.json). "
+        "Off by default: carl-segment's warm-up 'continues until the verification gate passes' (App. C, "
+        "carl-segment-level-credit.txt l.425), so a failed gate stops the run; when on, the run's summary and "
+        "reports say that the gate failed.",
     )
     keep_checkpoints: int = Field(2, ge=1, description="Checkpoints kept on disk.")
     max_nonfinite: int = Field(3, ge=1, description="Stop after this many non-finite losses in a row.")

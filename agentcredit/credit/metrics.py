@@ -122,6 +122,35 @@ def explained_variance(values: Sequence[float], returns: Sequence[float]) -> flo
     return float(1 - (r - v).var() / var)
 
 
+def oracle_explained_variance(success_rates: Sequence[float], states: Sequence[object]) -> float:
+    """The explained variance an oracle critic reaches, in expectation, when it knows every state's true success
+    rate: trajectory i ends in R_i ~ Bernoulli(p_i) from state ``states[i]`` (equal weights), the oracle predicts
+    V(s) = the mean p_i of the trajectories that start in s, and
+
+        EV = 1 - E[Var(R - V)] / Var(R) = Var(V) / (Var(p) + mean p(1 - p)),
+
+    since E(R_i - V_i)^2 = p_i (1 - p_i) + (p_i - V_i)^2 and Var(p) = Var(V) + mean (p - V)^2 (the law of total
+    variance). Trajectories that share a state but not a success rate (carl-segment's warm-up with every mode's
+    rollouts re-rendered into one s_0) cap what any critic can explain; it is the ceiling the gate's EV >= 0.45
+    (carl-segment App. C) is measured against. NaN when every p_i is 0 or every p_i is 1 (Var(R) = 0).
+    """
+    p = np.asarray(success_rates, dtype=np.float64)
+    if p.ndim != 1 or len(p) != len(states) or len(p) == 0:
+        raise ValueError(f"oracle_explained_variance: {p.shape} rates for {len(states)} states")
+    if np.any((p < 0) | (p > 1)):
+        raise ValueError("oracle_explained_variance: success rates must lie in [0, 1]")
+    groups: dict[object, list[int]] = {}
+    for i, s in enumerate(states):
+        groups.setdefault(s, []).append(i)
+    v = np.empty_like(p)
+    for members in groups.values():
+        v[members] = p[members].mean()
+    var_r = p.var() + (p * (1 - p)).mean()
+    if var_r <= 0:
+        return float("nan")
+    return float(v.var() / var_r)
+
+
 def sign_accuracy(deltas: Sequence[float], expected_positive: Sequence[bool]) -> float:
     """Fraction of deltas whose sign matches the expectation (carl-segment A22); a zero delta counts as wrong."""
     d = np.asarray(deltas, dtype=np.float64)

@@ -312,19 +312,21 @@ def evaluate(
     examples: Sequence[Example],
     *,
     value_head: Any = None,
+    critic_model: Any = None,
     tiers: dict[str, str] | None = None,
     **kwargs: Any,
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """``(summary, episode records)`` of ``model`` on ``examples``; kwargs go to :func:`~agentcredit.environment.run_episodes`.
 
     With a ``value_head`` the records carry V at every boundary and the summary the :func:`critic_metrics`
-    scalars (AUC of V(s_0) only when ``tiers`` are given).
+    scalars (AUC of V(s_0) only when ``tiers`` are given). The head reads ``critic_model``'s hidden states when
+    the critic is a separate model (``algorithm.critic_model='separate'``), else the policy's.
     """
     trees = run_episodes(model, tokenizer, env, examples, **kwargs)
     values = None
     if value_head is not None:
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        values = boundary_values(model, value_head, trees, pad_id=pad)
+        values = boundary_values(critic_model or model, value_head, trees, pad_id=pad)
     records = episode_records(trees, examples, values=values)
     summary = summarize(records, tiers=tiers)
     if value_head is not None:

@@ -29,6 +29,7 @@ class LoadedPolicy:
     value_head: torch.nn.Module | None
     run_config: Config | None  # the config of the run the weights come from (None for a bare model)
     source: str  # what was loaded, for logs and summary.json
+    critic_model: Any = None  # the model the value head reads when the critic is a separate model
 
 
 def value_head_from_state(state: dict[str, torch.Tensor], hidden_size: int, *, where: str) -> torch.nn.Module:
@@ -57,12 +58,16 @@ def _hf_dir(path: Path, dtype: str, run_config: Config | None, source: str) -> L
     from agentcredit.models.loading import load_base_model
 
     model, tokenizer = load_base_model(str(path), dtype)
-    head = None
+    head = critic = None
     saved = path / "value_head.pt"
+    if (path / "critic" / "value_head.pt").is_file():  # a separate critic model (Trainer.save_model)
+        saved = path / "critic" / "value_head.pt"
+        critic, _ = load_base_model(str(path / "critic"), dtype)
+        critic.eval()
     if saved.is_file():
         state = torch.load(saved, map_location="cpu", weights_only=True)
         head = value_head_from_state(state, model.config.hidden_size, where=str(saved))
-    return LoadedPolicy(model, tokenizer, head, run_config, source)
+    return LoadedPolicy(model, tokenizer, head, run_config, source, critic)
 
 
 def _checkpoint_config(ckpt: Path) -> Path:
@@ -91,15 +96,22 @@ def _checkpoint(ckpt: Path) -> LoadedPolicy:
         model = model.merge_and_unload()  # plain weights: faster decoding, same outputs
     else:
         model.load_state_dict(state["model"])
-    head = None
+    head = critic = None
     if state.get("value_head") is not None:
         head = make_value_head(cfg.algorithm.critic, model.config.hidden_size)
         if head is None:
             raise ValueError(f"{ckpt}: holds a value head but its config has algorithm.critic='none'")
         head.load_state_dict(state["value_head"])
         head.eval()
+    if state.get("critic_model") is not None:  # the head reads a separate critic model
+        critic, _ = load_policy(cfg)
+        critic.load_state_dict(state["critic_model"])
+        if cfg.model.lora.enabled:
+            critic = critic.merge_and_unload()
+        critic.eval()
     model.eval()
-    return LoadedPolicy(model, tokenizer, head, cfg, f"checkpoint {ckpt} (step {state.get('step')})")
+    source = f"checkpoint {ckpt} (step {state.get('step')})"
+    return LoadedPolicy(model, tokenizer, head, cfg, source, critic)
 
 
 def load_for_eval(spec: str | Path, *, dtype: str = "float32", seed: int = 0) -> LoadedPolicy:

@@ -55,6 +55,9 @@ class RunData:
     final: dict[str, float] = field(default_factory=dict)  # final evaluation (or the last training step)
     final_source: str = ""
     episodes: list[dict[str, Any]] = field(default_factory=list)  # final evaluation episodes
+    warmup_gate: dict[str, Any] | None = (
+        None  # <run>/warmup_gate.json: the critic's warm-up gate at the start
+    )
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -111,7 +114,21 @@ def load_run(path: str | Path) -> RunData:
         }
         final = {k: float(v) for k, v in final.items() if v is not None}
         source = f"last training step ({last.get('step')})"
-    return RunData(path.name, path, method, task, metrics, final, source, episodes)
+    gate_path = path / "warmup_gate.json"
+    gate = json.loads(gate_path.read_text()) if gate_path.is_file() else None
+    return RunData(path.name, path, method, task, metrics, final, source, episodes, gate)
+
+
+def gate_notes(runs: list[RunData]) -> list[str]:
+    """One line per run whose critic started on a failed warm-up gate (allowed by train.allow_failed_gate)."""
+    from agentcredit.train.warmup import gate_failures
+
+    return [
+        f"{run.name}: RL started on a FAILED critic warm-up gate ({', '.join(gate_failures(run.warmup_gate['gate']))}), "
+        "allowed by train.allow_failed_gate; the paper's warm-up continues until the gate passes."
+        for run in runs
+        if run.warmup_gate is not None and not run.warmup_gate.get("passed")
+    ]
 
 
 def _unique_names(runs: list[RunData]) -> None:
@@ -249,10 +266,31 @@ def _fmt(value: Any) -> str:
     return f"{value:.3f}" if isinstance(value, float) else str(value)
 
 
+def ev_first_positive_step(metrics: list[dict[str, Any]]) -> int | None:
+    """The first training step whose ``critic/explained_variance`` is > 0 (None: never, or no critic).
+
+    Read from the per-step log, so runs older than the trainer's ``critic/ev_first_positive_step`` metric have
+    it too; a step where EV is undefined (absent, or NaN in old logs) does not count, and an old log's 0.0 for
+    an undefined EV is not > 0 either.
+    """
+    for i, record in enumerate(metrics):
+        ev = record.get("critic/explained_variance")
+        if isinstance(ev, int | float) and ev > 0:
+            return int(record.get("step", i + 1))
+    return None
+
+
+def _has_critic(run: RunData) -> bool:
+    return any("critic/value_mean" in record for record in run.metrics)
+
+
 def metrics_table(runs: list[RunData]) -> tuple[list[str], list[list[str]]]:
     keys = [(k, label) for k, label in TABLE if any(k in run.final for run in runs)]
     tiers = sorted({k.split("/")[0] for run in runs for k in run.final if k.endswith("/tool_call_rate")})
+    critics = any(_has_critic(run) for run in runs)
     header = ["run", "method", "task", "steps", "s/step", *[label for _, label in keys]]
+    # when a PPO / TIPS critic starts to explain the returns (issue 31): before it, advantages are REINFORCE's
+    header += ["critic EV > 0 from step"] if critics else []
     header += [f"{t} tool rate" for t in tiers] + ["final metrics from"]
     rows = []
     for run in runs:
@@ -265,6 +303,9 @@ def metrics_table(runs: list[RunData]) -> tuple[list[str], list[list[str]]]:
             _fmt(float(np.mean(step_times)) if step_times else None),
         ]
         row += [_fmt(run.final.get(k)) for k, _ in keys]
+        if critics:
+            first = ev_first_positive_step(run.metrics)
+            row.append("–" if not _has_critic(run) else ("never" if first is None else str(first)))
         row += [_fmt(run.final.get(f"{t}/tool_call_rate")) for t in tiers]
         row.append(run.final_source)
         rows.append(row)
@@ -314,6 +355,7 @@ def write_report(run_dirs: list[str | Path], out_dir: str | Path) -> dict[str, P
     if calibration is not None:
         figures.insert(1, ("Critic calibration", calibration))
     header, rows = metrics_table(runs)
+    notes = gate_notes(runs)
     phase_header = ["run", "rollout s", "signals s", "update s", "total s"]
     phase_rows = []
     for run in runs:
@@ -330,6 +372,7 @@ def write_report(run_dirs: list[str | Path], out_dir: str | Path) -> dict[str, P
         "# agentcredit comparison",
         intro,
         "## Final metrics",
+        *[f"**Warning**: {note}" for note in notes],
         _markdown_table(header, rows),
         "## Mean time per step by phase",
         _markdown_table(phase_header, phase_rows),
@@ -343,6 +386,7 @@ def write_report(run_dirs: list[str | Path], out_dir: str | Path) -> dict[str, P
     parts = [
         f"<h1>agentcredit comparison</h1><p>{html.escape(intro)}</p>",
         "<h2>Final metrics</h2>",
+        *[f"<p><strong>Warning</strong>: {html.escape(note)}</p>" for note in notes],
         _html_table(header, rows),
         "<h2>Mean time per step by phase</h2>",
         _html_table(phase_header, phase_rows),

@@ -130,6 +130,7 @@ def run_eval(
             env,
             examples,
             value_head=loaded.value_head,
+            critic_model=loaded.critic_model,
             tiers=tiers,
             samples=options.samples,
             temperature=options.temperature,

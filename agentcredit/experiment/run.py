@@ -41,6 +41,7 @@ def evaluate_model(
     split: str | None = None,
     limit: int | None = None,
     value_head=None,
+    critic_model=None,
 ):
     """Greedy evaluation of ``model`` on the config's eval split with the config's environment.
 
@@ -60,6 +61,7 @@ def evaluate_model(
             env,
             examples,
             value_head=value_head,
+            critic_model=critic_model,
             progress=f"eval {config.task.eval_split}",
             **rollout_caps(config),
         )
@@ -110,6 +112,7 @@ class HeldoutEvaluation:
                 trainer.env,
                 examples,
                 value_head=trainer.value_head,
+                critic_model=trainer.critic_model,
                 tiers=tiers,
                 progress=f"eval {name} (step {trainer.step})",
                 **rollout_caps(trainer.cfg),
@@ -192,6 +195,11 @@ def _train_in(config: Config, run_dir: Path, *, resume: bool, progress: bool, lo
     from agentcredit.train.checkpoint import latest_checkpoint
 
     trainer = Trainer(config, run_dir=run_dir)
+    gate = trainer.warmup_gate
+    if gate is not None and gate["allowed_failed"]:
+        log(
+            f"warning: RL starts on a FAILED critic warm-up gate ({gate['source']}), allowed by train.allow_failed_gate"
+        )
     try:
         if (
             resume and latest_checkpoint(run_dir) is None
@@ -213,9 +221,15 @@ def _train_in(config: Config, run_dir: Path, *, resume: bool, progress: bool, lo
         trainer.train(progress=progress, on_step=on_step)
         start = time.perf_counter()
         summary, records = evaluate_model(
-            trainer.model, trainer.tokenizer, config, value_head=trainer.value_head
+            trainer.model,
+            trainer.tokenizer,
+            config,
+            value_head=trainer.value_head,
+            critic_model=trainer.critic_model,
         )
         write_episodes(run_dir / "eval_episodes.jsonl", records)
+        if gate is not None:  # 0.0: this run's critic started on a failed warm-up gate (allowed)
+            summary["warmup_gate_passed"] = float(gate["passed"])
         final = summary_file(  # the shape of `agentcredit eval`'s summary.json
             summary,
             model=str(run_dir),
@@ -360,7 +374,7 @@ def collect_phase_garbage() -> None:
 
 
 # ------------------------------------------------------------------------------------------------ warm-up
-def run_warmup(config: Config, out_dir: Path, *, questions: int = 48, settings=None, log: Log = print):
+def run_warmup(config: Config, out_dir: Path, *, questions: int = 300, settings=None, log: Log = print):
     """carl-segment critic warm-up; saves the model (backbone trained at a low LR) with ``value_head.pt``."""
     from agentcredit.models.heads import BoundaryValueHead
     from agentcredit.train.warmup import WarmupSettings, warmup
@@ -487,7 +501,8 @@ def run_demo(
         warm_config,
         out_dir / "start-model",
         questions=warmup_questions,
-        settings=WarmupSettings(seed=warm_config.train.seed),
+        # one rollout per mode (the warm-up's default is 2, sized for the gate): the demo's 20-minute budget
+        settings=WarmupSettings(rollouts_per_mode=1, seed=warm_config.train.seed),
         log=log,
     )
     rl_config = load_config(
@@ -499,6 +514,9 @@ def run_demo(
             f"task.eval_limit={eval_limit}",
             "train.save_every=0",
             f"train.dump_episodes_every={rl_steps}",  # the last step's episodes, for `agentcredit view`
+            # 48 warm-up questions in a 20-minute demo rarely pass the paper's gate (docs/results/demo); the demo
+            # shows the pipeline and its report says when RL started on a failed gate
+            "train.allow_failed_gate=true",
         ],
     )
     log(f"[3/5] evaluation after SFT and warm-up ({eval_limit} test questions, greedy)")
@@ -530,7 +548,9 @@ def run_demo(
         f"tier (easy, medium, hard), so when to call is left to RL. Critic warm-up on {warmup_questions} training "
         f"questions (gate {'passed' if warm.passed else 'NOT passed'}: AUC {gate.get('auc', float('nan')):.2f}, "
         f"sign accuracy {gate.get('sign_accuracy', float('nan')):.2f}, explained variance "
-        f"{gate.get('explained_variance', float('nan')):.2f}); then {rl_steps} carl-segment steps "
+        f"{gate.get('explained_variance', float('nan')):.2f}"
+        + ("" if warm.passed else "; **RL started on this FAILED gate**, allowed for the demo's scale")
+        + f"); then {rl_steps} carl-segment steps "
         f"({rl_config.rollout.prompts_per_step} prompts x {rl_config.rollout.n} episodes per step). Evaluation: "
         f"{eval_limit} held-out test "
         "questions, greedy. Unnecessary calls: tool calls on easy questions, which the model can answer without "

@@ -74,15 +74,35 @@ class SftSpec(_Spec):
 
 class WarmupSpec(_Spec):
     questions: int = Field(
-        48, ge=4, description="Warm-up questions (training split; a part is held out for the gate)."
+        300,
+        ge=4,
+        description="Warm-up questions (training split; 20% held out for the gate: 300 judges it on 60). A "
+        "scale-down of the paper's 32K rollouts (Table 4), sized for the gate.",
     )
     tier_samples: int = Field(
         5, ge=1, description="No-tool samples per question for the tier labels (paper: 5)."
     )
-    rollouts_per_mode: int = Field(1, ge=1, description="Forced-tool and no-tool rollouts per question.")
+    rollouts_per_mode: int = Field(
+        2, ge=1, description="Rollouts per question and mode (>= 2: a state's target is not one 0/1 draw)."
+    )
+    modes: list[Literal["forced", "no_tool", "optional"]] = Field(
+        ["forced", "no_tool"],
+        description="Prompt modes (paper: forced-tool and no-tool; 'optional' adds on-policy rollouts with the "
+        "PPO prompt, a variant).",
+    )
+    states: Literal["mode", "canonical"] = Field(
+        "mode",
+        description="Boundary states in their mode's own prompt, or re-rendered with the PPO prompt "
+        "(carl-segment.md A14's default, which caps the gate's EV near 0.21: agentcredit.train.warmup).",
+    )
     head_epochs: int = Field(50, ge=0, description="Head-only epochs on cached boundary features.")
     steps: int = Field(0, ge=0, description="Joint head + backbone steps after the head epochs.")
     pairs_per_step: int = Field(64, ge=4, description="(state, R) pairs per joint step.")
+    allow_failed_gate: bool = Field(
+        False,
+        description="Run the arms with a critic although the warm-up gate failed (carl-segment: the warm-up "
+        "continues until the gate passes); the study report then says so.",
+    )
 
 
 class StartSpec(_Spec):
@@ -470,6 +490,8 @@ class Study:
                 settings = WarmupSettings(
                     tier_samples=w.tier_samples,
                     rollouts_per_mode=w.rollouts_per_mode,
+                    modes=tuple(w.modes),
+                    states=w.states,
                     head_epochs=w.head_epochs,
                     steps=w.steps,
                     pairs_per_step=w.pairs_per_step,
@@ -477,6 +499,15 @@ class Study:
                 )
                 run_warmup(start_cfg, warm_dir, questions=w.questions, settings=settings, log=self.log)
             summary["warmup"] = json.loads((warm_dir / "warmup_summary.json").read_text())
+            if not summary["warmup"].get("passed") and not w.allow_failed_gate:
+                from agentcredit.train.warmup import gate_failures
+
+                raise StudyError(
+                    f"{warm_dir / 'warmup_summary.json'}: the critic warm-up gate failed "
+                    f"({', '.join(gate_failures(summary['warmup'].get('gate', {})))}); the arms do not start on a "
+                    "failed gate: enlarge start.warmup, or set start.warmup.allow_failed_gate: true"
+                )
+            summary["warmup"]["allowed_failed"] = not summary["warmup"].get("passed")
         model_dir = self.start_model()
         model, tokenizer = load_base_model(str(model_dir), start_cfg.model.dtype)
         sets = self.heldout_sets()
@@ -612,8 +643,14 @@ class Study:
                 f"train.eval_every={self.spec.eval_every}",
                 f"task.eval_limit={first.limit}",
                 f"method={arm.name}",
+                # the start's gate was judged once, in _build_start, against start.warmup.allow_failed_gate
+                *(["train.allow_failed_gate=true"] if self._gate_allowed() else []),
             ],
         )
+
+    def _gate_allowed(self) -> bool:
+        warm = self.spec.start.warmup
+        return warm is not None and warm.allow_failed_gate
 
     def run_one(self, arm: ArmSpec, seed: int, start: dict[str, Any]) -> bool:
         """Train (or continue) one run; False if another invocation holds it."""

@@ -335,6 +335,12 @@ def write_study_report(study: Study, out_dir: str | Path) -> dict[str, Path]:
                 f"questions: AUC {_fmt(gate.get('auc'))} (gate 0.70), sign accuracy {_fmt(gate.get('sign_accuracy'))} "
                 f"(0.60), explained variance {_fmt(gate.get('explained_variance'))} (0.45); {w.get('seconds', 0):.0f} s."
             )
+            if not w.get("passed"):
+                text += (
+                    " **The arms with a critic started on this FAILED gate** (start.warmup.allow_failed_gate); "
+                    "the paper's warm-up continues until the gate passes, so their results are not the paper's "
+                    "method."
+                )
         tiers = start.get("tiers") or {}
         if tiers:
             n2 = sum(1 for t in tiers.values() if t == "tier2")

@@ -2,9 +2,9 @@
 
 Both heads read the final-layer hidden state (after the model's final norm) and are computed in fp32.
 
-* :class:`TokenValueHead` — PPO / TIPS: one value per token, ``Linear(d, 1)``. verl trains a separate critic model
-  initialised from the base model; we share the backbone (as TRL's value-head models do) so a CPU run holds one model,
-  with the head on its own learning rate.
+* :class:`TokenValueHead` — PPO / TIPS: one value per token, ``Linear(d, 1)``. verl (and TIPS §4) trains a separate
+  critic model initialised from the base model: ``algorithm.critic_model='separate'`` (the PPO and TIPS presets) puts
+  the head on such a copy; ``'shared'`` puts it on the policy's backbone, as TRL's value-head models do.
 * :class:`BoundaryValueHead` — carl-segment §3.4: ``Linear(d, d) -> GELU -> Linear(d, 1) -> sigmoid``, the last layer
   zero-initialised so V = 0.5 at the start; read at the last token of every segment boundary state.
 """

@@ -49,7 +49,13 @@ def episode_metrics(trees: list[RolloutTree], examples: list[Example]) -> dict[s
 
 
 def signal_metrics(batch: TrainBatch, signals: Signals) -> dict[str, float]:
-    """Policy entropy, KL to the reference, the critic's explained variance and the methods' signal scales."""
+    """Policy entropy, KL to the reference, the critic's explained variance and the methods' signal scales.
+
+    ``critic/explained_variance`` = 1 - Var(G - V) / Var(G) over the step's value positions (G the critic's
+    targets). It is undefined when Var(G) = 0 (e.g. every episode of the step got the same reward and there is
+    no shaping): the key is then absent from the step's metrics, never 0.0, which would read as "the critic
+    explains nothing" and hide the steps where there was nothing to explain (issue 31).
+    """
     out: dict[str, float] = {}
     mask = batch.policy_mask
     if batch.old_entropy is not None and mask.any():
@@ -61,7 +67,8 @@ def signal_metrics(batch: TrainBatch, signals: Signals) -> dict[str, float]:
         if vm.sum() > 1:
             ret, val = batch.returns[vm], batch.old_values[vm]
             var = ret.var()
-            out["critic/explained_variance"] = float(1 - (ret - val).var() / var) if var > 0 else 0.0
+            if var > 0:  # undefined otherwise: logged as absent (see the docstring)
+                out["critic/explained_variance"] = float(1 - (ret - val).var() / var)
             out["critic/value_mean"] = float(val.mean())
     if signals.alpha is not None:
         out["tips/alpha"] = float(signals.alpha)

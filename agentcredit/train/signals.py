@@ -122,6 +122,36 @@ def score_batch(
     return logp, entropy, values
 
 
+def critic_values(
+    critic: nn.Module,
+    value_head: nn.Module,
+    batch: TrainBatch,
+    value_mask: torch.Tensor,
+    *,
+    autocast: bool = False,
+    max_tokens: int = MICRO_BATCH_TOKENS,
+) -> torch.Tensor:
+    """V at ``value_mask`` from a separate critic model (``algorithm.critic_model='separate'``), ``[N, L]``."""
+    N, L = batch.input_ids.shape
+    values = torch.zeros(N, L)
+    for rows in micro_batches(critic, row_tokens(batch), max_tokens):
+        sub = batch.select(rows)
+        width = sub.input_ids.shape[1]
+        scores = score_tokens(
+            critic,
+            sub.input_ids,
+            sub.attention_mask,
+            torch.zeros_like(sub.policy_mask),
+            value_head=value_head,
+            value_mask=value_mask[rows][:, :width],
+            with_entropy=False,
+            autocast=autocast,
+            share_prefixes=True,
+        )
+        values[rows, :width] = scores.values
+    return values
+
+
 def _logprobs(model, ids, attn, want, temperature, autocast) -> torch.Tensor:
     """Log-probs of the ``want`` positions of padded rows, shared prefixes forwarded once."""
     return score_tokens(

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import math
 import random
 import time
@@ -37,7 +38,7 @@ from agentcredit.credit import (
 from agentcredit.environment import Environment, build_environment, load_examples
 from agentcredit.models.heads import initial_value_head
 from agentcredit.models.loading import frozen_copy, load_policy
-from agentcredit.models.scoring import score_tokens
+from agentcredit.models.scoring import TokenScores, score_tokens
 from agentcredit.progress import Progress
 from agentcredit.rollout.tree import RolloutTree
 from agentcredit.tasks import Example
@@ -51,12 +52,14 @@ from agentcredit.train.optim import adamw
 from agentcredit.train.rng import PromptSampler, rng_state, seed_everything, set_rng_state
 from agentcredit.train.signals import (
     Signals,
+    critic_values,
     gear_teacher_logprobs,
     row_tokens,
     score_batch,
     tips_potentials,
     trained_row_chunks,
 )
+from agentcredit.train.warmup import start_gate
 
 #: Update metrics summed over the update's optimiser steps (the rest are means): the tokens of the rows trained,
 #: and the positions actually fed to the decoder, where each prefix shared within a micro-batch counts once.
@@ -91,11 +94,21 @@ class Trainer:
         log: bool = True,
     ):
         self.cfg = config
+        # before anything loads: a critic whose warm-up gate failed stops here unless train.allow_failed_gate
+        self.warmup_gate = start_gate(config)
         seed_everything(config.train.seed)
         self.model, self.tokenizer = load_policy(config, model=model, tokenizer=tokenizer)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.value_head = initial_value_head(config, self.model.config.hidden_size)
         a = config.algorithm
+        # algorithm.critic_model='separate': the value head reads its own copy of the initial model (verl's critic,
+        # TIPS's "critic initialised from the same base model", tips.md §4), so the value loss never reaches the
+        # policy's weights; 'shared': the head sits on the policy's backbone (carl-segment §3.4)
+        self.critic_model = (
+            copy.deepcopy(self.model)
+            if self.value_head is not None and a.critic_model == "separate"
+            else None
+        )
         self.lora = config.model.lora.enabled
         # the KL reference: the initial policy (with LoRA: the same model with its adapters switched off)
         self.ref_model = frozen_copy(self.model) if a.kl_coef > 0 and not self.lora else None
@@ -111,6 +124,7 @@ class Trainer:
         self.sampler = PromptSampler(self.examples, config.train.seed)
         self.step = 0
         self.nonfinite_in_row = 0
+        self.ev_positive_step: int | None = None  # the first step whose critic explained variance was > 0
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.logger = (
             MetricsLogger(
@@ -126,14 +140,31 @@ class Trainer:
         if self.run_dir is not None:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "config.yaml").write_text(dump_config(config))
+            if self.warmup_gate is not None:  # what the run's critic started from; read by its reports
+                (self.run_dir / "warmup_gate.json").write_text(json.dumps(self.warmup_gate, indent=2))
 
     # -------------------------------------------------------------- optimiser
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
 
+    def critic_parameters(self) -> list[torch.nn.Parameter]:
+        """The value head's parameters, and the separate critic model's trainable ones when there is one."""
+        params = list(self.value_head.parameters()) if self.value_head is not None else []
+        if self.critic_model is not None:
+            params += [p for p in self.critic_model.parameters() if p.requires_grad]
+        return params
+
     def _optimizer(self) -> torch.optim.Optimizer:
         o = self.cfg.optim
         groups = [{"params": self.trainable_parameters(), "lr": o.lr, "weight_decay": o.weight_decay}]
+        if self.critic_model is not None:  # the whole critic trains at the critic's LR (TIPS §4: 1e-5)
+            groups.append(
+                {
+                    "params": [p for p in self.critic_model.parameters() if p.requires_grad],
+                    "lr": o.head_lr,
+                    "weight_decay": o.weight_decay,
+                }
+            )
         if self.value_head is not None:
             groups.append(
                 {
@@ -215,13 +246,23 @@ class Trainer:
         logp, entropy, values = score_batch(
             self.model,
             batch,
-            value_head=self.value_head,
+            value_head=self.value_head if self.critic_model is None else None,
             value_mask=batch.policy_mask,
             temperature=temp,
             autocast=autocast,
             with_entropy=True,
             max_tokens=cfg.train.micro_batch_tokens,
         )
+        if self.critic_model is not None:
+            self.critic_model.eval()
+            values = critic_values(
+                self.critic_model,
+                self.value_head,
+                batch,
+                batch.policy_mask,
+                autocast=autocast,
+                max_tokens=cfg.train.micro_batch_tokens,
+            )
         batch.old_logp, batch.old_entropy, batch.old_values = logp, entropy, values
         if a.kl_coef > 0:
             with self._reference() as ref:
@@ -311,9 +352,11 @@ class Trainer:
         ).float()
         critic = a.critic != "none" and mb.value_mask is not None
         v_weights = value_weights(mb.value_mask, mb.row_traj, a.critic) if critic else None
-        # verl's critic warm-up: fit V to this policy's returns before its advantages move the policy. The head
-        # shares the policy's backbone, so the backbone gets no gradient either (the policy stays as it is).
+        # verl's critic warm-up: fit V to this policy's returns before its advantages move the policy. A shared
+        # head's backbone is the policy's, so it gets no gradient either (the policy stays as it is); a separate
+        # critic trains whole, as verl's does.
         critic_only = self.step < cfg.train.critic_warmup
+        separate = critic and self.critic_model is not None
         self.optimizer.zero_grad(set_to_none=True)
         totals = {
             "loss/policy": 0.0,
@@ -332,19 +375,38 @@ class Trainer:
             width = sub.input_ids.shape[1]
             w = weights[rows][:, :width]
             vmask = sub.value_mask if critic else None
-            scores = score_tokens(
-                self.model,
-                sub.input_ids,
-                sub.attention_mask,
-                torch.zeros_like(sub.loss_mask) if critic_only else sub.loss_mask,
-                value_head=self.value_head if critic else None,
-                value_mask=vmask,
-                temperature=temp,
-                with_entropy=a.entropy_coef > 0 and not critic_only,
-                autocast=cfg.model.autocast_bf16,
-                backbone_grad=not critic_only,
-                share_prefixes=True,
+            # a critic-only step of a separate critic needs no pass of the policy
+            scores = (
+                TokenScores(torch.zeros_like(w), None, None)
+                if critic_only and separate
+                else score_tokens(
+                    self.model,
+                    sub.input_ids,
+                    sub.attention_mask,
+                    torch.zeros_like(sub.loss_mask) if critic_only else sub.loss_mask,
+                    value_head=self.value_head if critic and not separate else None,
+                    value_mask=vmask,
+                    temperature=temp,
+                    with_entropy=a.entropy_coef > 0 and not critic_only,
+                    autocast=cfg.model.autocast_bf16,
+                    backbone_grad=not critic_only,
+                    share_prefixes=True,
+                )
             )
+            if separate:  # V from the critic's own forward pass; its whole model trains, in warm-up steps too
+                judged = score_tokens(
+                    self.critic_model,
+                    sub.input_ids,
+                    sub.attention_mask,
+                    torch.zeros_like(sub.loss_mask),
+                    value_head=self.value_head,
+                    value_mask=vmask,
+                    with_entropy=False,
+                    autocast=cfg.model.autocast_bf16,
+                    share_prefixes=True,
+                )
+                scores.values = judged.values
+                scores.forwarded += judged.forwarded
             if not torch.isfinite(scores.logprobs[sub.loss_mask]).all():
                 return self._skip_nonfinite()  # a diverged forward pass (the inputs themselves are checked)
             loss, parts = total_loss(
@@ -365,15 +427,23 @@ class Trainer:
             totals["loss/total"] += float(loss.detach())
             logp_all[rows, :width] = scores.logprobs.detach()
         self.nonfinite_in_row = 0
-        params = self.trainable_parameters() + (list(self.value_head.parameters()) if self.value_head else [])
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip)
+        # the policy's and the critic's gradients are clipped each on its own (optim.grad_clip), as verl's separate
+        # actor and critic optimisers do: under one joint clip a large value loss set the policy's step size
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable_parameters(), cfg.optim.grad_clip)
+        critic_norm = (
+            torch.nn.utils.clip_grad_norm_(self.critic_parameters(), cfg.optim.grad_clip)
+            if self.value_head is not None
+            else None
+        )
         self.optimizer.step()
         # free the gradients now, not at the next zero_grad: they are as large as the weights (0.5 GB for
         # SmolLM2-135M) and would otherwise stay resident through the next rollout, signals and evaluation
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         out = dict(totals)
-        out["update/grad_norm"] = float(grad_norm)
+        out["update/grad_norm"] = float(grad_norm)  # the policy's (before clipping)
+        if critic_norm is not None:
+            out["update/critic_grad_norm"] = float(critic_norm)
         out["update/lr"] = self.scheduler.get_last_lr()[0]
         if critic_only:  # no policy ratios were computed: nothing was clipped and the policy did not move
             out["update/critic_only"] = 1.0
@@ -435,6 +505,13 @@ class Trainer:
             **update_stats,
             **timings,
         }
+        ev = metrics.get("critic/explained_variance", math.nan)
+        if self.ev_positive_step is None and ev > 0:  # NaN (undefined EV) is not > 0
+            self.ev_positive_step = self.step
+        if self.ev_positive_step is not None:
+            # logged at every step from then on: a critic with EV <= 0 is one baseline for the batch, and PPO's or
+            # TIPS's advantages are whitened REINFORCE until this step (issue 31)
+            metrics["critic/ev_first_positive_step"] = float(self.ev_positive_step)
         if self.teacher is not None and tips_teacher_refresh_due(
             self.step, self.cfg.algorithm.tips.refresh_every
         ):
@@ -457,6 +534,7 @@ class Trainer:
             "step": self.step,
             "model": model_state,
             "value_head": self.value_head.state_dict() if self.value_head is not None else None,
+            "critic_model": self.critic_model.state_dict() if self.critic_model is not None else None,
             "teacher": self.teacher.state_dict() if self.teacher is not None else None,
             "tips_alpha": self.tips_alpha,
             "optimizer": self.optimizer.state_dict(),
@@ -464,6 +542,7 @@ class Trainer:
             "sampler": self.sampler.state_dict(),
             "rng": rng_state(),
             "nonfinite_in_row": self.nonfinite_in_row,
+            "ev_positive_step": self.ev_positive_step,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -475,6 +554,12 @@ class Trainer:
             self.model.load_state_dict(state["model"])
         if self.value_head is not None:
             self.value_head.load_state_dict(state["value_head"])
+        if self.critic_model is not None:
+            if state.get("critic_model") is None:
+                raise ValueError(
+                    "this checkpoint has no separate critic model but algorithm.critic_model='separate'"
+                )
+            self.critic_model.load_state_dict(state["critic_model"])
         if self.teacher is not None and state.get("teacher") is not None:
             self.teacher.load_state_dict(state["teacher"])
         self.tips_alpha = state.get("tips_alpha", self.tips_alpha)
@@ -484,6 +569,7 @@ class Trainer:
         set_rng_state(state["rng"])
         self.step = state["step"]
         self.nonfinite_in_row = state.get("nonfinite_in_row", 0)
+        self.ev_positive_step = state.get("ev_positive_step")
 
     def save(self) -> Path:
         if self.run_dir is None:
@@ -507,7 +593,12 @@ class Trainer:
         model = self.model.merge_and_unload() if self.lora else self.model
         model.save_pretrained(directory, safe_serialization=True)
         self.tokenizer.save_pretrained(directory)
-        if self.value_head is not None:
+        if self.critic_model is not None:  # the head reads the critic's own model: saved together, apart
+            critic_dir = directory / "critic"
+            critic = self.critic_model.merge_and_unload() if self.lora else self.critic_model
+            critic.save_pretrained(critic_dir, safe_serialization=True)
+            torch.save(self.value_head.state_dict(), critic_dir / "value_head.pt")
+        elif self.value_head is not None:
             torch.save(self.value_head.state_dict(), directory / "value_head.pt")
         return directory
 

@@ -46,6 +46,9 @@ SMALL = [
     "optim.epochs=1",
     "train.tensorboard=false",
     "train.save_every=0",
+    # the PPO / TIPS presets open with critic-only steps (issue 31); one step of a trainer test exercises the
+    # whole update, and tests/train/test_critic_warmup.py covers the warm-up
+    "train.critic_warmup=0",
 ]
 
 # method name -> (preset, overrides) for one training step on the tiny model
