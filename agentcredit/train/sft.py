@@ -30,7 +30,7 @@ from agentcredit.tasks import Example
 from agentcredit.tools.base import ToolUnavailableError
 from agentcredit.tools.episodes import EpisodeTools
 from agentcredit.train.batch import build_batch
-from agentcredit.train.demos import scripted_policy
+from agentcredit.train.demos import ScriptedPolicy, scripted_policy
 from agentcredit.train.optim import adamw
 from agentcredit.train.signals import row_tokens
 
@@ -48,29 +48,73 @@ def demonstrations(
     ``tool_share``: see :func:`agentcredit.train.demos.calls_tool`.
     """
     policy = scripted_policy(protocol_name, env.protocol, tool_share=tool_share, tokenizer=tokenizer)
-    trees = []
-    for example in examples:
-        tools = env.tools if env.tools.episodes is None else EpisodeTools(env.tools.episodes, example)
-        try:
-            tree = replay(
-                env.protocol,
-                tokenizer,
-                _FailOnInfra(tools),  # an unavailable tool stops SFT: its error is no demonstration
-                example.question,
-                lambda turn, obs, ex=example: policy(ex, turn, obs),
-            )
-        finally:
-            if tools is not env.tools:
-                tools.close()
-        leaf = tree.leaves()[
-            0
-        ]  # scored as the engine scores an episode (a reward may read the whole episode)
-        tree.set_reward(
-            leaf, episode_reward(env.reward, example, tree.nodes[leaf].info["answer"], tree, leaf)
+    trees = [demonstration(env, tokenizer, example, policy) for example in examples]
+    return [tree for tree in trees if max(tree.rewards().values()) >= 1.0]
+
+
+def demonstration(env: Environment, tokenizer: Any, example: Example, policy: ScriptedPolicy) -> RolloutTree:
+    """One scripted episode of ``example``, played through the environment's protocol and tools, and scored as the
+    engine scores an episode. Raises ToolUnavailableError when a tool could not run."""
+    tools = env.tools if env.tools.episodes is None else EpisodeTools(env.tools.episodes, example)
+    try:
+        tree = replay(
+            env.protocol,
+            tokenizer,
+            _FailOnInfra(tools),  # an unavailable tool stops: its error is no demonstration
+            example.question,
+            lambda turn, obs: policy(example, turn, obs),
         )
-        if max(tree.rewards().values()) >= 1.0:
-            trees.append(tree)
-    return trees
+    finally:
+        if tools is not env.tools:
+            tools.close()
+    leaf = tree.leaves()[0]  # scored as the engine scores an episode (a reward may read the whole episode)
+    tree.set_reward(leaf, episode_reward(env.reward, example, tree.nodes[leaf].info["answer"], tree, leaf))
+    return tree
+
+
+class ReferenceTrajectories:
+    """GEAR's reference trajectory tau* of each example, as text: the task's scripted demonstration
+    (:mod:`agentcredit.train.demos`: kb-multihop's ``info["chain"]``, a row's ``info["demo_calls"]``, the
+    arith-tools script) played through the episode's own protocol and tools, so that it reads exactly like the
+    student's turns (policy turns and tool outputs, the prompt left out).
+
+    The paper's teacher state s_t* is "constructed from the same prompt under a reference trajectory tau*"
+    (GEAR §3.3, seed line 72), and its limitations name "tool-use benchmarks with annotated reference
+    trajectories" as its setting (App. D, seed line 389); for tool use the spec's ground truth is the target
+    tool calls (gear.md §2.2). An answer alone leaves the teacher nothing to disagree with on a search step.
+    Each example is played once and kept (the tools are deterministic): a training step costs no tool call.
+    """
+
+    def __init__(self, env: Environment, tokenizer: Any, protocol_name: str):
+        self.env, self.tokenizer = env, tokenizer
+        try:
+            self.policy = scripted_policy(protocol_name, env.protocol, tokenizer=tokenizer)
+        except ValueError as exc:
+            raise ValueError(
+                f"GEAR's reference trajectory is the task's scripted demonstration, and there is none: {exc}. "
+                "Set algorithm.gear.reference=answer to condition the teacher on the answer alone (a variant)"
+            ) from None
+        self._texts: dict[str, str] = {}
+
+    def __call__(self, example: Example) -> str:
+        if example.id not in self._texts:
+            tree = demonstration(self.env, self.tokenizer, example, self.policy)
+            self._texts[example.id] = reference_text(tree, self.tokenizer.eos_token)
+        return self._texts[example.id]
+
+
+def reference_text(tree: RolloutTree, eos_text: str | None = None) -> str:
+    """The text of a single-episode tree after its prompt: every policy turn and tool output in order, a policy
+    turn's closing EOS text (``eos_text``, which the replay appends to a turn the protocol does not end by
+    itself) removed, since inside the teacher's prompt it would end the message it is quoted in."""
+    parts = []
+    for node in tree.path(tree.leaves()[0])[1:]:
+        segment = tree.segment(node)
+        text = segment.text
+        if segment.is_policy and eos_text and text.endswith(eos_text):
+            text = text[: -len(eos_text)]
+        parts.append(text)
+    return "".join(parts).strip()
 
 
 class _FailOnInfra:
