@@ -254,6 +254,11 @@ class GearConfig(Section):
         "After understanding the reference solution, please try to solve this problem using your own approach below:",
         description="Ground-truth-conditioned teacher prompt (gear.md §2.2, OPSD style); placeholders {user}, {ground_truth}.",
     )
+    normalize: Literal["minmax", "clamp_max", "auto"] = Field(
+        "auto",
+        description="rKL to [0, 1] per trajectory (paper §4.1: no formula): minmax (literal), clamp_max, or auto = "
+        "minmax unless it triggers on > 20% of the tokens, then clamp_max (gear.md A3).",
+    )
     reference: Literal["trajectory", "answer"] = Field(
         "trajectory",
         description="The teacher's ground truth: 'trajectory' = the task's scripted demonstration played through the "
