@@ -14,14 +14,17 @@ import re
 
 import pytest
 import torch
+from train_helpers import EXAMPLES, SMALL, tiny_demonstrations
 
 from agentcredit.config import load_config
 from agentcredit.environment import build_environment
+from agentcredit.models.loading import load_base_model
 from agentcredit.rollout.replay import replay
 from agentcredit.tasks import Example, load_task
 from agentcredit.train import signals
 from agentcredit.train.batch import build_batch
 from agentcredit.train.sft import ReferenceTrajectories
+from agentcredit.train.trainer import Trainer
 
 
 @pytest.fixture(scope="module")
@@ -131,3 +134,29 @@ def test_rkl_mass_moves_onto_the_wrong_search(env, two_hop):
         shares[name] = float(positive[start:end].sum() / positive.sum())
     assert shares["reference"] > 2 * shares["answer"], shares
     assert shares["reference"] > 0.15, shares
+
+
+@pytest.mark.parametrize("reference", ["trajectory", "answer"])
+def test_the_trainer_conditions_the_teacher_on_tau_star(reference, monkeypatch):
+    """A GEAR step of the native trainer: with the default ``reference: trajectory`` the teacher prompt of the
+    arith-tools question that needs the tool holds the scripted tool call (tau*); with ``answer`` it does not."""
+    config = load_config("gear-arith-tools", [*SMALL, f"algorithm.gear.reference={reference}"])
+    model, tokenizer = load_base_model("tiny", seed=0)
+    trees = tiny_demonstrations(config, tokenizer)
+    captured = []
+
+    def fake_teacher_logprobs(model, batch, prompt_lengths, teacher_prompts, **kwargs):
+        captured.extend(tokenizer.decode(ids) for ids in teacher_prompts)
+        return torch.zeros(batch.input_ids.shape)
+
+    monkeypatch.setattr(signals, "teacher_logprobs", fake_teacher_logprobs)
+    trainer = Trainer(config, model=model, tokenizer=tokenizer, examples=list(EXAMPLES), log=False)
+    try:
+        batch = build_batch(trees, pad_id=tokenizer.pad_token_id)
+        trainer.compute_signals(batch, trees, list(EXAMPLES))
+    finally:
+        trainer.close()
+    hard = next(p for p in captured if "17*23" in p.split("reference solution")[0])
+    shown = hard.split("Here is a reference solution:")[1]
+    assert ("print(17*23)" in shown) == (reference == "trajectory")
+    assert "\\boxed{391}" in shown  # the answer is there either way
