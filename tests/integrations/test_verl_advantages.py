@@ -422,6 +422,7 @@ def test_gear_equals_gear_advantages_on_grpo():
             lambda_h=1.5,
             alpha=0.2,
             beta=0.9,
+            normalisation="auto",  # the settings' default since issue 31 (gear.md A3)
         )
     torch.testing.assert_close(b.proto.batch["advantages"], expected.float())
     # the zero-advantage episode (p1 alone) stays zero whatever the teacher says
@@ -586,3 +587,15 @@ def test_both_trainers_give_the_same_advantages_from_one_definition(method, env)
         expected = (native.advantages * native.loss_mask)[n_row][batch.policy_mask[n_row]]
         torch.testing.assert_close(got, expected.to(got.dtype), atol=1e-6, rtol=1e-6)
     assert bool((b.proto.batch["advantages"] != 0).any())
+
+
+def test_verl_gear_refuses_the_reference_trajectory_it_does_not_build():
+    """issue 31: the native trainer conditions GEAR's teacher on tau*; verl's agent loop still inserts the answer
+    alone, so its settings accept only reference: answer rather than silently running the variant."""
+    from pydantic import ValidationError
+
+    from agentcredit.integrations.verl.settings import GearSettings
+
+    assert GearSettings().reference == "answer"
+    with pytest.raises(ValidationError, match="reference"):
+        GearSettings(reference="trajectory")
