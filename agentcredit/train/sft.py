@@ -82,7 +82,8 @@ class ReferenceTrajectories:
     (GEAR §3.3, seed line 72), and its limitations name "tool-use benchmarks with annotated reference
     trajectories" as its setting (App. D, seed line 389); for tool use the spec's ground truth is the target
     tool calls (gear.md §2.2). An answer alone leaves the teacher nothing to disagree with on a search step.
-    Each example is played once and kept (the tools are deterministic): a training step costs no tool call.
+    Each example is played once, the first time GEAR needs it, and kept (the scripted calls and the tools are
+    deterministic), so later steps run no tool for it.
     """
 
     def __init__(self, env: Environment, tokenizer: Any, protocol_name: str):
