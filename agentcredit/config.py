@@ -276,7 +276,18 @@ class GearConfig(Section):
     template: str = Field(
         "{user}\n\nHere is a reference solution:\n{ground_truth}\n\n"
         "After understanding the reference solution, please try to solve this problem using your own approach below:",
-        description="Answer-conditioned teacher prompt (gear.md §2.2, OPSD style); placeholders {user}, {ground_truth}.",
+        description="Ground-truth-conditioned teacher prompt (gear.md §2.2, OPSD style); placeholders {user}, {ground_truth}.",
+    )
+    normalize: Literal["minmax", "clamp_max", "auto"] = Field(
+        "auto",
+        description="rKL to [0, 1] per trajectory (paper §4.1: no formula): minmax (literal), clamp_max, or auto = "
+        "minmax unless it triggers on > 20% of the tokens, then clamp_max (gear.md A3).",
+    )
+    reference: Literal["trajectory", "answer"] = Field(
+        "trajectory",
+        description="The teacher's ground truth: 'trajectory' = the task's scripted demonstration played through the "
+        "protocol and tools (paper §3.3: s_t* is built 'under a reference trajectory tau*'); 'answer' = the gold "
+        "answer only (a variant, not the paper's: the teacher then cannot disagree with a search step).",
     )
 
 

@@ -29,6 +29,7 @@ from agentcredit.credit.estimators import (
     Step,
     chain_trees,
     gear_reweight,
+    gear_reweight_stats,
     tips_step_rewards,
 )
 from agentcredit.credit.gae import gae_advantages
@@ -94,6 +95,7 @@ __all__ = [
     "chain_trees",
     "tips_step_rewards",
     "gear_reweight",
+    "gear_reweight_stats",
     # registry
     "CreditPreset",
     "PRESETS",

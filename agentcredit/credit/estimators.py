@@ -33,7 +33,7 @@ from agentcredit.credit._validate import finite_where
 from agentcredit.credit.carl_critical import critical_action_advantages
 from agentcredit.credit.carl_segment import segment_advantages
 from agentcredit.credit.gae import gae_advantages
-from agentcredit.credit.gear import gear_advantages
+from agentcredit.credit.gear import gear_advantages, gear_details
 from agentcredit.credit.gigpo import gigpo_advantages
 from agentcredit.credit.grpo import grpo_advantages
 from agentcredit.credit.portool import portool_advantages
@@ -49,6 +49,7 @@ __all__ = [
     "Step",
     "chain_trees",
     "gear_reweight",
+    "gear_reweight_stats",
     "tips_step_rewards",
 ]
 
@@ -496,11 +497,42 @@ def gear_reweight(
     lambda_h: float = 1.5,
     alpha: float = 0.2,
     beta: float | None = None,
+    normalisation: str = "minmax",
 ) -> Tensor:
-    """GEAR's weight W_t on top of any per-token advantage, along each episode's trained tokens.
+    """GEAR's weight W_t on top of any per-token advantage, along each episode's trained tokens (see
+    :func:`gear_reweight_stats`, which also returns the step's segmentation statistics)."""
+    return gear_reweight_stats(
+        batch,
+        advantages,
+        lambda_kl=lambda_kl,
+        lambda_h=lambda_h,
+        alpha=alpha,
+        beta=beta,
+        normalisation=normalisation,
+    )[0]
 
-    GEAR's weight depends on the advantage only through its sign, so it is read off :func:`gear_advantages` at
+
+def gear_reweight_stats(
+    batch: EpisodeBatch,
+    advantages: Tensor,
+    *,
+    lambda_kl: float = 0.1,
+    lambda_h: float = 1.5,
+    alpha: float = 0.2,
+    beta: float | None = None,
+    normalisation: str = "minmax",
+) -> tuple[Tensor, dict[str, float]]:
+    """GEAR's weight W_t on top of any per-token advantage, and the statistics that show whether it reweights.
+
+    GEAR's weight depends on the advantage only through its sign, so it is read off :func:`gear_details` at
     A = +1 and A = -1 and applied token by token (for a constant A this is exactly ``gear_advantages(A, ...)``).
+
+    Statistics (spec gear.md §12.4 and A3), over the trained tokens of every episode with one:
+    ``gear/trigger_rate`` (share of tokens with r > lambda_KL, before propagation), ``gear/frac_in_segments``
+    (share inside a segment) and ``gear/clamp_max_share`` (share of episodes normalised with clamp_max, which
+    ``normalisation="auto"`` picks where min-max would trigger on more than 20% of the tokens). The paper
+    describes the spikes as sparse; a trigger rate near 1 means min-max has gone flat and W is one constant per
+    episode (GEAR becomes a scaled GRPO).
     """
     index = batch.token_index()
     student, mask = batch.gather(batch.need("student_logp", "gear"), index)
@@ -508,15 +540,39 @@ def gear_reweight(
     entropy, _ = batch.gather(batch.need("entropy", "gear"), index)
     a, _ = batch.gather(advantages, index)
     out = torch.zeros_like(a)
-    kw = {"lambda_kl": lambda_kl, "lambda_h": lambda_h, "alpha": alpha, "beta": beta}
+    kw = {
+        "lambda_kl": lambda_kl,
+        "lambda_h": lambda_h,
+        "alpha": alpha,
+        "beta": beta,
+        "normalisation": normalisation,
+    }
+    tokens = triggers = in_segments = 0.0
+    episodes = clamped = 0
     for j in range(a.shape[0]):
-        # each sign's weight only where the episode has that sign (GRPO's A is one sign per episode)
+        # each sign's weight only where the episode has that sign (GRPO's A is one sign per episode); the A = +1
+        # pass always runs, since its segmentation statistics describe the episode whatever its sign
         pos, neg = bool((a[j] > 0).any()), bool((a[j] < 0).any())
         zero = torch.zeros_like(a[j])
-        w_pos = gear_advantages(1.0, student[j], teacher[j], entropy[j], mask[j], **kw) if pos else zero
+        details = gear_details(1.0, student[j], teacher[j], entropy[j], mask[j], **kw)
+        w_pos = details.advantages if pos else zero
         w_neg = -gear_advantages(-1.0, student[j], teacher[j], entropy[j], mask[j], **kw) if neg else zero
         out[j] = torch.where(a[j] > 0, w_pos, w_neg).to(a.dtype) * a[j]
-    return batch.scatter(out, index)
+        n = float(mask[j].sum())
+        if n:
+            tokens += n
+            triggers += details.trigger_rate * n
+            in_segments += details.frac_in_segments * n
+            episodes += 1
+            clamped += details.normalisation == "clamp_max"
+    stats = {}
+    if tokens:
+        stats = {
+            "gear/trigger_rate": triggers / tokens,
+            "gear/frac_in_segments": in_segments / tokens,
+            "gear/clamp_max_share": clamped / episodes,
+        }
+    return batch.scatter(out, index), stats
 
 
 # ------------------------------------------------------------------------------------------------ registry

@@ -24,7 +24,8 @@ Ablation switches (spec Sec. 9.2, ``segmentation=``): ``"none"`` (w^KL = r), ``"
 a segment that runs to the next trigger), ``"entropy_only"`` (partition by the entropy test alone),
 ``"tool_call"`` (segments start at the first token of each tool invocation) and ``"entropy_window"`` (the end
 test uses the trailing mean entropy of ``entropy_window`` tokens). ``normalisation="clamp_max"`` is spec A3's
-alternative, max(rKL, 0) / max(max(rKL, 0)); ``break_at_observation`` ends a segment at a tool output
+alternative, max(rKL, 0) / max(max(rKL, 0)); ``"auto"`` is min-max unless it makes more than 20% of the tokens
+triggers, then clamp_max (spec A3); ``break_at_observation`` ends a segment at a tool output
 (spec A5; by default segments may run across it).
 """
 
@@ -46,11 +47,25 @@ from agentcredit.credit._validate import (
     same_shape,
 )
 
-__all__ = ["gear_advantages", "gear_details", "GearDetails", "SEGMENTATIONS"]
+__all__ = [
+    "gear_advantages",
+    "gear_details",
+    "GearDetails",
+    "SEGMENTATIONS",
+    "NORMALISATIONS",
+    "AUTO_MAX_TRIGGER_RATE",
+]
 
 Segmentation = Literal["gear", "none", "kl_only", "entropy_only", "tool_call", "entropy_window"]
 SEGMENTATIONS: tuple[str, ...] = ("gear", "none", "kl_only", "entropy_only", "tool_call", "entropy_window")
-Normalisation = Literal["minmax", "clamp_max"]
+Normalisation = Literal["minmax", "clamp_max", "auto"]
+NORMALISATIONS: tuple[str, ...] = ("minmax", "clamp_max", "auto")
+# "auto": min-max, unless more than this share of the trajectory's policy tokens then triggers (r > lambda_KL), in
+# which case clamp_max. Spec gear.md A3: with min-max a strongly negative minimum (the teacher far surer of the
+# answer tokens) lifts the typical rKL ~ 0 tokens above lambda_KL and turns most tokens into triggers; "the paper
+# describes spikes as sparse (a minority of tokens). If the trigger rate is high (e.g. > 20%), switch to clamp_max
+# and report it". The paper: "occasional reverse-KL spikes" (GEAR §5.3, seed line 195).
+AUTO_MAX_TRIGGER_RATE = 0.2
 
 # Entropies computed as logsumexp - E[logits] can come out a hair below zero in float32; anything more negative
 # than this is not an entropy (e.g. log-probs passed by mistake).
@@ -70,6 +85,7 @@ class GearDetails:
     segments: list[tuple[int, int]]  # (start, end) token indices into the full sequence, end inclusive
     trigger_rate: float  # fraction of policy tokens with r > lambda_KL (before propagation)
     frac_in_segments: float  # fraction of policy tokens inside a segment
+    normalisation: str = "minmax"  # the normalisation applied ("auto" resolves to minmax or clamp_max)
 
 
 def gear_details(
@@ -103,7 +119,7 @@ def gear_details(
     beta = 1.0 - 0.5 * alpha if beta is None else finite_float(beta, "beta")
     if alpha < 0 or lambda_h < 0:
         raise ValueError(f"alpha and lambda_h must be >= 0, got alpha={alpha}, lambda_h={lambda_h}")
-    choice(normalisation, "normalisation", ("minmax", "clamp_max"))
+    choice(normalisation, "normalisation", NORMALISATIONS)
     choice(segmentation, "segmentation", SEGMENTATIONS)
     if isinstance(entropy_window, bool) or not isinstance(entropy_window, int) or entropy_window < 1:
         raise ValueError(f"entropy_window must be a positive int, got {entropy_window!r}")
@@ -120,7 +136,11 @@ def gear_details(
     idx = keep.nonzero().flatten()
     n = idx.numel()
     rkl_c = (student_logp[idx].to(dtype) - teacher_logp[idx].to(dtype)).detach()
-    r = _normalise(rkl_c, normalisation)
+    applied = normalisation
+    if normalisation == "auto":
+        r = _normalise(rkl_c, "minmax")
+        applied = "clamp_max" if n and float((r > lambda_kl).sum()) / n > AUTO_MAX_TRIGGER_RATE else "minmax"
+    r = _normalise(rkl_c, applied)
 
     r_list = r.tolist()
     h_list = entropy[idx].to(dtype).tolist()
@@ -181,6 +201,7 @@ def gear_details(
         segments=[(positions[s], positions[e]) for s, e in segs],
         trigger_rate=float((r > lambda_kl).sum()) / n if n else 0.0,
         frac_in_segments=in_segments / n if n else 0.0,
+        normalisation=applied,
     )
 
 
@@ -213,7 +234,9 @@ def gear_advantages(
         lambda_h: entropy ratio that ends a segment (paper value 1.5).
         alpha: modulation range (paper value 0.2; 0 returns A unchanged).
         beta: offset; None means 1 - 0.5 * alpha (paper: beta = 0.9 at alpha = 0.2).
-        normalisation: ``"minmax"`` (paper, literal) or ``"clamp_max"`` (spec A3).
+        normalisation: ``"minmax"`` (the literal reading of the paper's "normalize to [0, 1]"), ``"clamp_max"``
+            (spec A3) or ``"auto"`` (min-max, clamp_max for a trajectory where min-max triggers on more than
+            :data:`AUTO_MAX_TRIGGER_RATE` of the tokens; spec A3).
         segmentation: ``"gear"`` (paper) or an ablation of spec Sec. 9.2 (see the module docstring).
         entropy_window: window of ``"entropy_window"`` (paper ablation: 8 tokens).
         tool_call_starts: ``[T]`` bool, True on the first token of each tool invocation (``"tool_call"`` only).

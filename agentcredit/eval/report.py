@@ -44,6 +44,15 @@ TABLE = (
     ("critic/explained_variance", "critic EV"),
 )
 
+# A method's training-time diagnostics, shown as mean over the training steps (last step): whether its mechanism
+# acts. GEAR: the share of policy tokens whose normalised rKL triggers a segment, the share inside a segment, and
+# the share of episodes normalised with clamp_max (gear.md §12.4, A3; the paper describes spikes as sparse).
+DIAGNOSTICS = (
+    ("gear/trigger_rate", "GEAR trigger rate"),
+    ("gear/frac_in_segments", "GEAR tokens in segments"),
+    ("gear/clamp_max_share", "GEAR clamp_max share"),
+)
+
 
 @dataclass
 class RunData:
@@ -312,6 +321,21 @@ def metrics_table(runs: list[RunData]) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
+def diagnostics_table(runs: list[RunData]) -> tuple[list[str], list[list[str]]] | None:
+    """Each run's :data:`DIAGNOSTICS` as "mean over training steps (last step)"; None when no run logged any."""
+    keys = [(k, label) for k, label in DIAGNOSTICS if any(_series(run, k)[0] for run in runs)]
+    if not keys:
+        return None
+    rows = []
+    for run in runs:
+        row = [run.name, run.method]
+        for key, _ in keys:
+            _, ys = _series(run, key)
+            row.append(f"{float(np.mean(ys)):.3f} ({ys[-1]:.3f})" if ys else "–")
+        rows.append(row)
+    return ["run", "method", *[label for _, label in keys]], rows
+
+
 def _markdown_table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
@@ -368,6 +392,8 @@ def write_report(run_dirs: list[str | Path], out_dir: str | Path) -> dict[str, P
         f"Runs compared: {', '.join(r.name for r in runs)}. Final metrics come from each run's last evaluation "
         "(greedy, held-out split) when it has one, else from its last training step (training rollouts)."
     )
+    diagnostics = diagnostics_table(runs)
+    diagnostics_title = "Method diagnostics (mean over training steps, last step in brackets)"
     md = [
         "# agentcredit comparison",
         intro,
@@ -377,6 +403,8 @@ def write_report(run_dirs: list[str | Path], out_dir: str | Path) -> dict[str, P
         "## Mean time per step by phase",
         _markdown_table(phase_header, phase_rows),
     ]
+    if diagnostics is not None:
+        md += [f"## {diagnostics_title}", _markdown_table(*diagnostics)]
     for title, path in figures:
         md += [f"## {title}", f"![{title}](plots/{path.name})"]
     if no_critic:
@@ -391,6 +419,8 @@ def write_report(run_dirs: list[str | Path], out_dir: str | Path) -> dict[str, P
         "<h2>Mean time per step by phase</h2>",
         _html_table(phase_header, phase_rows),
     ]
+    if diagnostics is not None:
+        parts += [f"<h2>{html.escape(diagnostics_title)}</h2>", _html_table(*diagnostics)]
     for title, path in figures:
         parts += [f"<h2>{html.escape(title)}</h2>", _img(path, title)]
     if no_critic:

@@ -46,6 +46,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from agentcredit.config import ConfigError, load_config, load_yaml_file
+from agentcredit.experiment.arms import claim_differences, resolved_protocol
 from agentcredit.experiment.locks import claim
 from agentcredit.tasks import Example, load_task
 
@@ -148,6 +149,16 @@ class ClaimSpec(_Spec):
         "lower_spread: a smaller spread across seeds (Levene: absolute deviations from the arm's mean).",
     )
     margin: float = Field(0.0, ge=0.0, description="Non-inferiority margin (not_lower / not_higher).")
+    about: list[str] = Field(
+        default_factory=list,
+        description="Config fields the claim is about (dotted, e.g. algorithm.reweight; a section covers its "
+        "fields): the arm and the baseline may differ there. A difference anywhere else stops the study.",
+    )
+    tolerate: list[str] = Field(
+        default_factory=list,
+        description="Config fields outside 'about' where the two arms knowingly differ: an override, listed in "
+        "the report beside the claim as a difference the comparison does not isolate.",
+    )
 
 
 class StudySpec(_Spec):
@@ -242,11 +253,20 @@ def load_study(path: str | Path) -> StudySpec:
             configs[where] = load_config(preset, overrides)
         except ConfigError as exc:
             raise StudyError(f"{path}: {where}: {exc}") from None
+    for stated in spec.claims:
+        unexplained = claim_differences(spec, stated, configs).unexplained
+        if unexplained:
+            shown = "; ".join(f"{k}: {a!r} vs {b!r}" for k, (a, b) in unexplained.items())
+            raise StudyError(
+                f"{path}: claim {stated.name!r}: arm {stated.arm!r} and baseline {stated.baseline!r} differ outside "
+                f"what the claim is about (arm vs baseline): {shown}; make the arms alike, or name the fields in "
+                "the claim's 'about' (what it tests) or 'tolerate' (a known confound the report lists)"
+            )
     # Every arm starts from the model SFT'd in the start's text format: an arm in another protocol (a preset's
     # own style, e.g. carl-critical's ASearcher tags) would start from a policy that never saw its format.
-    start_protocol = _resolved_protocol(configs.pop("start"))
+    start_protocol = resolved_protocol(configs.pop("start"))
     for where, cfg in configs.items():
-        if (protocol := _resolved_protocol(cfg)) != start_protocol:
+        if (protocol := resolved_protocol(cfg)) != start_protocol:
             differ = {
                 k: (v, start_protocol.get(k)) for k, v in protocol.items() if start_protocol.get(k) != v
             }
@@ -255,13 +275,6 @@ def load_study(path: str | Path) -> StudySpec:
                 "set the protocol for every arm in the study's common 'set'"
             )
     return spec
-
-
-def _resolved_protocol(cfg) -> dict[str, Any]:
-    """The protocol a config runs: its name and every option, defaults filled in."""
-    from agentcredit.protocols import protocol_options
-
-    return {"name": cfg.protocol.name, **protocol_options(cfg.protocol.name), **cfg.protocol.options}
 
 
 def _weights_digest(model_dir: Path) -> str:

@@ -114,6 +114,22 @@ def paired_interval(a: dict[int, float], b: dict[int, float]) -> tuple[float, fl
     return mean_interval([a[s] - b[s] for s in seeds])
 
 
+def claim_differences_table(spec) -> tuple[list[str], list[list[str]]]:
+    """Per claim: the config fields where its arm and baseline differ, split into the parts the claim is about and
+    the differences it tolerates (which its verdict does not isolate). A study with any other difference does not
+    load (:func:`agentcredit.experiment.study.claim_differences`)."""
+    from agentcredit.experiment.arms import claim_differences
+
+    def shown(pairs: dict) -> str:
+        return "; ".join(f"{k}: {a} vs {b}" for k, (a, b) in pairs.items()) or "none"
+
+    rows = []
+    for c in spec.claims:
+        d = claim_differences(spec, c)
+        rows.append([c.name, f"{c.arm} vs {c.baseline}", shown(d.about), shown(d.tolerated)])
+    return ["claim", "arms", "in what the claim is about", "also differ (tolerated, not isolated)"], rows
+
+
 def verdict(direction: str, interval: tuple[float, float, float] | None, margin: float = 0.0) -> str:
     """'reproduced' / 'not reproduced' / 'inconclusive' for a claim on arm - baseline (module docstring)."""
     if interval is None:
@@ -429,6 +445,13 @@ def write_study_report(study: Study, out_dir: str | Path) -> dict[str, Path]:
                 ]
             )
         sections.append(("Claims", "table", (header, rows)))
+        sections.append(
+            (
+                "What each claim's two arms differ in (resolved configs, arm vs baseline)",
+                "table",
+                claim_differences_table(spec),
+            )
+        )
 
     # wall time
     header = ["run", "steps", "wall time (min)", "mean s/step (rollout / signals / update)", "eval s (total)"]

@@ -6,7 +6,7 @@ This module only *lays out* data: it turns the rollout trees and the batch into 
 * shaping — ``tips``: :func:`~agentcredit.credit.estimators.tips_step_rewards` (turn rewards on the steps);
 * estimator — ``grpo``, ``gae``, ``segment``, ``critical``, ``portool`` or ``gigpo``
   (:data:`~agentcredit.credit.estimators.ESTIMATORS`);
-* reweight — ``gear``: :func:`~agentcredit.credit.estimators.gear_reweight`;
+* reweight — ``gear``: :func:`~agentcredit.credit.estimators.gear_reweight_stats`;
 
 then the native trainer's own whitening and statistics. What is native is the layout: a tree's policy segments
 become steps whose node ids are their :func:`step_tree` nodes, so shared prefixes share a node, and a step's
@@ -28,7 +28,7 @@ from agentcredit.credit import (
     EpisodeBatch,
     Estimate,
     Step,
-    gear_reweight,
+    gear_reweight_stats,
     tips_step_rewards,
 )
 from agentcredit.rollout.tree import RolloutTree
@@ -215,9 +215,16 @@ def compute_advantages(
         result.stats.update(tips_stats(signals.potentials, signals.alpha))
     if cfg.reweight == "gear":
         g = cfg.gear
-        result.advantages = gear_reweight(
-            layout, result.advantages, lambda_kl=g.lambda_kl, lambda_h=g.lambda_h, alpha=g.alpha, beta=g.beta
+        result.advantages, gear_stats = gear_reweight_stats(
+            layout,
+            result.advantages,
+            lambda_kl=g.lambda_kl,
+            lambda_h=g.lambda_h,
+            alpha=g.alpha,
+            beta=g.beta,
+            normalisation=g.normalize,
         )
+        result.stats.update(gear_stats)
     if cfg.whiten_advantages:
         m = result.loss_mask
         vals = result.advantages[m]

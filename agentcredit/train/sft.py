@@ -34,7 +34,7 @@ from agentcredit.tasks import Example
 from agentcredit.tools.base import ToolUnavailableError
 from agentcredit.tools.episodes import EpisodeTools
 from agentcredit.train.batch import build_batch
-from agentcredit.train.demos import check_demo_calls, demo_turns, scripted_policy
+from agentcredit.train.demos import ScriptedPolicy, check_demo_calls, demo_turns, scripted_policy
 from agentcredit.train.optim import adamw
 from agentcredit.train.signals import row_tokens
 
@@ -68,31 +68,91 @@ def demonstrations(
             (warn or _warn)(line)
     trees = []
     for example in examples:
-        tools = env.tools if env.tools.episodes is None else EpisodeTools(env.tools.episodes, example)
         where = (locate or {}).get(example.id)
-        where = f"{where} (example {example.id!r})" if where else f"example {example.id!r}"
-        try:
-            tree = replay(
-                env.protocol,
-                tokenizer,
-                # an unavailable tool stops SFT, and so does an error answering a task file's own demo_calls
-                _DemoTools(tools, where, errors=protocol_name == "chat" and demo_turns(example) is not None),
-                example.question,
-                lambda turn, obs, ex=example: policy(ex, turn, obs),
-                max_turns=cap,
-            )
-        finally:
-            if tools is not env.tools:
-                tools.close()
-        leaf = tree.leaves()[
-            0
-        ]  # scored as the engine scores an episode (a reward may read the whole episode)
-        tree.set_reward(
-            leaf, episode_reward(env.reward, example, tree.nodes[leaf].info["answer"], tree, leaf)
-        )
+        # an error answering a task file's own demo_calls stops SFT (the built-in scripts keep their error texts)
+        errors = protocol_name == "chat" and demo_turns(example) is not None
+        tree = demonstration(env, tokenizer, example, policy, where=where, errors=errors, max_turns=cap)
         if max(tree.rewards().values()) >= 1.0:
             trees.append(tree)
     return trees
+
+
+def demonstration(
+    env: Environment,
+    tokenizer: Any,
+    example: Example,
+    policy: ScriptedPolicy,
+    *,
+    where: str | None = None,
+    errors: bool = False,
+    max_turns: int | None = None,
+) -> RolloutTree:
+    """One scripted episode of ``example``, played through the environment's protocol and tools, and scored as the
+    engine scores an episode. Raises ToolUnavailableError when a tool could not run, and (``errors``) a ValueError
+    naming ``where`` when a scripted call answers an error (:class:`_DemoTools`)."""
+    tools = env.tools if env.tools.episodes is None else EpisodeTools(env.tools.episodes, example)
+    where = f"{where} (example {example.id!r})" if where else f"example {example.id!r}"
+    try:
+        tree = replay(
+            env.protocol,
+            tokenizer,
+            _DemoTools(tools, where, errors=errors),
+            example.question,
+            lambda turn, obs: policy(example, turn, obs),
+            max_turns=max_turns,
+        )
+    finally:
+        if tools is not env.tools:
+            tools.close()
+    leaf = tree.leaves()[0]  # scored as the engine scores an episode (a reward may read the whole episode)
+    tree.set_reward(leaf, episode_reward(env.reward, example, tree.nodes[leaf].info["answer"], tree, leaf))
+    return tree
+
+
+class ReferenceTrajectories:
+    """GEAR's reference trajectory tau* of each example, as text: the task's scripted demonstration
+    (:mod:`agentcredit.train.demos`: kb-multihop's ``info["chain"]``, a row's ``info["demo_calls"]``, the
+    arith-tools script) played through the episode's own protocol and tools, so that it reads exactly like the
+    student's turns (policy turns and tool outputs, the prompt left out).
+
+    The paper's teacher state s_t* is "constructed from the same prompt under a reference trajectory tau*"
+    (GEAR §3.3, seed line 72), and its limitations name "tool-use benchmarks with annotated reference
+    trajectories" as its setting (App. D, seed line 389); for tool use the spec's ground truth is the target
+    tool calls (gear.md §2.2). An answer alone leaves the teacher nothing to disagree with on a search step.
+    Each example is played once, the first time GEAR needs it, and kept (the scripted calls and the tools are
+    deterministic), so later steps run no tool for it.
+    """
+
+    def __init__(self, env: Environment, tokenizer: Any, protocol_name: str):
+        self.env, self.tokenizer = env, tokenizer
+        try:
+            self.policy = scripted_policy(protocol_name, env.protocol, tokenizer=tokenizer)
+        except ValueError as exc:
+            raise ValueError(
+                f"GEAR's reference trajectory is the task's scripted demonstration, and there is none: {exc}. "
+                "Set algorithm.gear.reference=answer to condition the teacher on the answer alone (a variant)"
+            ) from None
+        self._texts: dict[str, str] = {}
+
+    def __call__(self, example: Example) -> str:
+        if example.id not in self._texts:
+            tree = demonstration(self.env, self.tokenizer, example, self.policy)
+            self._texts[example.id] = reference_text(tree, self.tokenizer.eos_token)
+        return self._texts[example.id]
+
+
+def reference_text(tree: RolloutTree, eos_text: str | None = None) -> str:
+    """The text of a single-episode tree after its prompt: every policy turn and tool output in order, a policy
+    turn's closing EOS text (``eos_text``, which the replay appends to a turn the protocol does not end by
+    itself) removed, since inside the teacher's prompt it would end the message it is quoted in."""
+    parts = []
+    for node in tree.path(tree.leaves()[0])[1:]:
+        segment = tree.segment(node)
+        text = segment.text
+        if segment.is_policy and eos_text and text.endswith(eos_text):
+            text = text[: -len(eos_text)]
+        parts.append(text)
+    return "".join(parts).strip()
 
 
 def _warn(message: str) -> None:

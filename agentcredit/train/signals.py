@@ -5,12 +5,12 @@
 * critic values (per token, or at segment boundaries);
 * reference log-probs for the KL term;
 * TIPS teacher potentials Phi(S) = log sum_a p_teacher(answer a | S) at the start of every policy segment;
-* GEAR answer-conditioned teacher log-probs of the student's own tokens.
+* GEAR ground-truth-conditioned teacher log-probs of the student's own tokens.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +30,7 @@ class Signals:
 
     values: torch.Tensor | None = None  # [N, L] critic: V of the state before each token
     potentials: list[list[float]] | None = None  # per trajectory: Phi at each policy segment's start state
-    teacher_logp: torch.Tensor | None = None  # [N, L] GEAR answer-conditioned teacher log-probs
+    teacher_logp: torch.Tensor | None = None  # [N, L] GEAR ground-truth-conditioned teacher log-probs
     entropy: torch.Tensor | None = None  # [N, L] student entropies (GEAR)
     alpha: float | None = None  # TIPS shaping scale used for this batch
 
@@ -236,6 +236,16 @@ def tips_potentials(
     return out
 
 
+def gear_ground_truth(protocol: Any, example: Any, reference: str | None = None) -> str:
+    """What GEAR's teacher is shown as the ground truth of ``example``: the reference trajectory when given,
+    else the gold answer in the protocol's answer format; either after ``info["solution"]`` when the example
+    has a worked solution (gear.md §2.2: "the reference final answer, plus a reference solution")."""
+    truth = reference if reference is not None else protocol.render_answer(example.answers[0])
+    if example.info.get("solution"):
+        truth = f"{example.info['solution']}\n{truth}"
+    return truth
+
+
 def gear_teacher_prompt(
     protocol: Any,
     tokenizer: Any,
@@ -245,7 +255,7 @@ def gear_teacher_prompt(
     *,
     student_prompt: str | None = None,
 ) -> str:
-    """GEAR's answer-conditioned teacher prompt: the student's prompt with the ground truth inserted (gear.md §2.2).
+    """GEAR's ground-truth-conditioned teacher prompt: the student's prompt with the ground truth inserted (gear.md §2.2).
 
     The student's prompt is built by the protocol (``protocol.prompt``; pass the rollout's own prompt text as
     ``student_prompt`` to reuse it), so the teacher's prompt is the same text with one span rewritten as
@@ -293,7 +303,7 @@ def teacher_logprobs(
     """GEAR: log pi(a_t | s_t*) of each row's policy tokens with the row's prompt replaced by a teacher prompt.
 
     ``prompt_lengths[r]`` is the length of row r's original prompt (the tree root), ``teacher_prompts[r]`` the
-    answer-conditioned prompt ids; the rest of the row (the student's own tokens and observations) is kept as is
+    ground-truth-conditioned prompt ids; the rest of the row (the student's own tokens and observations) is kept as is
     (gear.md §2.2: one teacher-forced pass, no generation, no tool re-runs).
     """
     N, L = batch.input_ids.shape
@@ -365,21 +375,22 @@ def gear_teacher_logprobs(
     examples: dict[int, Any],
     template: str,
     *,
+    references: Mapping[int, str] | None = None,
     temperature: float = 1.0,
     autocast: bool = False,
     max_tokens: int = MICRO_BATCH_TOKENS,
 ) -> torch.Tensor:
-    """GEAR's signal: the answer-conditioned teacher's log-probs of every student token.
+    """GEAR's signal: the ground-truth-conditioned teacher's log-probs of every student token.
 
     The teacher is the same weights on the student's prompt (as the protocol built it, ``trees[t].segment(0)``)
-    with the gold answer, and the worked solution when the example has one, inserted (gear.md §2.2;
-    :func:`gear_teacher_prompt`). ``examples[t]`` is the question of tree ``t``.
+    with the ground truth inserted (gear.md §2.2; :func:`gear_teacher_prompt`). ``examples[t]`` is the question
+    of tree ``t``. The ground truth is :func:`gear_ground_truth`: the reference trajectory ``references[t]``
+    when given (the paper's tau*, :class:`agentcredit.train.sft.ReferenceTrajectories`), else the rendered gold
+    answer (``algorithm.gear.reference=answer``, a variant), after the worked solution when the example has one.
     """
     prompts: dict[int, list[int]] = {}
     for t, example in examples.items():
-        truth = protocol.render_answer(example.answers[0])
-        if example.info.get("solution"):
-            truth = f"{example.info['solution']}\n{truth}"
+        truth = gear_ground_truth(protocol, example, None if references is None else references[t])
         text = gear_teacher_prompt(
             protocol, tokenizer, example.question, truth, template, student_prompt=trees[t].segment(0).text
         )

@@ -50,6 +50,7 @@ from agentcredit.train.losses import total_loss, value_weights
 from agentcredit.train.metrics import credit_by_step_kind, episode_metrics, signal_metrics, step_credits
 from agentcredit.train.optim import adamw
 from agentcredit.train.rng import PromptSampler, rng_state, seed_everything, set_rng_state
+from agentcredit.train.sft import ReferenceTrajectories
 from agentcredit.train.signals import (
     Signals,
     critic_values,
@@ -114,6 +115,8 @@ class Trainer:
         self.ref_model = frozen_copy(self.model) if a.kl_coef > 0 and not self.lora else None
         self.teacher = frozen_copy(self.model) if a.shaping == "tips" else None
         self.tips_alpha = a.tips.alpha
+        # GEAR's tau* per example, built on first use
+        self.gear_references: ReferenceTrajectories | None = None
         self.optimizer = self._optimizer()
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer,
@@ -300,6 +303,11 @@ class Trainer:
             )
             signals.alpha = self.tips_alpha
         if a.reweight == "gear":
+            references = None
+            if a.gear.reference == "trajectory":  # tau*, played once per example and kept (GEAR §3.3)
+                if self.gear_references is None:
+                    self.gear_references = ReferenceTrajectories(self.env, self.tokenizer, cfg.protocol.name)
+                references = {t: self.gear_references(ex) for t, ex in by_tree.items()}
             signals.teacher_logp = gear_teacher_logprobs(
                 self.model,
                 self.tokenizer,
@@ -308,6 +316,7 @@ class Trainer:
                 trees,
                 by_tree,
                 a.gear.template,
+                references=references,
                 temperature=temp,
                 autocast=autocast,
                 max_tokens=cfg.train.micro_batch_tokens,

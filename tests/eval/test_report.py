@@ -102,3 +102,25 @@ def test_one_summary_shape_is_read_for_both_writers_and_old_files(tmp_path):
     )
     with pytest.raises(ValueError, match=r"metrics named like fields \['questions'\]"):
         summary_file({"questions": 1.0})
+
+
+def test_report_shows_gears_trigger_rate_and_segment_share(tmp_path):
+    """issue 31: GEAR's normalisation can go flat (nearly every token a trigger) and nothing showed it; compare now
+    lists gear/trigger_rate and gear/frac_in_segments as mean over the training steps (last step)."""
+    gear = _run(tmp_path / "gear", "gear", 2)
+    lines = [json.loads(x) for x in (gear / "metrics.jsonl").read_text().splitlines()]
+    for record, (trigger, inside, clamp) in zip(lines, [(0.9, 1.0, 0.0), (0.1, 0.4, 0.5)], strict=True):
+        record.update(
+            {"gear/trigger_rate": trigger, "gear/frac_in_segments": inside, "gear/clamp_max_share": clamp}
+        )
+    (gear / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    grpo = _run(tmp_path / "grpo", "grpo", 2)
+    paths = write_report([gear, grpo], tmp_path / "report")
+    md = paths["markdown"].read_text()
+    assert "GEAR trigger rate | GEAR tokens in segments | GEAR clamp_max share |" in md
+    assert "| gear | gear | 0.500 (0.100) | 0.700 (0.400) | 0.250 (0.500) |" in md
+    assert "| grpo | grpo | – | – | – |" in md
+    assert "GEAR trigger rate" in paths["html"].read_text()
+    # runs without a method diagnostic get no such section
+    only = write_report([grpo], tmp_path / "report2")["markdown"].read_text()
+    assert "Method diagnostics" not in only

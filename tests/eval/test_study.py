@@ -12,7 +12,8 @@ import yaml
 from typer.testing import CliRunner
 
 from agentcredit.cli import app
-from agentcredit.experiment.study import Study, StudyError, claim, load_study
+from agentcredit.experiment.study import Study, StudyError, claim, claim_differences, load_study
+from agentcredit.experiment.study_report import claim_differences_table
 
 TINY = [
     "model.name=tiny",
@@ -25,6 +26,18 @@ TINY = [
     "train.tensorboard=false",
     "train.save_every=1",
 ]
+
+
+# what the tiny study's claims test (carl-segment's parts) and the preset differences they knowingly accept
+CARL_ABOUT = [
+    "algorithm.estimator",
+    "algorithm.critic",
+    "algorithm.lam",
+    "algorithm.loss_agg",
+    "algorithm.entropy_coef",
+    "optim.head_lr",
+]
+CARL_TOLERATE = ["algorithm.clip_ratio_c", "optim.minibatch_size", "optim.epochs"]
 
 
 def tiny_study(**changes) -> dict:
@@ -62,6 +75,8 @@ def tiny_study(**changes) -> dict:
                 "metric": "tool_call_rate",
                 "arm": "carl-segment",
                 "baseline": "grpo",
+                "about": CARL_ABOUT,
+                "tolerate": CARL_TOLERATE,
                 "direction": "lower",
             },
             {
@@ -70,6 +85,8 @@ def tiny_study(**changes) -> dict:
                 "heldout": "new",
                 "arm": "carl-segment",
                 "baseline": "grpo",
+                "about": CARL_ABOUT,
+                "tolerate": CARL_TOLERATE,
                 "direction": "not_lower",
                 "margin": 0.05,
             },
@@ -79,6 +96,8 @@ def tiny_study(**changes) -> dict:
                 "source": "training",
                 "arm": "carl-segment",
                 "baseline": "grpo",
+                "about": CARL_ABOUT,
+                "tolerate": CARL_TOLERATE,
                 "direction": "lower",
             },
             {
@@ -86,6 +105,8 @@ def tiny_study(**changes) -> dict:
                 "metric": "accuracy",
                 "arm": "carl-segment",
                 "baseline": "grpo",
+                "about": CARL_ABOUT,
+                "tolerate": CARL_TOLERATE,
                 "direction": "lower_spread",
             },
         ],
@@ -119,6 +140,50 @@ def test_study_file_errors_name_the_problem(tmp_path):
         load_study(write(tmp_path / "d.yaml", training_with_set))
 
 
+def test_a_claim_whose_arms_differ_outside_its_parts_is_refused(tmp_path):
+    """issue 31: the GEAR study's GRPO arm differed from GEAR in aggregation and dual clip, not only in GEAR's
+    reweighting; a study now compares each claim's resolved configs and stops on a difference it does not name."""
+    unnamed = tiny_study()
+    unnamed["claims"][1]["tolerate"] = ["algorithm.clip_ratio_c", "optim.epochs"]  # minibatch_size left out
+    with pytest.raises(StudyError) as caught:
+        load_study(write(tmp_path / "a.yaml", unnamed))
+    message = str(caught.value)
+    assert "claim 'accuracy holds on new phrasings'" in message and "\n" not in message
+    assert "optim.minibatch_size: 16 vs 0" in message and "algorithm.critic" not in message
+    # from the command line: one line, exit 2, no traceback
+    result = CliRunner().invoke(
+        app, ["study", "--config", str(tmp_path / "a.yaml"), "--out", str(tmp_path / "o")]
+    )
+    assert result.exit_code == 2 and "optim.minibatch_size" in result.output
+    assert "Traceback" not in result.output
+    # a section name covers its fields; "method" names a run and is never a difference
+    spec = load_study(write(tmp_path / "b.yaml", tiny_study()))
+    d = claim_differences(spec, spec.claims[0])
+    assert d.unexplained == {} and "method" not in {**d.about, **d.tolerated}
+    assert d.about["algorithm.loss_agg"] == ("segment-mean", "token-mean")
+    assert d.tolerated["optim.minibatch_size"] == (16, 0)
+    header, rows = claim_differences_table(spec)
+    assert rows[0][1] == "carl-segment vs grpo" and "algorithm.critic: boundary vs none" in rows[0][2]
+    assert "optim.minibatch_size: 16 vs 0" in rows[0][3]
+
+
+def test_the_gear_study_has_a_like_for_like_baseline():
+    """GEAR's paper writes GRPO and GEAR with the same 1/|tau| aggregation (Eqs. 1 and 6) and "all other
+    hyperparameters follow the default GRPO settings" (App. B.1, seed line 327): the GEAR claims of the kb-multihop
+    study compare arms that differ in GEAR's reweighting alone; the published claims list their confounds."""
+    spec = load_study("studies/kb-multihop-credit.yaml")
+    for c in spec.claims:
+        d = claim_differences(spec, c)
+        assert d.unexplained == {}
+        if c.arm == "gear-tau":
+            assert c.baseline == "grpo-gear-recipe"
+            assert d.about == {"algorithm.reweight": ("gear", "none")} and d.tolerated == {}
+        elif c.arm == "gear":
+            assert set(d.tolerated) == {"algorithm.loss_agg", "algorithm.clip_ratio_c"}
+            assert d.tolerated["algorithm.loss_agg"] == ("seq-mean-token-mean", "token-mean")
+    assert sum(c.arm == "gear-tau" for c in spec.claims) == 3
+
+
 def test_an_arm_in_another_protocol_than_the_start_is_refused(tmp_path):
     # the start is SFT'd in carl-segment's codefence format; an arm without replacement would roll out contexts
     # the start never saw. Defaults count: grpo-arith-tools sets no option and equals the start's (replacement
@@ -143,6 +208,8 @@ def test_the_budget_may_change_until_the_first_run(tmp_path):
         Study(load_study(write(tmp_path / "c.yaml", tiny_study(steps=4))), out).prepare(resume=True)
     changed_arm = tiny_study(steps=3)
     changed_arm["arms"][0]["set"] = ["optim.lr=1e-4"]
+    for c in changed_arm["claims"]:  # the claims accept the new difference (else the file itself is refused)
+        c["tolerate"] = [*CARL_TOLERATE, "optim.lr"]
     with pytest.raises(StudyError, match="run grpo-s0 was made with other settings"):
         Study(load_study(write(tmp_path / "d.yaml", changed_arm)), out).prepare(resume=True)
     # a new arm and a new seed leave grpo-s0 as it was: the study may grow
@@ -234,6 +301,9 @@ def test_study_runs_resumes_and_reports(tmp_path):
     report = (out / "report" / "report.md").read_text()
     assert "Runs finished: 4 of 4" in report and "## Claims" in report
     assert "The arms with a critic started on this FAILED gate" in report  # allow_failed_gate (issue 31)
+    # issue 31: beside the verdicts, where each claim's arms differ (its parts, and the confounds it tolerates)
+    assert "## What each claim's two arms differ in" in report
+    assert "| fewer calls | carl-segment vs grpo | " in report and "optim.minibatch_size: 16 vs 0" in report
     for name in ("fewer calls", "fewer updated actions", "steadier across seeds"):
         claim_row = next(line for line in report.splitlines() if line.startswith(f"| {name} |"))
         assert claim_row.rstrip(" |").endswith(("INCONCLUSIVE", "NOT REPRODUCED", "REPRODUCED"))

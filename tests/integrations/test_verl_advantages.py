@@ -422,6 +422,7 @@ def test_gear_equals_gear_advantages_on_grpo():
             lambda_h=1.5,
             alpha=0.2,
             beta=0.9,
+            normalisation="auto",  # the settings' default since issue 31 (gear.md A3)
         )
     torch.testing.assert_close(b.proto.batch["advantages"], expected.float())
     # the zero-advantage episode (p1 alone) stays zero whatever the teacher says
@@ -610,3 +611,15 @@ def test_an_episode_whose_tool_could_not_run_is_left_out_of_the_group():
     assert float(per_ep[0]) == pytest.approx(0.5 / (math.sqrt(0.5) + 1e-6), rel=1e-6)  # (1 - mean) / std
     assert res.metrics["agentcredit/infra_failed_episodes"] == 1.0
     assert res.metrics["agentcredit/episodes"] == 2.0
+
+
+def test_verl_gear_refuses_the_reference_trajectory_it_does_not_build():
+    """issue 31: the native trainer conditions GEAR's teacher on tau*; verl's agent loop still inserts the answer
+    alone, so its settings accept only reference: answer rather than silently running the variant."""
+    from pydantic import ValidationError
+
+    from agentcredit.integrations.verl.settings import GearSettings
+
+    assert GearSettings().reference == "answer"
+    with pytest.raises(ValidationError, match="reference"):
+        GearSettings(reference="trajectory")

@@ -175,7 +175,12 @@ def test_gear_reweighting_equals_gear_advantages_for_a_constant_advantage():
         r = traj.rows[0]
         mask = batch.policy_mask[r]
         a = float(base.advantages[r][mask][0])
-        direct = gear_advantages(
-            a, batch.old_logp[r][mask], teacher[r][mask], entropy[r][mask], torch.ones(int(mask.sum()))
+        direct = gear_advantages(  # with the configured normalisation (auto since issue 31: gear.md A3)
+            a,
+            batch.old_logp[r][mask],
+            teacher[r][mask],
+            entropy[r][mask],
+            torch.ones(int(mask.sum())),
+            normalisation=cfg.gear.normalize,
         )
         assert out.advantages[r][mask].tolist() == pytest.approx(direct.tolist(), abs=1e-6)

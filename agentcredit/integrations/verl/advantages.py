@@ -26,7 +26,7 @@ from agentcredit.credit import (
     EpisodeBatch,
     Step,
     chain_trees,
-    gear_reweight,
+    gear_reweight_stats,
     get_preset,
     tips_step_alpha,
     tips_step_rewards,
@@ -334,9 +334,17 @@ def compute_advantages(
             )
         else:  # the records' lists (a batch the trainer did not lay out)
             layout.teacher_logp = _teacher_logprobs(records, response_mask.shape, layout.student_logp.dtype)
-        advantages = gear_reweight(
-            layout, advantages, lambda_kl=g.lambda_kl, lambda_h=g.lambda_h, alpha=g.alpha, beta=g.beta
-        ).to(dtype)
+        advantages, gear_stats = gear_reweight_stats(
+            layout,
+            advantages,
+            lambda_kl=g.lambda_kl,
+            lambda_h=g.lambda_h,
+            alpha=g.alpha,
+            beta=g.beta,
+            normalisation=g.normalize,
+        )
+        advantages = advantages.to(dtype)
+        metrics.update({f"agentcredit/{k.replace('/', '_')}": v for k, v in gear_stats.items()})
     # verl trains every token of the response mask: an action outside the update set (carl-critical) gets 0
     advantages = torch.where(estimate.loss_mask, advantages, 0.0)
     loss_weights = value_weights = None

@@ -141,6 +141,14 @@ class GearSettings(GearConfig):
     """The native ``algorithm.gear`` section (GEAR's settings and teacher template are defined once, in
     :class:`agentcredit.config.GearConfig`), plus where verl reads the student's log-probs."""
 
+    reference: Literal["answer"] = Field(
+        "answer",
+        description=(
+            "the teacher's ground truth: verl's agent loop conditions it on the gold answer only (a variant, not the "
+            "paper's reference trajectory tau*, which the native trainer's 'trajectory' renders; not yet on verl)."
+        ),
+    )
+
     student_logprobs: Literal["rollout", "old"] = Field(
         "rollout",
         description=(
