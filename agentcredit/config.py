@@ -262,10 +262,38 @@ class PortoolAdvantageConfig(Section):
 
     gamma: float = Field(0.95, ge=0.0, le=1.0, description="Step-reward decay gamma (paper: 0.95).")
     w1: float = Field(1.0, description="Weight of the trajectory-relative advantage (paper: 1).")
-    root_is_fork: bool = Field(True, description="Count the root as a fork in N_forks (portool.md §3.6).")
+    # paper: F(q) = {s_kt : |C(s_kt)| > 1, t in [T_k]} (portool.txt l. 536) starts at the first step, so the query
+    # is no fork; the spec's [R] 8.6 counts it (True). The paper wins over the spec.
+    root_is_fork: bool = Field(
+        False,
+        description="Count the root (the query) as a fork in N_forks and give first steps a fork term (paper: "
+        "False, its fork set starts at t = 1; True = portool.md 8.6's recommendation).",
+    )
+    # the paper's judge maps true / false / unable_to_answer to +1 / -1 / 0 (portool.txt l. 452-453) and is silent on
+    # an episode cut at the step cap without response_gen; portool.md 3.1 / 8.13 resolve it to -1
+    unfinished_reward: float = Field(
+        -1.0,
+        ge=-1.0,
+        le=1.0,
+        description="R_out of an episode cut at the step cap without an answer (paper: unstated; portool.md 8.13: "
+        "-1, configurable to 0).",
+    )
+    outcome_shift: float = Field(
+        0.0,
+        description="VARIANT, not PORTool (paper: 0): add this to R_out inside Eq. 2's decay; 1 maps {-1, 0, +1} to "
+        "{0, 1, 2}, so all-failing trees push nothing (preset portool-shifted-outcome).",
+    )
 
 
 class PortoolConfig(PortoolAdvantageConfig):
+    # App. B (portool.txt l. 1034-1044, remark l. 1142-1143): the token objective is the sum of a trajectory term
+    # and a fork term, each in its own clipped min, "not a single sum inside one min"; Theorem 3.1's
+    # J = J_GRPO_trj + J_GRPO_fork (l. 537) holds for that sum. portool.md 8.9 chose single_min; the paper wins.
+    combine: Literal["split_min", "single_min"] = Field(
+        "split_min",
+        description="split_min (paper, App. B): trajectory and fork terms each get their own clipped min; "
+        "single_min: one min on their sum (Eq. 1 with Eq. 3, portool.md 8.9).",
+    )
     judge: Literal["rule", "llm"] = Field(
         "rule", description="Outcome judge: rule-based EM/F1 (default) or a local LLM."
     )

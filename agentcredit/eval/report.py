@@ -7,7 +7,8 @@ the final evaluation when there is one: ``eval_summary.json`` / ``eval_episodes.
 * ``report.md`` with the PNG plots beside it (``plots/``), and
 * ``report.html``, self-contained (the same plots embedded as base64, inline CSS), to send or archive as is.
 
-Contents: a table of final metrics, learning curves (reward, accuracy, tool calls and policy tokens per episode
+Contents: a table of final metrics, the methods' settings and regime diagnostics (:data:`DIAGNOSTICS`, e.g. the
+share of PORTool trees with no success; a run whose settings make it a variant is marked so), learning curves (reward, accuracy, tool calls and policy tokens per episode
 over steps), a reliability diagram for every run whose evaluation episodes carry critic values V(s_0), and the
 mean seconds per step split into rollout / signals / update as stacked bars.
 """
@@ -44,6 +45,49 @@ TABLE = (
     ("critic/explained_variance", "critic EV"),
 )
 
+# Per-step diagnostics of a method's regime (issue 31), shown as the mean over training steps when a run logged them
+DIAGNOSTICS = (
+    ("portool/failing_tree_frac", "trees w/o success"),
+    ("portool/failing_abs_adv_share", "|A| share of failing trees"),
+    ("portool/merged_steps", "merged steps/tree"),
+    ("tips/phi_0", "Phi(S0)"),
+    ("tips/phi_0_format", "Phi(S0) format"),
+    ("tips/phi_0_answer", "Phi(S0) answer"),
+    ("tips/answer_only", "answer-only Phi"),
+    ("critical/rounds", "fork rounds"),
+    ("policy/kl_ref", "KL to ref"),
+)
+# The settings whose reading differs between a paper and its spec, or that make a run a variant: the report names
+# the ones a run used (a method of "portool-shifted-outcome" with outcome_shift != 0 is a variant, not PORTool).
+RUN_SETTINGS = {
+    "portool": (
+        "algorithm.portool.combine",
+        "algorithm.portool.root_is_fork",
+        "algorithm.portool.unfinished_reward",
+        "algorithm.portool.outcome_shift",
+    ),
+    "tips": ("algorithm.tips.potential_scope",),
+    "critical": ("rollout.forks_per_round",),
+}
+
+
+def run_settings(cfg: dict[str, Any]) -> str:
+    """The :data:`RUN_SETTINGS` of a run's method as ``key=value`` pairs; "VARIANT" flags a non-paper outcome."""
+    algorithm = cfg.get("algorithm") or {}
+    kinds = [algorithm.get("estimator"), "tips" if algorithm.get("shaping") == "tips" else None]
+    out = []
+    for kind in kinds:
+        for dotted in RUN_SETTINGS.get(kind or "", ()):
+            node: Any = cfg
+            for key in dotted.split("."):
+                node = node.get(key) if isinstance(node, dict) else None
+            if node is not None:
+                out.append(f"{dotted.rsplit('.', 1)[-1]}={node}")
+    shift = ((algorithm.get("portool") or {}).get("outcome_shift") or 0.0) if kinds[0] == "portool" else 0.0
+    if shift:
+        out.insert(0, "VARIANT (not PORTool)")
+    return ", ".join(out)
+
 
 @dataclass
 class RunData:
@@ -55,6 +99,7 @@ class RunData:
     final: dict[str, float] = field(default_factory=dict)  # final evaluation (or the last training step)
     final_source: str = ""
     episodes: list[dict[str, Any]] = field(default_factory=list)  # final evaluation episodes
+    settings: str = ""  # run_settings(config)
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -97,11 +142,12 @@ def load_run(path: str | Path) -> RunData:
     metrics = _read_jsonl(metrics_path)
     if not metrics:
         raise ValueError(f"{metrics_path}: no steps logged yet")
-    method, task = "?", "?"
+    method, task, settings = "?", "?", ""
     if (path / "config.yaml").is_file():
         cfg = yaml.safe_load((path / "config.yaml").read_text()) or {}
         method = str(cfg.get("method", "?"))
         task = str((cfg.get("task") or {}).get("name", "?"))
+        settings = run_settings(cfg)
     final, episodes, source = _final_eval(path)
     if not final:
         last = metrics[-1]
@@ -113,7 +159,7 @@ def load_run(path: str | Path) -> RunData:
         }
         final = {k: float(v) for k, v in final.items() if v is not None}
         source = f"last training step ({last.get('step')})"
-    return RunData(path.name, path, method, task, metrics, final, source, episodes)
+    return RunData(path.name, path, method, task, metrics, final, source, episodes, settings)
 
 
 def _unique_names(runs: list[RunData]) -> None:
@@ -273,6 +319,23 @@ def metrics_table(runs: list[RunData]) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
+def diagnostics_table(runs: list[RunData]) -> tuple[list[str], list[list[str]]] | None:
+    """Each run's method settings and the mean over its training steps of every :data:`DIAGNOSTICS` metric it
+    logged; None when no run has either."""
+    keys = [(k, label) for k, label in DIAGNOSTICS if any(_series(run, k)[1] for run in runs)]
+    if not keys and not any(run.settings for run in runs):
+        return None
+    header = ["run", "method", "settings", *[label for _, label in keys]]
+    rows = []
+    for run in runs:
+        row = [run.name, run.method, run.settings or "–"]
+        for k, _ in keys:
+            _, ys = _series(run, k)
+            row.append(_fmt(float(np.mean(ys)) if ys else None))
+        rows.append(row)
+    return header, rows
+
+
 def _markdown_table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
@@ -336,6 +399,10 @@ def write_report(run_dirs: list[str | Path], out_dir: str | Path) -> dict[str, P
         "## Mean time per step by phase",
         _markdown_table(phase_header, phase_rows),
     ]
+    diagnostics = diagnostics_table(runs)
+    diag_title = "Method settings and diagnostics (mean over training steps)"
+    if diagnostics is not None:
+        md += [f"## {diag_title}", _markdown_table(*diagnostics)]
     for title, path in figures:
         md += [f"## {title}", f"![{title}](plots/{path.name})"]
     if no_critic:
@@ -349,6 +416,8 @@ def write_report(run_dirs: list[str | Path], out_dir: str | Path) -> dict[str, P
         "<h2>Mean time per step by phase</h2>",
         _html_table(phase_header, phase_rows),
     ]
+    if diagnostics is not None:
+        parts += [f"<h2>{html.escape(diag_title)}</h2>", _html_table(*diagnostics)]
     for title, path in figures:
         parts += [f"<h2>{html.escape(title)}</h2>", _img(path, title)]
     if no_critic:

@@ -418,6 +418,7 @@ class Trainer:
         signals = self.compute_signals(batch, trees, examples)
         adv = compute_advantages(self.cfg.algorithm, batch, trees, signals)
         batch.advantages, batch.loss_mask = adv.advantages, adv.loss_mask
+        batch.advantage_parts = torch.stack(adv.parts, dim=-1) if adv.parts is not None else None
         batch.returns, batch.value_mask = adv.returns, adv.value_mask
         timings["time/signals"] = time.perf_counter() - t1
         t2 = time.perf_counter()
