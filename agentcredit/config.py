@@ -240,6 +240,15 @@ class TipsConfig(TipsShapingConfig):
         "paper",
         description="'paper': sum of answer log-probs, logsumexp over aliases; 'code': mean log-prob.",
     )
+    # Eq. 15-16 score p_teach(A | S), the answer A alone; the released code scores "<answer>A</answer>" (tips.md
+    # §8 item 3), which is "full". "full" stays the default (the pinned runs and studies used it); answer_only is
+    # the reading of Eq. 16 with the protocol's answer tag given, so Phi does not also score the format habit.
+    potential_scope: Literal["full", "answer_only"] = Field(
+        "full",
+        description="Which tokens Phi scores: 'full' (the rendered answer, tags included: the code) or "
+        "'answer_only' (the answer tag forced into the context, the answer's own tokens scored: Eq. 15-16). "
+        "Logged as tips/answer_only.",
+    )
 
 
 class GearConfig(Section):

@@ -53,7 +53,7 @@ from agentcredit.train.signals import (
     gear_teacher_logprobs,
     row_tokens,
     score_batch,
-    tips_potentials,
+    tips_potential_terms,
     trained_row_chunks,
 )
 
@@ -238,16 +238,18 @@ class Trainer:
             answers = [by_tree[t.tree].answers for t in batch.trajectories]
             encode = lambda text: self.tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
             reduce = "sum" if a.tips.potential == "paper" else "mean"
-            signals.potentials = tips_potentials(
+            signals.potential_split = tips_potential_terms(
                 self.teacher,
                 batch,
                 answers,
                 encode,
                 self.env.protocol.render_answer,
                 reduce=reduce,
+                scope=a.tips.potential_scope,
                 autocast=autocast,
                 max_tokens=cfg.train.micro_batch_tokens,
             )
+            signals.potentials = signals.potential_split.potentials
             t = a.tips
             self.tips_alpha = tips_step_alpha(
                 signals.potentials,
