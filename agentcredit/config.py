@@ -183,6 +183,16 @@ class TreeStrategyConfig(Section):
     random_forks: bool = Field(
         False, description="entropy_guided: pick fork states uniformly (carl-critical ablation #2)."
     )
+    # the paper's Algorithm 1 forks one state at a time, each fork seeing the entropies of the ones before it
+    # (carl-critical-actions.md §3.6 note (iv), A10): N0 episodes then N forks are 1 + N sequential rounds (17 for
+    # the paper's N = 16). k > 1 is the spec's [R] speed deviation: k picks per round with virtual counts.
+    forks_per_round: int = Field(
+        1,
+        ge=1,
+        description="entropy_guided: forks sampled together per round (paper: 1, sequential, 1 + N rounds; "
+        "k > 1: ceil(N / k) fork rounds, a speed deviation, carl-critical-actions.md §3.6 (iv)). Logged as "
+        "critical/rounds.",
+    )
 
     def leaves(self) -> int:
         """Episodes (leaves) per prompt: n, or n0 + n for entropy-guided forking."""
@@ -352,6 +362,12 @@ class AlgorithmConfig(Section):
         0.0, ge=0.0, description="KL-to-reference loss weight (carl-segment/TIPS: 0.001; portool: 0)."
     )
     kl_estimator: Literal["k1", "k3"] = Field("k3", description="KL estimator (k3 = low_var_kl).")
+    log_kl_ref: bool = Field(
+        False,
+        description="Score the reference policy and log policy/kl_ref even when kl_coef = 0 (one more forward "
+        "per step; a frozen copy of the weights unless LoRA, whose reference is the adapter-free model). The "
+        "loss is unchanged. carl-critical's presets set it: the paper has no KL term, so drift is only visible here.",
+    )
     entropy_coef: float = Field(0.0, ge=0.0, description="Entropy bonus (carl-segment: 0.001; others 0).")
     value_coef: float = Field(0.5, ge=0.0, description="Value-loss weight c_v (carl-segment: 0.5).")
     value_clip: float | None = Field(

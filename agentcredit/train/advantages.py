@@ -230,6 +230,9 @@ def compute_advantages(
         result.stats.update(tips_stats(signals.potentials, signals.alpha))
     if cfg.estimator == "portool":
         result.stats["portool/merged_steps"] = merged_steps(trees)
+    rounds = [float(t.info["rounds"]) for t in trees if "rounds" in t.info]
+    if rounds:  # entropy-guided trees: the sequential rounds each question's rollout took (forks_per_round)
+        result.stats["critical/rounds"] = math.fsum(rounds) / len(rounds)
     if cfg.reweight == "gear":
         g = cfg.gear
         kw = {"lambda_kl": g.lambda_kl, "lambda_h": g.lambda_h, "alpha": g.alpha, "beta": g.beta}

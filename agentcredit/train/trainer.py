@@ -97,7 +97,8 @@ class Trainer:
         a = config.algorithm
         self.lora = config.model.lora.enabled
         # the KL reference: the initial policy (with LoRA: the same model with its adapters switched off)
-        self.ref_model = frozen_copy(self.model) if a.kl_coef > 0 and not self.lora else None
+        needs_ref = a.kl_coef > 0 or a.log_kl_ref
+        self.ref_model = frozen_copy(self.model) if needs_ref and not self.lora else None
         self.teacher = frozen_copy(self.model) if a.shaping == "tips" else None
         self.tips_alpha = a.tips.alpha
         self.optimizer = self._optimizer()
@@ -222,7 +223,7 @@ class Trainer:
             max_tokens=cfg.train.micro_batch_tokens,
         )
         batch.old_logp, batch.old_entropy, batch.old_values = logp, entropy, values
-        if a.kl_coef > 0:
+        if a.kl_coef > 0 or a.log_kl_ref:  # log_kl_ref: policy/kl_ref is logged though the loss has no KL
             with self._reference() as ref:
                 batch.ref_logp, _, _ = score_batch(
                     ref,
