@@ -207,6 +207,16 @@ class TreeStrategyConfig(Section):
     random_forks: bool = Field(
         False, description="entropy_guided: pick fork states uniformly (carl-critical ablation #2)."
     )
+    # the paper's Algorithm 1 forks one state at a time, each fork seeing the entropies of the ones before it
+    # (carl-critical-actions.md §3.6 note (iv), A10): N0 episodes then N forks are 1 + N sequential rounds (17 for
+    # the paper's N = 16). k > 1 is the spec's [R] speed deviation: k picks per round with virtual counts.
+    forks_per_round: int = Field(
+        1,
+        ge=1,
+        description="entropy_guided: forks sampled together per round (paper: 1, sequential, 1 + N rounds; "
+        "k > 1: ceil(N / k) fork rounds, a speed deviation, carl-critical-actions.md §3.6 (iv)). Logged as "
+        "critical/rounds.",
+    )
 
     def leaves(self) -> int:
         """Episodes (leaves) per prompt: n, or n0 + n for entropy-guided forking."""
@@ -264,6 +274,15 @@ class TipsConfig(TipsShapingConfig):
         "paper",
         description="'paper': sum of answer log-probs, logsumexp over aliases; 'code': mean log-prob.",
     )
+    # Eq. 15-16 score p_teach(A | S), the answer A alone; the released code scores "<answer>A</answer>" (tips.md
+    # §8 item 3), which is "full". "full" stays the default (the pinned runs and studies used it); answer_only is
+    # the reading of Eq. 16 with the protocol's answer tag given, so Phi does not also score the format habit.
+    potential_scope: Literal["full", "answer_only"] = Field(
+        "full",
+        description="Which tokens Phi scores: 'full' (the rendered answer, tags included: the code) or "
+        "'answer_only' (the answer tag forced into the context, the answer's own tokens scored: Eq. 15-16). "
+        "Logged as tips/answer_only.",
+    )
 
 
 class GearConfig(Section):
@@ -297,10 +316,38 @@ class PortoolAdvantageConfig(Section):
 
     gamma: float = Field(0.95, ge=0.0, le=1.0, description="Step-reward decay gamma (paper: 0.95).")
     w1: float = Field(1.0, description="Weight of the trajectory-relative advantage (paper: 1).")
-    root_is_fork: bool = Field(True, description="Count the root as a fork in N_forks (portool.md §3.6).")
+    # paper: F(q) = {s_kt : |C(s_kt)| > 1, t in [T_k]} (portool.txt l. 536) starts at the first step, so the query
+    # is no fork; the spec's [R] 8.6 counts it (True). The paper wins over the spec.
+    root_is_fork: bool = Field(
+        False,
+        description="Count the root (the query) as a fork in N_forks and give first steps a fork term (paper: "
+        "False, its fork set starts at t = 1; True = portool.md 8.6's recommendation).",
+    )
+    # the paper's judge maps true / false / unable_to_answer to +1 / -1 / 0 (portool.txt l. 452-453) and is silent on
+    # an episode cut at the step cap without response_gen; portool.md 3.1 / 8.13 resolve it to -1
+    unfinished_reward: float = Field(
+        -1.0,
+        ge=-1.0,
+        le=1.0,
+        description="R_out of an episode cut at the step cap without an answer (paper: unstated; portool.md 8.13: "
+        "-1, configurable to 0).",
+    )
+    outcome_shift: float = Field(
+        0.0,
+        description="VARIANT, not PORTool (paper: 0): add this to R_out inside Eq. 2's decay; 1 maps {-1, 0, +1} to "
+        "{0, 1, 2}, so all-failing trees push nothing (preset portool-shifted-outcome).",
+    )
 
 
 class PortoolConfig(PortoolAdvantageConfig):
+    # App. B (portool.txt l. 1034-1044, remark l. 1142-1143): the token objective is the sum of a trajectory term
+    # and a fork term, each in its own clipped min, "not a single sum inside one min"; Theorem 3.1's
+    # J = J_GRPO_trj + J_GRPO_fork (l. 537) holds for that sum. portool.md 8.9 chose single_min; the paper wins.
+    combine: Literal["split_min", "single_min"] = Field(
+        "split_min",
+        description="split_min (paper, App. B): trajectory and fork terms each get their own clipped min; "
+        "single_min: one min on their sum (Eq. 1 with Eq. 3, portool.md 8.9).",
+    )
     judge: Literal["rule", "llm"] = Field(
         "rule", description="Outcome judge: rule-based EM/F1 (default) or a local LLM."
     )
@@ -357,6 +404,12 @@ class AlgorithmConfig(Section):
         0.0, ge=0.0, description="KL-to-reference loss weight (carl-segment/TIPS: 0.001; portool: 0)."
     )
     kl_estimator: Literal["k1", "k3"] = Field("k3", description="KL estimator (k3 = low_var_kl).")
+    log_kl_ref: bool = Field(
+        False,
+        description="Score the reference policy and log policy/kl_ref even when kl_coef = 0 (one more forward "
+        "per step; a frozen copy of the weights unless LoRA, whose reference is the adapter-free model). The "
+        "loss is unchanged. carl-critical's presets set it: the paper has no KL term, so drift is only visible here.",
+    )
     entropy_coef: float = Field(0.0, ge=0.0, description="Entropy bonus (carl-segment: 0.001; others 0).")
     value_coef: float = Field(0.5, ge=0.0, description="Value-loss weight c_v (carl-segment: 0.5).")
     value_clip: float | None = Field(

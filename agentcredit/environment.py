@@ -430,7 +430,9 @@ def _build_environment(config: Config, resources: list[Any]) -> Environment:
         from agentcredit.tasks.judge import build_judge
 
         p = config.algorithm.portool
-        reward = build_judge(p.judge, p.judge_model, metric=config.task.metric)
+        reward = build_judge(
+            p.judge, p.judge_model, metric=config.task.metric, unfinished=p.unfinished_reward
+        )
     else:
         reward = partial(outcome_reward, metric=config.task.metric, format_bonus=config.task.format_bonus)
     return Environment(protocol, tools, reward, corpus, resources)

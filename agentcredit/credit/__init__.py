@@ -36,7 +36,13 @@ from agentcredit.credit.gae import gae_advantages
 from agentcredit.credit.gear import SEGMENTATIONS, GearDetails, gear_advantages, gear_details
 from agentcredit.credit.gigpo import gigpo_advantages
 from agentcredit.credit.grpo import grpo_advantages
-from agentcredit.credit.loss import LOSS_AGGREGATIONS, aggregation_weights, policy_loss, policy_loss_stats
+from agentcredit.credit.loss import (
+    LOSS_AGGREGATIONS,
+    aggregation_weights,
+    policy_loss,
+    policy_loss_stats,
+    split_policy_loss,
+)
 from agentcredit.credit.portool import (
     AGGREGATORS,
     W2_MODES,
@@ -82,6 +88,7 @@ __all__ = [
     "GearDetails",
     "SEGMENTATIONS",
     "policy_loss_stats",
+    "split_policy_loss",
     "aggregation_weights",
     "LOSS_AGGREGATIONS",
     # the estimators both trainers call, on the neutral per-episode layout

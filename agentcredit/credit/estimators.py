@@ -36,7 +36,7 @@ from agentcredit.credit.gae import gae_advantages
 from agentcredit.credit.gear import gear_advantages, gear_details
 from agentcredit.credit.gigpo import gigpo_advantages
 from agentcredit.credit.grpo import grpo_advantages
-from agentcredit.credit.portool import portool_advantages
+from agentcredit.credit.portool import portool_advantage_terms
 from agentcredit.credit.tips import tips_turn_rewards
 
 __all__ = [
@@ -229,6 +229,9 @@ class Estimate:
     returns: Tensor | None = None
     value_mask: Tensor | None = None
     stats: dict[str, float] = field(default_factory=dict)
+    # the advantage as a sum of terms the loss clips each in its own min (PORTool's split min, App. B): their sum
+    # is ``advantages``; None = one min on ``advantages`` (every other method, and PORTool's single_min)
+    parts: tuple[Tensor, ...] | None = None
 
 
 def chain_trees(
@@ -431,10 +434,31 @@ def _critical(batch: EpisodeBatch, *, update_rule: str = "multi_child") -> Estim
 
 
 def _portool(
-    batch: EpisodeBatch, *, gamma: float = 0.95, w1: float = 1.0, root_is_fork: bool = True
+    batch: EpisodeBatch,
+    *,
+    gamma: float = 0.95,
+    w1: float = 1.0,
+    root_is_fork: bool = False,
+    combine: str = "split_min",
+    outcome_shift: float = 0.0,
 ) -> Estimate:
+    """PORTool Eqs. 1-3 per query tree; with ``combine="split_min"`` (App. B, the default) the Estimate also
+    carries the trajectory and fork terms as two advantages, each clipped in its own min by the loss.
+
+    Statistics (per step, ``portool/*``): the share of trees with no correct trajectory (no R_out >= 1, the
+    judge's "true") and the share of the batch's |advantage| (summed over trained tokens, as the loss sees them)
+    that lies in those trees. In the PORTool study 13 of 16 step-1 trajectories were wrong, and in such trees
+    Eq. 2's decay on the -1 outcome plus the sibling z-score credited searching again: these show that regime.
+    """
+    if combine not in ("single_min", "split_min"):
+        raise ValueError(f"portool combine must be 'single_min' or 'split_min', got {combine!r}")
     per_step: list[list[float]] = [[] for _ in batch.episodes]
-    for group, members in _groups(batch).items():
+    trj_step: list[list[float]] = [[] for _ in batch.episodes]
+    fork_step: list[list[float]] = [[] for _ in batch.episodes]
+    groups = _groups(batch)
+    failing_trees = 0
+    abs_all = abs_failing = 0.0
+    for group, members in groups.items():
         tree = batch.tree(group, "portool")
         lengths = [0] * len(tree.parents)
         fmt = [0.0] * len(tree.parents)
@@ -442,19 +466,38 @@ def _portool(
             for s in batch.episodes[j].steps:
                 lengths[s.node] = s.length
                 fmt[s.node] = s.format_reward + s.env_reward  # an environment's step reward is R_fm's peer
-        per_leaf = portool_advantages(
+        # the outcome alone: an environment's step rewards enter R_fm(v) above, so none counts twice
+        outcomes = _leaf_rewards(batch, members, "portool", outcome_part)
+        terms = portool_advantage_terms(
             list(tree.parents),
             lengths,
-            # the outcome alone: an environment's step rewards enter R_fm(v) above, so none counts twice
-            _leaf_rewards(batch, members, "portool", outcome_part),
+            outcomes,
             fmt,
             gamma=gamma,
             w1=w1,
             root_is_fork=root_is_fork,
+            outcome_shift=outcome_shift,
         )
+        failing = max(outcomes.values()) < 1.0
+        failing_trees += failing
         for j in members:
-            per_step[j] = list(per_leaf[batch.episodes[j].steps[-1].node])
-    return Estimate(batch.paint_steps(per_step, batch.zeros()), batch.trained_mask())
+            leaf = batch.episodes[j].steps[-1].node
+            per_step[j] = list(terms.advantages[leaf])
+            trj_step[j] = list(terms.trajectory_terms[leaf])
+            fork_step[j] = list(terms.fork_terms[leaf])
+            mass = sum(abs(a) * s.length for a, s in zip(per_step[j], batch.episodes[j].steps, strict=True))
+            abs_all += mass
+            abs_failing += mass if failing else 0.0
+    stats = {
+        "portool/failing_tree_frac": failing_trees / max(len(groups), 1),
+        # 0 when no token has an advantage (every tree uniform): nothing is pushed, from failing trees or not
+        "portool/failing_abs_adv_share": abs_failing / abs_all if abs_all > 0 else 0.0,
+    }
+    parts = None
+    if combine == "split_min":
+        parts = (batch.paint_steps(trj_step, batch.zeros()), batch.paint_steps(fork_step, batch.zeros()))
+    adv = batch.paint_steps(per_step, batch.zeros())
+    return Estimate(adv, batch.trained_mask(), stats=stats, parts=parts)
 
 
 def _gigpo(

@@ -16,6 +16,10 @@ aggregated over the tokens with ``mask == 1``:
   row, then the mean over the rows that have tokens (carl-segment Eq. 3 with the total loss
   -sum_k L_k^CLIP, Sec. 3.4): every segment weighs the same whatever its length.
 
+:func:`split_policy_loss` is PORTool's split min (App. B): the advantage is a sum of terms (trajectory and fork)
+and each gets its own clipped min, ``-sum_i min(r A_i, clip(r) A_i)``, aggregated with the same weights. It equals
+the single min on ``sum_i A_i`` unless a token's ratio is clipped while its terms have opposite signs.
+
 Optional ``dual_clip`` is verl's dual-clip constant c (Ye et al. 2020; 3.0 in verl and the TIPS runs): for
 A < 0 the token loss is capped at -c * A. The default None is the plain clipped surrogate of the papers.
 
@@ -32,7 +36,13 @@ from torch import Tensor
 
 from agentcredit.credit._validate import as_mask, choice, finite_float, finite_where, float_tensor, same_shape
 
-__all__ = ["policy_loss", "policy_loss_stats", "aggregation_weights", "LOSS_AGGREGATIONS"]
+__all__ = [
+    "policy_loss",
+    "split_policy_loss",
+    "policy_loss_stats",
+    "aggregation_weights",
+    "LOSS_AGGREGATIONS",
+]
 
 LossAggregation = Literal["token-mean", "seq-mean-token-mean", "segment-mean"]
 LOSS_AGGREGATIONS: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "segment-mean")
@@ -125,6 +135,37 @@ def policy_loss(
         per_token = torch.where(adv < 0, torch.minimum(per_token, -adv * dual_clip), per_token)
     per_token = torch.where(keep, per_token, torch.zeros((), dtype=per_token.dtype, device=per_token.device))
     return (per_token * weights.to(per_token.dtype)).sum()
+
+
+def split_policy_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    parts: Tensor,
+    mask: Tensor,
+    *,
+    clip_eps: float = 0.2,
+    agg: LossAggregation = "token-mean",
+    segment_ids: Tensor | None = None,
+    dual_clip: float | None = None,
+    weights: Tensor | None = None,
+) -> Tensor:
+    """The clipped loss of an advantage given as terms, each in its own min (PORTool App. B, portool.txt
+    l. 1034-1044: f = f_trj + f_fork, "we do not replace A by a single sum inside one min(.)", l. 1142-1143).
+
+    ``parts`` is ``[B, T, K]``: K advantage terms per token whose sum is the advantage. Every other argument is
+    :func:`policy_loss`'s; the result is the sum of K :func:`policy_loss` calls (the aggregation is linear).
+    """
+    if not isinstance(parts, Tensor) or parts.dim() != 3 or parts.shape[-1] < 1:
+        shape = tuple(parts.shape) if isinstance(parts, Tensor) else type(parts).__name__
+        raise ValueError(f"parts must be a [B, T, K] tensor of advantage terms, got {shape}")
+    kw = {"clip_eps": clip_eps, "agg": agg, "segment_ids": segment_ids, "dual_clip": dual_clip}
+    return sum(
+        (
+            policy_loss(logp, old_logp, parts[..., k], mask, weights=weights, **kw)
+            for k in range(parts.shape[-1])
+        ),
+        start=torch.zeros((), dtype=logp.dtype, device=logp.device),
+    )
 
 
 def aggregation_weights(

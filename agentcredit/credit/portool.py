@@ -20,12 +20,23 @@ Combined advantage of every token of step v inside trajectory j (Eq. 3, Theorem 
     A(j, v) = w1 / |m(v)| * sum_{k in m(v)} A_trj(tau_k)  +  w2(j, v) * A_fork(v)
     w2(j, v) = n * |tau_j| / ( |m(v)| * |s_v| * |C(p)| * N_forks )
 
-A fork is a node with two or more children; N_forks counts the distinct forks, the root included when
-``root_is_fork`` (spec Sec. 2.8 item 5; the paper's N_forks set literally starts at t = 1). A first step under
-a non-fork root has no fork term. The loss must aggregate with ``seq-mean-token-mean`` (Eq. 1), which is what
-Theorem 3.1's |tau_j| factor is derived for. The paper's split-min variant (App. B) is the sum of two
-``policy_loss`` calls on :attr:`PortoolTerms.trajectory_terms` and :attr:`PortoolTerms.fork_terms`, since the
-aggregation is linear.
+A fork is a node with two or more children; N_forks counts the distinct forks. The paper's fork set is
+F(q) = {s_{k,t} : |C(s_{k,t})| > 1, k in [n], t in [T_k]} (portool.txt l. 536, Theorem 3.1; App. B l. 1007-1013):
+steps from t = 1 on, so the query (the root) is not a fork and a first step gets no fork term. That is the default
+here (``root_is_fork=False``); the spec's [R] (portool.md 8.6) counts the root (``root_is_fork=True``), kept as an
+option: the paper wins over the spec. The loss must aggregate with ``seq-mean-token-mean`` (Eq. 1), which is what
+Theorem 3.1's |tau_j| factor is derived for. The paper's split min (App. B, l. 1034-1044 and remark (i) l. 1142-1143:
+"we do not replace A by a single sum inside one min(.)") is the sum of two ``policy_loss`` calls on
+:attr:`PortoolTerms.trajectory_terms` and :attr:`PortoolTerms.fork_terms`, since the aggregation is linear; the
+estimator hands both to the trainer (``combine="split_min"``, the default, see
+:mod:`agentcredit.credit.estimators`).
+
+``outcome_shift`` (default 0, the paper) is a variant that is **not** PORTool: it adds a constant to R_out in
+Eq. 2's decay term only, gamma^(T_k - t) * (R_out + shift). With shift = 1 the outcomes {-1, 0, +1} become
+{0, 1, 2}: a tree whose trajectories all failed has no outcome part left in its step rewards, so the decay can no
+longer favour the longer failing path (under the paper's -1, gamma^(T-t) * -1 is largest for the longest path,
+which credits "search again"), while a tree with a success still ranks its siblings. A_trj is a z-score and
+does not move with a constant shift.
 
 The formatting-reward cascade and its rescaling R_fm = 0.5 * raw - 0.25 belong to the protocol; this module takes
 the rescaled R_fm per step. The gamma = 0 ablation drops the outcome term entirely (the paper: gamma = 0
@@ -84,11 +95,12 @@ def portool_advantage_terms(
     *,
     gamma: float = 0.95,
     w1: float = 1.0,
-    root_is_fork: bool = True,
+    root_is_fork: bool = False,
     aggregator: Aggregator = "portool",
     w2_mode: W2Mode = "theorem",
     eps: float = 1e-6,
     tie_atol: float = 1e-6,
+    outcome_shift: float = 0.0,
 ) -> PortoolTerms:
     """PORTool step rewards and advantages with every intermediate term (see :func:`portool_advantages`).
 
@@ -99,6 +111,8 @@ def portool_advantage_terms(
             "no scale" preset with w1 = 1) or ``"zero"`` (trajectory-only).
         eps: z-score epsilon (verl's 1e-6, spec Sec. 3.4).
         tie_atol: tolerance of the G = max / avg tie test (spec Sec. 3.3, 1e-6).
+        outcome_shift: added to R_out inside Eq. 2's decay term (0 = the paper; 1 = the shifted-outcome variant,
+            not PORTool; see the module docstring).
     """
     tree = parse_tree(parents)
     outcomes = leaf_values(tree, leaf_outcomes, "leaf_outcomes")
@@ -110,6 +124,7 @@ def portool_advantage_terms(
     choice(w2_mode, "w2_mode", W2_MODES)
     eps = finite_float(eps, "eps")
     tie_atol = finite_float(tie_atol, "tie_atol")
+    outcome_shift = finite_float(outcome_shift, "outcome_shift")
     if eps < 0 or tie_atol < 0:
         raise ValueError(f"eps and tie_atol must be >= 0, got eps={eps}, tie_atol={tie_atol}")
 
@@ -123,7 +138,7 @@ def portool_advantage_terms(
     def outcome_part(v: int) -> list[float]:
         if gamma == 0.0:  # the gamma = 0 ablation: no outcome term at all (see module docstring)
             return [0.0 for _ in under[v]]
-        return [gamma ** (tree.depth[k] - tree.depth[v]) * outcomes[k] for k in under[v]]
+        return [gamma ** (tree.depth[k] - tree.depth[v]) * (outcomes[k] + outcome_shift) for k in under[v]]
 
     step_reward = [0.0] * len(tree)
     aggregation: dict[int, str] = {}
@@ -201,11 +216,12 @@ def portool_advantages(
     *,
     gamma: float = 0.95,
     w1: float = 1.0,
-    root_is_fork: bool = True,
+    root_is_fork: bool = False,
     aggregator: Aggregator = "portool",
     w2_mode: W2Mode = "theorem",
     eps: float = 1e-6,
     tie_atol: float = 1e-6,
+    outcome_shift: float = 0.0,
 ) -> dict[int, list[float]]:
     """PORTool advantages of every step of every trajectory of one query tree.
 
@@ -217,8 +233,9 @@ def portool_advantages(
         format_rewards: the rescaled formatting reward R_fm of step i (in [-0.25, 0.25]); root ignored.
         gamma: decay of Eq. 2 (paper value 0.95).
         w1: weight of the trajectory term (paper value 1.0, Theorem 3.1; 0 for the fork-only ablation).
-        root_is_fork: count the root as a fork (spec recommendation; False is the literal N_forks set).
-        aggregator, w2_mode, eps, tie_atol: see :func:`portool_advantage_terms`.
+        root_is_fork: count the root as a fork (default False: the paper's N_forks set starts at t = 1,
+            portool.txt l. 536; True is the spec's [R] 8.6).
+        aggregator, w2_mode, eps, tie_atol, outcome_shift: see :func:`portool_advantage_terms`.
 
     Returns:
         leaf -> advantages of the steps on its root-to-leaf path, depth 1 first; every token of a step takes
@@ -236,6 +253,7 @@ def portool_advantages(
         w2_mode=w2_mode,
         eps=eps,
         tie_atol=tie_atol,
+        outcome_shift=outcome_shift,
     ).advantages
 
 

@@ -7,7 +7,8 @@ the final evaluation when there is one: ``eval_summary.json`` / ``eval_episodes.
 * ``report.md`` with the PNG plots beside it (``plots/``), and
 * ``report.html``, self-contained (the same plots embedded as base64, inline CSS), to send or archive as is.
 
-Contents: a table of final metrics, learning curves (reward, accuracy, tool calls and policy tokens per episode
+Contents: a table of final metrics, the methods' settings and regime diagnostics (:data:`DIAGNOSTICS`, e.g. the
+share of PORTool trees with no success; a run whose settings make it a variant is marked so), learning curves (reward, accuracy, tool calls and policy tokens per episode
 over steps), a reliability diagram for every run whose evaluation episodes carry critic values V(s_0), and the
 mean seconds per step split into rollout / signals / update as stacked bars.
 """
@@ -44,14 +45,55 @@ TABLE = (
     ("critic/explained_variance", "critic EV"),
 )
 
-# A method's training-time diagnostics, shown as mean over the training steps (last step): whether its mechanism
-# acts. GEAR: the share of policy tokens whose normalised rKL triggers a segment, the share inside a segment, and
-# the share of episodes normalised with clamp_max (gear.md §12.4, A3; the paper describes spikes as sparse).
+# A method's training-time diagnostics (issue 31), shown as mean over the training steps (last step): whether its
+# mechanism acts. GEAR: the share of policy tokens whose normalised rKL triggers a segment, the share inside a
+# segment, and the share of episodes normalised with clamp_max (gear.md §12.4, A3; the paper describes spikes as
+# sparse). PORTool: trees with no correct trajectory and their share of |A| (the regime where Eq. 2's decay on -1
+# credits searching), merged sibling steps. TIPS: the potential split into format and answer tokens.
 DIAGNOSTICS = (
     ("gear/trigger_rate", "GEAR trigger rate"),
     ("gear/frac_in_segments", "GEAR tokens in segments"),
     ("gear/clamp_max_share", "GEAR clamp_max share"),
+    ("portool/failing_tree_frac", "trees w/o success"),
+    ("portool/failing_abs_adv_share", "|A| share of failing trees"),
+    ("portool/merged_steps", "merged steps/tree"),
+    ("tips/phi_0", "Phi(S0)"),
+    ("tips/phi_0_format", "Phi(S0) format"),
+    ("tips/phi_0_answer", "Phi(S0) answer"),
+    ("tips/answer_only", "answer-only Phi"),
+    ("critical/rounds", "fork rounds"),
+    ("policy/kl_ref", "KL to ref"),
 )
+# The settings whose reading differs between a paper and its spec, or that make a run a variant: the report names
+# the ones a run used (a method of "portool-shifted-outcome" with outcome_shift != 0 is a variant, not PORTool).
+RUN_SETTINGS = {
+    "portool": (
+        "algorithm.portool.combine",
+        "algorithm.portool.root_is_fork",
+        "algorithm.portool.unfinished_reward",
+        "algorithm.portool.outcome_shift",
+    ),
+    "tips": ("algorithm.tips.potential_scope",),
+    "critical": ("rollout.forks_per_round",),
+}
+
+
+def run_settings(cfg: dict[str, Any]) -> str:
+    """The :data:`RUN_SETTINGS` of a run's method as ``key=value`` pairs; "VARIANT" flags a non-paper outcome."""
+    algorithm = cfg.get("algorithm") or {}
+    kinds = [algorithm.get("estimator"), "tips" if algorithm.get("shaping") == "tips" else None]
+    out = []
+    for kind in kinds:
+        for dotted in RUN_SETTINGS.get(kind or "", ()):
+            node: Any = cfg
+            for key in dotted.split("."):
+                node = node.get(key) if isinstance(node, dict) else None
+            if node is not None:
+                out.append(f"{dotted.rsplit('.', 1)[-1]}={node}")
+    shift = ((algorithm.get("portool") or {}).get("outcome_shift") or 0.0) if kinds[0] == "portool" else 0.0
+    if shift:
+        out.insert(0, "VARIANT (not PORTool)")
+    return ", ".join(out)
 
 
 @dataclass
@@ -67,6 +109,7 @@ class RunData:
     warmup_gate: dict[str, Any] | None = (
         None  # <run>/warmup_gate.json: the critic's warm-up gate at the start
     )
+    settings: str = ""  # run_settings(config)
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -107,11 +150,12 @@ def load_run(path: str | Path) -> RunData:
     metrics = _read_jsonl(metrics_path)
     if not metrics:
         raise ValueError(f"{metrics_path}: no steps logged yet")
-    method, task = "?", "?"
+    method, task, settings = "?", "?", ""
     if (path / "config.yaml").is_file():
         cfg = yaml.safe_load((path / "config.yaml").read_text()) or {}
         method = str(cfg.get("method", "?"))
         task = str((cfg.get("task") or {}).get("name", "?"))
+        settings = run_settings(cfg)
     final, episodes, source = _final_eval(path)
     if not final:
         last = metrics[-1]
@@ -125,7 +169,7 @@ def load_run(path: str | Path) -> RunData:
         source = f"last training step ({last.get('step')})"
     gate_path = path / "warmup_gate.json"
     gate = json.loads(gate_path.read_text()) if gate_path.is_file() else None
-    return RunData(path.name, path, method, task, metrics, final, source, episodes, gate)
+    return RunData(path.name, path, method, task, metrics, final, source, episodes, gate, settings)
 
 
 def gate_notes(runs: list[RunData]) -> list[str]:
@@ -322,18 +366,20 @@ def metrics_table(runs: list[RunData]) -> tuple[list[str], list[list[str]]]:
 
 
 def diagnostics_table(runs: list[RunData]) -> tuple[list[str], list[list[str]]] | None:
-    """Each run's :data:`DIAGNOSTICS` as "mean over training steps (last step)"; None when no run logged any."""
-    keys = [(k, label) for k, label in DIAGNOSTICS if any(_series(run, k)[0] for run in runs)]
-    if not keys:
+    """Each run's method settings and, for every :data:`DIAGNOSTICS` metric a run logged, "mean over training
+    steps (last step)"; None when no run has either."""
+    keys = [(k, label) for k, label in DIAGNOSTICS if any(_series(run, k)[1] for run in runs)]
+    if not keys and not any(run.settings for run in runs):
         return None
+    header = ["run", "method", "settings", *[label for _, label in keys]]
     rows = []
     for run in runs:
-        row = [run.name, run.method]
+        row = [run.name, run.method, run.settings or "–"]
         for key, _ in keys:
             _, ys = _series(run, key)
             row.append(f"{float(np.mean(ys)):.3f} ({ys[-1]:.3f})" if ys else "–")
         rows.append(row)
-    return ["run", "method", *[label for _, label in keys]], rows
+    return header, rows
 
 
 def _markdown_table(header: list[str], rows: list[list[str]]) -> str:
@@ -393,7 +439,7 @@ def write_report(run_dirs: list[str | Path], out_dir: str | Path) -> dict[str, P
         "(greedy, held-out split) when it has one, else from its last training step (training rollouts)."
     )
     diagnostics = diagnostics_table(runs)
-    diagnostics_title = "Method diagnostics (mean over training steps, last step in brackets)"
+    diagnostics_title = "Method settings and diagnostics (mean over training steps, last step in brackets)"
     md = [
         "# agentcredit comparison",
         intro,

@@ -176,13 +176,14 @@ class EntropyGuided(Strategy):
         for result in results:
             update_records(records, tree, result.nodes)
         fork_counts: dict[int, int] = {}
-        done = 0
+        done, rounds = 0, 1  # phase 1 is one round
         while done < self.n:  # phase 2: n forks
             k = min(self.forks_per_round, self.n - done)
             picks = select_forks(records, k, max_depth=t_max, rng=ctx.rng, uniform=self.random_fork)
             if not picks:
                 break  # every state is terminal (cannot happen with n0 >= 1 unless all episodes ended at once)
             results = yield [Job(state, max_turns=t_max) for state in picks]
+            rounds += 1
             for result in results:
                 update_records(records, tree, result.nodes)
             for state in picks:
@@ -191,6 +192,7 @@ class EntropyGuided(Strategy):
         # for the credit step: which states were selected in phase 2 (carl-critical A1's "forked_parent" rule)
         tree.info["fork_counts"] = {str(s): c for s, c in sorted(fork_counts.items())}
         tree.info["n0"], tree.info["n_forks"], tree.info["t_max"] = self.n0, done, t_max
+        tree.info["rounds"] = rounds  # sequential generation rounds: 1 + ceil(N / forks_per_round)
         return None
 
 
@@ -367,7 +369,13 @@ def from_rollout_config(rollout: TreeStrategyConfig) -> Independent | EntropyGui
     if rollout.strategy == "independent":
         return independent(rollout.n)
     if rollout.strategy == "entropy_guided":
-        return entropy_guided(rollout.n0, rollout.n, rollout.t_max, random_fork=rollout.random_forks)
+        return entropy_guided(
+            rollout.n0,
+            rollout.n,
+            rollout.t_max,
+            random_fork=rollout.random_forks,
+            forks_per_round=rollout.forks_per_round,
+        )
     if rollout.strategy == "portool":
         return portool(rollout.n, rollout.branch, rollout.t_max)
     raise ValueError(f"rollout.strategy: unknown strategy {rollout.strategy!r}")

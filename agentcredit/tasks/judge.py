@@ -1,7 +1,8 @@
 """PORTool's outcome judge: true (+1) / false (-1) / unable to answer (0), pluggable (portool.md §3.1, §5.2).
 
 * :func:`rule_judge` (default): EM / F1 / numeric match against the gold answers; an abstaining answer ("I cannot
-  find ...") is "unable to answer"; no answer at all is unfinished (-1).
+  find ...") is "unable to answer"; no answer at all is unfinished (``unfinished``: -1 by default, portool.md 8.13;
+  the paper's judge labels only finished trajectories, true / false / unable_to_answer = +1 / -1 / 0).
 * :class:`LLMJudge`: any local causal LM asked to label the final response against the gold answers with the
   spec's JSON output; the label is parsed from its greedy reply, and an unparseable reply falls back to the rule
   judge (counted in ``fallbacks``). The paper's judge (GPT-4o with tools) also reads the trajectory; here it sees
@@ -31,10 +32,13 @@ the information could not be found, and "false" otherwise. Output JSON only:
 {{"label": "true" | "false" | "unable_to_answer", "rationale": "<one sentence>"}}"""
 
 
-def rule_judge(example: Example, answer: str | None, *, metric: str = "auto") -> float:
-    """+1 correct, 0 abstained, -1 wrong or unfinished; ``auto`` = the example's own metric (numeric for math)."""
+def rule_judge(
+    example: Example, answer: str | None, *, metric: str = "auto", unfinished: float = -1.0
+) -> float:
+    """+1 correct, 0 abstained, -1 wrong, ``unfinished`` without an answer; ``auto`` = the example's own metric
+    (numeric for math)."""
     m = metric if metric != "auto" else example.info.get("metric", "em")
-    return outcome_with_abstention(answer, example.answers, metric=m, unfinished=-1.0)
+    return outcome_with_abstention(answer, example.answers, metric=m, unfinished=unfinished)
 
 
 def parse_label(reply: str) -> str | None:
@@ -54,12 +58,15 @@ def parse_label(reply: str) -> str | None:
 class LLMJudge:
     """A local model as PORTool's judge; ``judge(example, answer)`` returns +1 / 0 / -1."""
 
-    def __init__(self, model_path: str, *, max_new_tokens: int = 64, metric: str = "auto"):
+    def __init__(
+        self, model_path: str, *, max_new_tokens: int = 64, metric: str = "auto", unfinished: float = -1.0
+    ):
         from agentcredit.models.embedded import load_model
 
         self.model, self.tokenizer = load_model(model_path)
         self.max_new_tokens = max_new_tokens
         self.metric = metric
+        self.unfinished = unfinished
         self.fallbacks = 0
         self._lock = threading.Lock()  # the engine may score episodes from several threads
 
@@ -87,21 +94,24 @@ class LLMJudge:
 
     def __call__(self, example: Example, answer: str | None) -> float:
         if answer is None:
-            return -1.0  # unfinished: no response to judge (portool.md §4.2)
+            return self.unfinished  # no response to judge (portool.md 8.13)
         label = parse_label(self.reply(example, answer))
         if label is None:
             self.fallbacks += 1
-            return rule_judge(example, answer, metric=self.metric)
+            return rule_judge(example, answer, metric=self.metric, unfinished=self.unfinished)
         return LABEL_REWARD[label]
 
 
-def build_judge(kind: str, model_path: str | None = None, *, metric: str = "auto") -> Any:
+def build_judge(
+    kind: str, model_path: str | None = None, *, metric: str = "auto", unfinished: float = -1.0
+) -> Any:
+    """The judge ``kind`` names; ``unfinished`` is R_out of an episode cut at the step cap (no answer)."""
     if kind == "rule":
-        return lambda example, answer: rule_judge(example, answer, metric=metric)
+        return lambda example, answer: rule_judge(example, answer, metric=metric, unfinished=unfinished)
     if kind == "llm":
         if not model_path:
             raise ValueError(
                 "algorithm.portool.judge='llm' needs algorithm.portool.judge_model (a local model path)"
             )
-        return LLMJudge(model_path, metric=metric)
+        return LLMJudge(model_path, metric=metric, unfinished=unfinished)
     raise ValueError(f"judge must be 'rule' or 'llm', got {kind!r}")

@@ -97,6 +97,19 @@ def tips_stats(potentials: list[list[float]], alpha: float) -> dict[str, float]:
     }
 
 
+def merged_steps(trees: list[RolloutTree]) -> float:
+    """Policy steps per tree that PORTool's identical-sibling merge folded into a sibling (portool.md 2.8 step
+    3): a merged node's ``merged_from`` lists every sibling it stands for. Many merges at the root mean the n
+    first steps were mostly the same text, so the root's siblings give the fork term little to compare."""
+    merged = sum(
+        len(node.info.get("merged_from", [])) - 1
+        for tree in trees
+        for node in tree.nodes
+        if node.segment.role == "policy" and len(node.info.get("merged_from", [])) > 1
+    )
+    return merged / max(len(trees), 1)
+
+
 def anchor_states(tree: RolloutTree, policy_nodes: list[int]) -> list[tuple[int, ...]]:
     """GiGPO's anchor state of each step of a trajectory: every token on the tree path before the step.
 
@@ -185,6 +198,8 @@ def estimator_params(cfg: AlgorithmConfig) -> dict[str, object]:
             "gamma": cfg.portool.gamma,
             "w1": cfg.portool.w1,
             "root_is_fork": cfg.portool.root_is_fork,
+            "combine": cfg.portool.combine,
+            "outcome_shift": cfg.portool.outcome_shift,
         },
         "gigpo": {
             "gamma": cfg.gigpo.gamma,
@@ -213,23 +228,43 @@ def compute_advantages(
     result = ESTIMATORS[cfg.estimator](layout, **estimator_params(cfg))
     if cfg.shaping == "tips":
         result.stats.update(tips_stats(signals.potentials, signals.alpha))
+    if cfg.estimator == "portool":
+        result.stats["portool/merged_steps"] = merged_steps(trees)
+    rounds = [float(t.info["rounds"]) for t in trees if "rounds" in t.info]
+    if rounds:  # entropy-guided trees: the sequential rounds each question's rollout took (forks_per_round)
+        result.stats["critical/rounds"] = math.fsum(rounds) / len(rounds)
     if cfg.reweight == "gear":
         g = cfg.gear
-        result.advantages, gear_stats = gear_reweight_stats(
-            layout,
-            result.advantages,
-            lambda_kl=g.lambda_kl,
-            lambda_h=g.lambda_h,
-            alpha=g.alpha,
-            beta=g.beta,
-            normalisation=g.normalize,
-        )
+        kw = {
+            "lambda_kl": g.lambda_kl,
+            "lambda_h": g.lambda_h,
+            "alpha": g.alpha,
+            "beta": g.beta,
+            "normalisation": g.normalize,
+        }
+        if result.parts is None:
+            result.advantages, gear_stats = gear_reweight_stats(layout, result.advantages, **kw)
+        else:
+            # split min: each term is its own clipped objective (PORTool App. B), so GEAR weighs each by its own
+            # sign; the total stays their sum. The segmentation statistics do not depend on the sign: the first
+            # term's describe the step.
+            reweighted = [gear_reweight_stats(layout, part, **kw) for part in result.parts]
+            result.parts = tuple(adv for adv, _ in reweighted)
+            result.advantages = torch.stack(result.parts).sum(0)
+            gear_stats = reweighted[0][1]
         result.stats.update(gear_stats)
     if cfg.whiten_advantages:
         m = result.loss_mask
         vals = result.advantages[m]
         if vals.numel() > 1:
-            result.advantages = torch.where(m, (result.advantages - vals.mean()) / (vals.std() + 1e-8), 0.0)
+            mean, scale = vals.mean(), vals.std() + 1e-8
+            result.advantages = torch.where(m, (result.advantages - mean) / scale, 0.0)
+            if result.parts is not None:  # split min: the batch mean is a baseline of the trajectory term
+                trj, *rest = result.parts
+                result.parts = (
+                    torch.where(m, (trj - mean) / scale, 0.0),
+                    *(torch.where(m, p / scale, 0.0) for p in rest),
+                )
     vals = result.advantages[result.loss_mask]
     if vals.numel():
         result.stats.update(

@@ -49,6 +49,8 @@ class TrainBatch:
     value_mask: torch.Tensor | None = None  # [N, L] bool, where the value loss applies
     returns: torch.Tensor | None = None  # [N, L] value targets
     old_entropy: torch.Tensor | None = None
+    # [N, L, K] the advantage's terms when each gets its own clipped min (PORTool's split min); None = one min
+    advantage_parts: torch.Tensor | None = None
     trajectories: list[Trajectory] = field(default_factory=list)
 
     @property
@@ -72,7 +74,7 @@ class TrainBatch:
         length = int(sub.attention_mask.sum(-1).max()) if sub.num_rows else 0
         for f in fields(sub):
             value = getattr(sub, f.name)
-            if isinstance(value, torch.Tensor) and value.dim() == 2:
+            if isinstance(value, torch.Tensor) and value.dim() >= 2:  # [N, L] and [N, L, K]
                 setattr(sub, f.name, value[:, :length])
         return sub
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from agentcredit.credit import policy_loss
+from agentcredit.credit import policy_loss, split_policy_loss
 
 if TYPE_CHECKING:
     from agentcredit.config import AlgorithmConfig
@@ -80,7 +80,8 @@ def total_loss(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The loss of one microbatch and its parts (for logging): every method's objective is this one sum.
 
-    ``policy_loss`` (PPO clip, dual clip, aggregated by ``weights``) + ``kl_coef`` KL(pi || pi_ref) -
+    ``policy_loss`` (PPO clip, dual clip, aggregated by ``weights``; the sum of one per term with
+    ``batch.advantage_parts``, PORTool's split min) + ``kl_coef`` KL(pi || pi_ref) -
     ``entropy_coef`` H, when the policy trains (not during the critic warm-up), + ``value_coef`` L_V when a
     critic is trained (``value_weights`` given): the clipped token value loss for ``critic="token"``, plain MSE
     to the Monte-Carlo return at every boundary for carl-segment's boundary critic (carl-segment.md §3.5).
@@ -90,15 +91,13 @@ def total_loss(
     loss = torch.zeros((), device=batch.input_ids.device)
     parts: dict[str, float] = {}
     if train_policy:
-        pg = policy_loss(
-            scores.logprobs,
-            batch.old_logp,
-            batch.advantages,
-            batch.loss_mask,
-            clip_eps=cfg.clip_eps,
-            dual_clip=cfg.clip_ratio_c,
-            weights=weights,
-        )
+        clip = {"clip_eps": cfg.clip_eps, "dual_clip": cfg.clip_ratio_c, "weights": weights}
+        if batch.advantage_parts is not None:  # PORTool's split min: each term in its own clipped min
+            pg = split_policy_loss(
+                scores.logprobs, batch.old_logp, batch.advantage_parts, batch.loss_mask, **clip
+            )
+        else:
+            pg = policy_loss(scores.logprobs, batch.old_logp, batch.advantages, batch.loss_mask, **clip)
         loss = loss + pg
         parts["loss/policy"] = float(pg.detach())
         if cfg.kl_coef > 0:

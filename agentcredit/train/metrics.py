@@ -11,7 +11,7 @@ from agentcredit.environment import outcome_reward
 from agentcredit.rollout.tree import RolloutTree
 from agentcredit.tasks import Example
 from agentcredit.train.batch import TrainBatch, segment_spans
-from agentcredit.train.signals import Signals
+from agentcredit.train.signals import Signals, TipsPotentials
 
 
 def episode_metrics(trees: list[RolloutTree], examples: list[Example]) -> dict[str, float]:
@@ -72,9 +72,30 @@ def signal_metrics(batch: TrainBatch, signals: Signals) -> dict[str, float]:
             out["critic/value_mean"] = float(val.mean())
     if signals.alpha is not None:
         out["tips/alpha"] = float(signals.alpha)
+    if signals.potential_split is not None:
+        out.update(tips_split_metrics(signals.potential_split))
     if signals.teacher_logp is not None and mask.any():
         out["gear/rkl_mean"] = float((batch.old_logp - signals.teacher_logp)[mask].mean())
     return out
+
+
+def tips_split_metrics(split: TipsPotentials) -> dict[str, float]:
+    """Phi split into the format tokens of the rendered answer and the answer's own tokens (issue 31): at S_0
+    (``tips/phi_0_format``, ``tips/phi_0_answer``, means over trajectories) and over every scored state
+    (``tips/phi_format``, ``tips/phi_answer``); ``tips/answer_only`` is 1 when Phi scored the answer tokens alone
+    (``algorithm.tips.potential_scope``), whose format part is then 0 by construction."""
+    first_f = [row[0] for row in split.format if row]
+    first_a = [row[0] for row in split.answer if row]
+    all_f = [v for row in split.format for v in row]
+    all_a = [v for row in split.answer for v in row]
+    n0, n = max(len(first_f), 1), max(len(all_f), 1)
+    return {
+        "tips/phi_0_format": math.fsum(first_f) / n0,
+        "tips/phi_0_answer": math.fsum(first_a) / n0,
+        "tips/phi_format": math.fsum(all_f) / n,
+        "tips/phi_answer": math.fsum(all_a) / n,
+        "tips/answer_only": 1.0 if split.scope == "answer_only" else 0.0,
+    }
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +34,7 @@ class Signals:
     teacher_logp: torch.Tensor | None = None  # [N, L] GEAR ground-truth-conditioned teacher log-probs
     entropy: torch.Tensor | None = None  # [N, L] student entropies (GEAR)
     alpha: float | None = None  # TIPS shaping scale used for this batch
+    potential_split: TipsPotentials | None = None  # TIPS: Phi's format / answer parts and the scope that ran
 
 
 def row_tokens(batch: TrainBatch, rows: Sequence[int] | None = None) -> list[list[int]]:
@@ -193,7 +195,115 @@ def score_continuations(
     return out
 
 
+def answer_token_span(
+    encode: Callable[[str], list[int]], rendered: str, answer: str
+) -> tuple[list[int], int, int]:
+    """``rendered`` (an answer in the protocol's format, e.g. ``<answer>A</answer>``) tokenised as the teacher
+    scores it, and the span ``[start, end)`` of its tokens that belong to the answer A; the rest are format tokens.
+
+    The tokens are those of the whole string (as today's potential scores them). A token counts as format when it
+    is in the longest common prefix with the text before A tokenised alone, or the longest common suffix with the
+    text after it; a token that merges format and answer characters counts as answer.
+    """
+    ids = encode(rendered)
+    if not ids:
+        raise ValueError(f"the rendered answer {rendered!r} has no tokens")
+    at = rendered.find(answer) if answer else -1
+    if at < 0:  # the protocol does not show the answer verbatim: every token is the answer's
+        return ids, 0, len(ids)
+    before, after = encode(rendered[:at]), encode(rendered[at + len(answer) :])
+    start = 0
+    while start < min(len(ids), len(before)) and ids[start] == before[start]:
+        start += 1
+    end = len(ids)
+    while (
+        end > start
+        and len(ids) - end < len(after)
+        and ids[end - 1] == after[len(after) - (len(ids) - end) - 1]
+    ):
+        end -= 1
+    return ids, start, end
+
+
+@dataclass
+class TipsPotentials:
+    """Phi per trajectory and policy segment (:func:`tips_potential`), and its split (each alias's summed
+    log-probs, averaged over aliases): ``format`` over the format tokens of the rendered answer (0.0 under
+    ``answer_only``, which does not score them) and ``answer`` over the answer's own tokens."""
+
+    potentials: list[list[float]]
+    format: list[list[float]]
+    answer: list[list[float]]
+    scope: str
+
+
 @torch.no_grad()
+def tips_potential_terms(
+    teacher: nn.Module,
+    batch: TrainBatch,
+    answers: Sequence[Sequence[str]],
+    encode: Callable[[str], list[int]],
+    render_answer: Callable[[str], str],
+    *,
+    reduce: str = "sum",
+    scope: str = "full",
+    autocast: bool = False,
+    max_tokens: int = MICRO_BATCH_TOKENS,
+) -> TipsPotentials:
+    """Phi at the start state of every policy segment of every trajectory (tips.md §2.7), and its split.
+
+    The context is the exact token ids the segment was generated from (the canonical construction [R]: for
+    segment 0 the prompt, later the state right after an observation); the continuation is each de-duplicated gold
+    alias rendered in the protocol's answer format and tokenised alone. ``scope``:
+
+    * ``"full"`` (default): Phi scores every token of the rendered answer, the tags included (the released code's
+      ``<answer>a</answer>``, tips.md §8 item 3);
+    * ``"answer_only"``: the format tokens before the answer are forced into the context and only the answer's
+      own tokens are scored, as Eq. 15-16's p_teach(A | S) reads. A policy that always opens a turn with
+      ``<think>`` gives ``<answer>`` a low probability right after the state, so under ``"full"`` Phi also
+      measures that format habit, not only what the state says about the answer (issue 31).
+    """
+    if scope not in ("full", "answer_only"):
+        raise ValueError(f"potential_scope must be 'full' or 'answer_only', got {scope!r}")
+    if len(answers) != len(batch.trajectories):
+        raise ValueError(f"{len(answers)} answer lists for {len(batch.trajectories)} trajectories")
+    contexts, conts, answer_at, owners = [], [], [], []
+    for j, (traj, golds) in enumerate(zip(batch.trajectories, answers, strict=True)):
+        aliases = list(dict.fromkeys(g for g in golds if g))
+        if not aliases:
+            raise ValueError(
+                f"trajectory {j} (tree {traj.tree}) has no gold answer to score a TIPS potential"
+            )
+        rendered = {a: answer_token_span(encode, render_answer(a), a) for a in aliases}
+        for k, (r, first, _) in enumerate(segment_spans(batch, traj)):
+            ctx = batch.input_ids[r, :first].tolist()
+            for a in aliases:
+                ids, start, end = rendered[a]
+                if scope == "answer_only":  # the tag forced into the context, the answer scored alone
+                    contexts.append(ctx + ids[:start])
+                    conts.append(ids[start:end])
+                    answer_at.append((0, end - start))
+                else:
+                    contexts.append(ctx)
+                    conts.append(ids)
+                    answer_at.append((start, end))
+                owners.append((j, k))
+    logprobs = score_continuations(teacher, contexts, conts, autocast=autocast, max_tokens=max_tokens)
+    grouped: dict[tuple[int, int], list[list[float]]] = {}
+    split: dict[tuple[int, int], list[tuple[float, float]]] = {}
+    for owner, lp, (start, end) in zip(owners, logprobs, answer_at, strict=True):
+        grouped.setdefault(owner, []).append(lp)
+        ans = math.fsum(lp[start:end])
+        split.setdefault(owner, []).append((math.fsum(lp) - ans, ans))
+    out = TipsPotentials([], [], [], scope)
+    for j, traj in enumerate(batch.trajectories):
+        keys = [(j, k) for k in range(len(traj.policy_nodes))]
+        out.potentials.append([tips_potential(grouped[key], reduce=reduce) for key in keys])
+        out.format.append([math.fsum(f for f, _ in split[key]) / len(split[key]) for key in keys])
+        out.answer.append([math.fsum(a for _, a in split[key]) / len(split[key]) for key in keys])
+    return out
+
+
 def tips_potentials(
     teacher: nn.Module,
     batch: TrainBatch,
@@ -205,35 +315,17 @@ def tips_potentials(
     autocast: bool = False,
     max_tokens: int = MICRO_BATCH_TOKENS,
 ) -> list[list[float]]:
-    """Phi at the start state of every policy segment of every trajectory (tips.md §2.7).
-
-    The context is the exact token ids the segment was generated from (the canonical construction [R]: for
-    segment 0 the prompt, later the state right after an observation); the continuation is each de-duplicated gold
-    alias rendered in the protocol's answer format and tokenised alone.
-    """
-    if len(answers) != len(batch.trajectories):
-        raise ValueError(f"{len(answers)} answer lists for {len(batch.trajectories)} trajectories")
-    contexts, conts, owners = [], [], []
-    for j, (traj, golds) in enumerate(zip(batch.trajectories, answers, strict=True)):
-        aliases = list(dict.fromkeys(g for g in golds if g))
-        if not aliases:
-            raise ValueError(
-                f"trajectory {j} (tree {traj.tree}) has no gold answer to score a TIPS potential"
-            )
-        for k, (r, first, _) in enumerate(segment_spans(batch, traj)):
-            ctx = batch.input_ids[r, :first].tolist()
-            for a in aliases:
-                contexts.append(ctx)
-                conts.append(encode(render_answer(a)))
-                owners.append((j, k))
-    logprobs = score_continuations(teacher, contexts, conts, autocast=autocast, max_tokens=max_tokens)
-    grouped: dict[tuple[int, int], list[list[float]]] = {}
-    for owner, lp in zip(owners, logprobs, strict=True):
-        grouped.setdefault(owner, []).append(lp)
-    out = []
-    for j, traj in enumerate(batch.trajectories):
-        out.append([tips_potential(grouped[(j, k)], reduce=reduce) for k in range(len(traj.policy_nodes))])
-    return out
+    """Phi at the start state of every policy segment (``scope="full"``); see :func:`tips_potential_terms`."""
+    return tips_potential_terms(
+        teacher,
+        batch,
+        answers,
+        encode,
+        render_answer,
+        reduce=reduce,
+        autocast=autocast,
+        max_tokens=max_tokens,
+    ).potentials
 
 
 def gear_ground_truth(protocol: Any, example: Any, reference: str | None = None) -> str:

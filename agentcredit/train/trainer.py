@@ -57,7 +57,7 @@ from agentcredit.train.signals import (
     gear_teacher_logprobs,
     row_tokens,
     score_batch,
-    tips_potentials,
+    tips_potential_terms,
     trained_row_chunks,
 )
 from agentcredit.train.warmup import start_gate
@@ -112,7 +112,8 @@ class Trainer:
         )
         self.lora = config.model.lora.enabled
         # the KL reference: the initial policy (with LoRA: the same model with its adapters switched off)
-        self.ref_model = frozen_copy(self.model) if a.kl_coef > 0 and not self.lora else None
+        needs_ref = a.kl_coef > 0 or a.log_kl_ref
+        self.ref_model = frozen_copy(self.model) if needs_ref and not self.lora else None
         self.teacher = frozen_copy(self.model) if a.shaping == "tips" else None
         self.tips_alpha = a.tips.alpha
         # GEAR's tau* per example, built on first use
@@ -267,7 +268,7 @@ class Trainer:
                 max_tokens=cfg.train.micro_batch_tokens,
             )
         batch.old_logp, batch.old_entropy, batch.old_values = logp, entropy, values
-        if a.kl_coef > 0:
+        if a.kl_coef > 0 or a.log_kl_ref:  # log_kl_ref: policy/kl_ref is logged though the loss has no KL
             with self._reference() as ref:
                 batch.ref_logp, _, _ = score_batch(
                     ref,
@@ -283,16 +284,18 @@ class Trainer:
             answers = [by_tree[t.tree].answers for t in batch.trajectories]
             encode = lambda text: self.tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
             reduce = "sum" if a.tips.potential == "paper" else "mean"
-            signals.potentials = tips_potentials(
+            signals.potential_split = tips_potential_terms(
                 self.teacher,
                 batch,
                 answers,
                 encode,
                 self.env.protocol.render_answer,
                 reduce=reduce,
+                scope=a.tips.potential_scope,
                 autocast=autocast,
                 max_tokens=cfg.train.micro_batch_tokens,
             )
+            signals.potentials = signals.potential_split.potentials
             t = a.tips
             self.tips_alpha = tips_step_alpha(
                 signals.potentials,
@@ -498,6 +501,7 @@ class Trainer:
         signals = self.compute_signals(batch, trees, examples)
         adv = compute_advantages(self.cfg.algorithm, batch, trees, signals)
         batch.advantages, batch.loss_mask = adv.advantages, adv.loss_mask
+        batch.advantage_parts = torch.stack(adv.parts, dim=-1) if adv.parts is not None else None
         batch.returns, batch.value_mask = adv.returns, adv.value_mask
         timings["time/signals"] = time.perf_counter() - t1
         t2 = time.perf_counter()

@@ -14,10 +14,13 @@ PARENTS = [-1, 0, 1, 1, 3, 0, 5, 0, 7, 8]
 LENGTHS = [0, 50, 40, 60, 30, 50, 40, 70, 50, 30]
 FORMAT = [0.0, 0.25, 0.25, -0.025, 0.25, 0.25, 0.25, 0.25, 0.25, 0.25]
 OUTCOMES = {2: 1.0, 4: -1.0, 6: 0.0, 9: 1.0}  # tau1..tau4
+# the spec's worked example (Sec. 3.9) counts the root as a fork; the paper's default (root_is_fork=False, its fork
+# set starts at t = 1) is tested in test_root_is_not_a_fork_by_default
+SPEC = {"root_is_fork": True}
 
 
 def example():
-    return portool_advantage_terms(PARENTS, LENGTHS, OUTCOMES, FORMAT)
+    return portool_advantage_terms(PARENTS, LENGTHS, OUTCOMES, FORMAT, **SPEC)
 
 
 def test_worked_example_step_rewards_and_fork_advantages():
@@ -35,7 +38,7 @@ def test_worked_example_step_rewards_and_fork_advantages():
 
 
 def test_worked_example_advantages_to_four_decimals():
-    adv = portool_advantages(PARENTS, LENGTHS, OUTCOMES, FORMAT)
+    adv = portool_advantages(PARENTS, LENGTHS, OUTCOMES, FORMAT, **SPEC)
     expected = {
         2: [0.1116, 2.3743],
         4: [0.3186, -2.9555, -1.3056],
@@ -80,7 +83,7 @@ def _tie_tree(format_y):
 
 
 def test_tie_example_uses_avg():
-    t = portool_advantage_terms(*_tie_tree(0.25))
+    t = portool_advantage_terms(*_tie_tree(0.25), **SPEC)
     assert t.aggregation[0] == "avg"
     assert t.step_rewards[1] == pytest.approx(0.25, abs=1e-12)  # (1.2 - 0.7) / 2
     assert t.step_rewards[4] == pytest.approx(1.17625, abs=1e-12)  # (1.2 + 1.1525) / 2, Y preferred
@@ -101,9 +104,9 @@ def test_fixed_aggregators_and_w2_presets():
     t_max = portool_advantage_terms(*_tie_tree(0.25), aggregator="max")
     t_avg = portool_advantage_terms(*_tie_tree(0.25), aggregator="avg")
     assert t_max.step_rewards[1] == pytest.approx(1.2) and t_avg.step_rewards[1] == pytest.approx(0.25)
-    traj_only = portool_advantage_terms(PARENTS, LENGTHS, OUTCOMES, FORMAT, w2_mode="zero")
-    no_scale = portool_advantage_terms(PARENTS, LENGTHS, OUTCOMES, FORMAT, w2_mode="one")
-    fork_only = portool_advantage_terms(PARENTS, LENGTHS, OUTCOMES, FORMAT, w1=0.0)
+    traj_only = portool_advantage_terms(PARENTS, LENGTHS, OUTCOMES, FORMAT, w2_mode="zero", **SPEC)
+    no_scale = portool_advantage_terms(PARENTS, LENGTHS, OUTCOMES, FORMAT, w2_mode="one", **SPEC)
+    fork_only = portool_advantage_terms(PARENTS, LENGTHS, OUTCOMES, FORMAT, w1=0.0, **SPEC)
     full = example()
     for leaf in full.advantages:
         assert traj_only.advantages[leaf] == full.trajectory_terms[leaf]
@@ -125,6 +128,24 @@ def test_root_is_fork_switch():
     assert literal.forks == (1,)
     assert literal.fork_advantages[1] == literal.fork_advantages[5] == 0.0
     assert literal.w2[2][1] == pytest.approx(4 * 90 / (1 * 40 * 2 * 1))
+
+
+def test_root_is_not_a_fork_by_default():
+    """The paper's fork set F(q) = {s_kt : |C(s_kt)| > 1, t in [T_k]} (portool.txt l. 536) holds steps only, so
+    by default the query is no fork: first steps get no fork term and N_forks counts A alone (the spec's [R]
+    8.6 counted the root; the paper wins). Fails on the old default (root_is_fork=True)."""
+    default = portool_advantage_terms(PARENTS, LENGTHS, OUTCOMES, FORMAT)
+    assert default.forks == (1,) and default.n_forks == 1
+    assert [w[0] for w in default.w2.values()] == [0.0, 0.0, 0.0, 0.0]  # no first step has a fork term
+    # tau1's first step: the trajectory term alone, (A_trj(tau1) + A_trj(tau2)) / 2 = (0.7833 - 1.3056) / 2
+    assert round(default.advantages[2][0], 4) == -0.2611
+    # its second step A1 under the fork A: w2 = 4 * 90 / (1 * 40 * 2 * 1) = 4.5 times A_fork(A1) = 0.7071
+    assert default.advantages[2][1] == pytest.approx(
+        default.trajectory_terms[2][1] + 4.5 * 0.70710678, abs=1e-5
+    )
+    from agentcredit.config import PortoolConfig
+
+    assert PortoolConfig().root_is_fork is False
 
 
 @st.composite

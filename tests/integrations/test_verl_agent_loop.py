@@ -501,3 +501,13 @@ def test_verls_worker_stores_every_leaf_of_a_tree(byte_tokenizer, tmp_path, monk
     assert [r.outcome for r in records] == [1.0, -1.0] and records[0].tree_id == records[1].tree_id
     assert [float(stored[k][0]["rm_scores"].sum()) for k in sorted(stored)] == [-1.0, -1.0]  # verl's copy
     assert all(stored[k][1]["status"] == "success" for k in stored)
+
+
+def test_portool_unfinished_reward_is_the_native_setting():
+    """An episode cut at the step cap (no answer) gets agentcredit.portool.unfinished_reward on verl too (issue 31:
+    -1 by default, portool.md 8.13), the same field as the native algorithm.portool section."""
+    settings = agent_loop_module.load_settings({"method": "portool"})
+    assert agent_loop_module.episode_outcome(settings, None, ["Paris"]) == -1.0
+    assert agent_loop_module.episode_outcome(settings, "Paris", ["Paris"]) == 1.0
+    zero = agent_loop_module.load_settings({"method": "portool", "portool": {"unfinished_reward": 0.0}})
+    assert agent_loop_module.episode_outcome(zero, None, ["Paris"]) == 0.0

@@ -16,6 +16,12 @@ were re-measured on the same stored trees.
 Regenerate (only when a change is *meant* to alter a method's numbers, and say so in the commit):
 ``.venv/bin/python tests/train/test_pinned_step.py``; re-measure some methods on their stored trees:
 ``.venv/bin/python tests/train/test_pinned_step.py ppo tips``
+
+Issue 31 re-measured methods on their stored trees after their recipes changed: PORTool's presets follow the paper
+(root_is_fork=False, App. B's split min; the pin keeps root_is_fork=true, see train_helpers) and log portool/*
+metrics; TIPS logs Phi's format/answer split; GEAR's teacher sees a reference trajectory and normalises with
+``auto``; PPO and TIPS train a separate critic clipped on its own (the policy's grad norm no longer includes the
+value loss's); carl-critical logs its fork rounds and the KL to the reference.
 """
 
 from __future__ import annotations
@@ -175,6 +181,7 @@ def remeasure(names: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    # no argument: re-sample and re-pin every method; method names: re-measure those on their stored trees
     sys.path.insert(0, str(Path(__file__).parent))
     if sys.argv[1:]:  # method names: re-measure those on their stored trees
         remeasure(sys.argv[1:])

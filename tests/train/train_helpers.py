@@ -59,11 +59,20 @@ METHODS = {
     "carl-critical": ("carl-critical-arith-tools", ["rollout.n=4"]),
     "tips": ("tips-arith-tools", []),
     "gear": ("gear-arith-tools", []),
-    "portool": ("portool-arith-tools", ["rollout.n=3", "rollout.t_max=3"]),
+    # root_is_fork=true (portool.md 8.6, not the paper's default): the tiny model's n = 3 trees fork mostly at the
+    # root, so with the paper's fork set (from t = 1) the pinned step's stored trees, all failing, would give every
+    # token a zero advantage and exercise nothing; the paper's default is tested on hand-built trees
+    "portool": (
+        "portool-arith-tools",
+        ["rollout.n=3", "rollout.t_max=3", "algorithm.portool.root_is_fork=true"],
+    ),
     "gigpo": ("gigpo-arith-tools", []),
     # compositions the maths allows (issue 6)
     "carl-segment+tips": ("carl-segment-arith-tools", ["algorithm.shaping=tips"]),
-    "portool+gear": ("portool-arith-tools", ["algorithm.reweight=gear", "rollout.n=3", "rollout.t_max=3"]),
+    "portool+gear": (
+        "portool-arith-tools",
+        ["algorithm.reweight=gear", "rollout.n=3", "rollout.t_max=3", "algorithm.portool.root_is_fork=true"],
+    ),
     "carl-critical+gear": ("carl-critical-arith-tools", ["algorithm.reweight=gear", "rollout.n=4"]),
     "grpo-on-critical-tree": ("carl-critical-arith-tools", ["algorithm.estimator=grpo", "rollout.n=4"]),
     "gigpo-on-critical-tree": ("carl-critical-arith-tools", ["algorithm.estimator=gigpo", "rollout.n=4"]),

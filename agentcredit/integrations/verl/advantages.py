@@ -221,7 +221,15 @@ def _estimator_params(settings: AgentCreditSettings, estimator: str) -> dict[str
         return {"update_rule": settings.critical.update_rule}
     if estimator == "portool":
         p = settings.portool
-        return {"gamma": p.gamma, "w1": p.w1, "root_is_fork": p.root_is_fork}
+        # verl's actor loss takes one advantage per token, so verl runs the single min on Eq. 3 (portool.md 8.9);
+        # the paper's split min (App. B) is the native trainer's algorithm.portool.combine
+        return {
+            "gamma": p.gamma,
+            "w1": p.w1,
+            "root_is_fork": p.root_is_fork,
+            "outcome_shift": p.outcome_shift,
+            "combine": "single_min",
+        }
     g = settings.gigpo
     return {
         "gamma": g.gamma,

@@ -162,7 +162,9 @@ def teacher_messages(
 def episode_outcome(settings: AgentCreditSettings, answer: str | None, golds: list[str]) -> float:
     """The outcome reward: the task metric (plus the optional format bonus), or PORTool's +1 / 0 / -1."""
     if settings.method == "portool":
-        return outcome_with_abstention(answer, golds, metric=settings.reward_metric)
+        return outcome_with_abstention(
+            answer, golds, metric=settings.reward_metric, unfinished=settings.portool.unfinished_reward
+        )
     return answer_reward(answer, golds, metric=settings.reward_metric, format_bonus=settings.format_bonus)
 
 

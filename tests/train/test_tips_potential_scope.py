@@ -1,0 +1,123 @@
+"""TIPS's potential split into format and answer tokens, and ``potential_scope: answer_only`` (issue 31).
+
+The potential scores ``<answer>X</answer>`` right after the state; a policy that opens every turn with ``<think>``
+gives the tag itself a low probability there, so Phi may measure that habit more than what the state says about
+the answer. The split shows it, and ``answer_only`` (the tag forced into the context, Eq. 15-16's p(A | S))
+removes it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from train_helpers import EXAMPLES, METHODS, SMALL
+
+from agentcredit.config import load_config
+from agentcredit.models.loading import load_base_model
+from agentcredit.rollout.tree import RolloutTree
+from agentcredit.train.batch import build_batch
+from agentcredit.train.signals import (
+    answer_token_span,
+    score_continuations,
+    tips_potential_terms,
+    tips_potentials,
+)
+from agentcredit.train.trainer import Trainer
+
+PIN = Path(__file__).parent / "data" / "pinned_steps.json"
+
+
+def chars(text: str) -> list[int]:
+    return [ord(c) for c in text]
+
+
+def merging(text: str) -> list[int]:
+    """A tokeniser that merges ">3" into one token (as BPE may merge a tag's end with the answer's start)."""
+    out, i = [], 0
+    while i < len(text):
+        if text.startswith(">3", i):
+            out.append(1000)
+            i += 2
+        else:
+            out.append(ord(text[i]))
+            i += 1
+    return out
+
+
+def test_answer_token_span_hand_worked():
+    ids, start, end = answer_token_span(chars, "<answer>391</answer>", "391")
+    assert (len(ids), start, end) == (20, 8, 11)  # "<answer>" 8 format tokens, "391", "</answer>" 9
+    ids, start, end = answer_token_span(merging, "<answer>391</answer>", "391")
+    assert ids[7] == 1000 and (start, end) == (7, 10)  # the merged ">3" counts as answer
+    ids, start, end = answer_token_span(chars, "\\boxed{7}", "7")
+    assert (start, end) == (7, 8)
+    assert answer_token_span(chars, "forty-two", "42")[1:] == (0, 9)  # not verbatim: all answer
+
+
+def _tips_batch():
+    trees = [RolloutTree.from_dict(t) for t in json.loads(PIN.read_text())["tips"]["trees"]]
+    return trees, build_batch(trees)
+
+
+def test_split_adds_up_and_answer_only_scores_the_answer_alone():
+    model, tokenizer = load_base_model("tiny", seed=0)
+    trees, batch = _tips_batch()
+    by_id = {e.id: e for e in EXAMPLES}
+    answers = [by_id[trees[t.tree].prompt_id].answers for t in batch.trajectories]
+
+    def encode(text):
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def render(a):
+        return f"<answer>{a}</answer>"
+
+    full = tips_potential_terms(model, batch, answers, encode, render)
+    assert full.potentials == tips_potentials(model, batch, answers, encode, render)  # today's Phi, unchanged
+    only = tips_potential_terms(model, batch, answers, encode, render, scope="answer_only")
+    for j, traj in enumerate(batch.trajectories):
+        assert len(answers[j]) == 1  # one alias: lse over one alias is its summed log-prob
+        for k in range(len(traj.policy_nodes)):
+            assert full.potentials[j][k] == pytest.approx(full.format[j][k] + full.answer[j][k], abs=1e-4)
+            assert full.format[j][k] < 0 and only.format[j][k] == 0.0
+            assert only.potentials[j][k] == pytest.approx(only.answer[j][k], abs=1e-5)
+    # answer_only by hand for the first state: context + the "<answer>" tokens, then the answer's tokens scored
+    ids, start, end = answer_token_span(encode, render(answers[0][0]), answers[0][0])
+    first = int(batch.policy_mask[batch.trajectories[0].rows[0]].nonzero()[0])
+    ctx = batch.input_ids[batch.trajectories[0].rows[0], :first].tolist()
+    (lp,) = score_continuations(model, [ctx + ids[:start]], [ids[start:end]])
+    assert only.potentials[0][0] == pytest.approx(math.fsum(lp), abs=1e-5)
+    assert only.potentials[0][0] != pytest.approx(full.potentials[0][0], abs=1e-3)
+    with pytest.raises(ValueError, match="potential_scope"):
+        tips_potential_terms(model, batch, answers, encode, render, scope="tags")
+
+
+@pytest.mark.parametrize("scope", ["full", "answer_only"])
+def test_the_step_logs_the_split_and_the_scope_that_ran(scope):
+    preset, overrides = METHODS["tips"]
+    config = load_config(preset, [*SMALL, *overrides, f"algorithm.tips.potential_scope={scope}"])
+    assert config.algorithm.tips.potential_scope == scope
+    model, tokenizer = load_base_model("tiny", seed=0)
+    trees, _ = _tips_batch()
+    by_id = {e.id: e for e in EXAMPLES}
+    trainer = Trainer(config, model=model, tokenizer=tokenizer, examples=list(EXAMPLES), log=False)
+    try:
+        m = trainer.learn(trees, [by_id[t.prompt_id] for t in trees]).metrics
+    finally:
+        trainer.close()
+    assert m["tips/answer_only"] == (1.0 if scope == "answer_only" else 0.0)
+    if scope == "full":  # one alias per question: Phi(S_0) = its format part + its answer part
+        assert m["tips/phi_0"] == pytest.approx(m["tips/phi_0_format"] + m["tips/phi_0_answer"], abs=1e-3)
+        assert m["tips/phi_0_format"] < 0
+    else:
+        assert m["tips/phi_0_format"] == 0.0 and m["tips/phi_0"] == pytest.approx(
+            m["tips/phi_0_answer"], abs=1e-4
+        )
+
+
+def test_default_scope_is_todays_and_documented():
+    t = load_config("tips-kb-multihop").algorithm.tips
+    assert t.potential_scope == "full"
+    assert "Eq. 15-16" in type(t).model_fields["potential_scope"].description
