@@ -118,9 +118,9 @@ def test_report_shows_gears_trigger_rate_and_segment_share(tmp_path):
     paths = write_report([gear, grpo], tmp_path / "report")
     md = paths["markdown"].read_text()
     assert "GEAR trigger rate | GEAR tokens in segments | GEAR clamp_max share |" in md
-    assert "| gear | gear | 0.500 (0.100) | 0.700 (0.400) | 0.250 (0.500) |" in md
-    assert "| grpo | grpo | – | – | – |" in md
+    assert "| gear | gear | – | 0.500 (0.100) | 0.700 (0.400) | 0.250 (0.500) |" in md  # settings: none
+    assert "| grpo | grpo | – | – | – | – |" in md
     assert "GEAR trigger rate" in paths["html"].read_text()
     # runs without a method diagnostic get no such section
     only = write_report([grpo], tmp_path / "report2")["markdown"].read_text()
-    assert "Method diagnostics" not in only
+    assert "Method settings and diagnostics" not in only
