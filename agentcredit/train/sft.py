@@ -58,6 +58,7 @@ def demonstrations(
                 _FailOnInfra(tools),  # an unavailable tool stops SFT: its error is no demonstration
                 example.question,
                 lambda turn, obs, ex=example: policy(ex, turn, obs),
+                episode_options=example.info.get("episode_options"),
             )
         finally:
             if tools is not env.tools:
