@@ -201,15 +201,58 @@ def tool_schemas(functions: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return b.convert_to_tool(copy.deepcopy(functions), b.GORILLA_TO_OPENAPI, b.ModelStyle.FIREWORK_AI)
 
 
-def ground_truth_calls(ground_truth: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One correct call list from a BFCL possible answer: each parameter's first accepted value; a parameter whose
-    first accepted value is ``""`` (BFCL's mark of "may be omitted") is left out. The SFT demonstrations."""
+def ground_truth_calls(
+    ground_truth: list[dict[str, Any]], *, skip_omission: bool = False
+) -> list[dict[str, Any]]:
+    """One call list from a BFCL possible answer: each parameter's first accepted value, inside nested dicts too
+    (their values are option lists again). ``""`` is BFCL's mark of "may be omitted": a parameter whose chosen value
+    is ``""`` is left out. ``skip_omission``: choose the first value other than ``""`` instead, for the answers that
+    list ``""`` first on a parameter the checker requires (simple_python_200's ``fuel_efficiency: ["", 25.0]``)."""
     calls = []
     for entry in ground_truth:
         ((name, params),) = entry.items()
-        arguments = {key: values[0] for key, values in params.items() if values and values[0] != ""}
-        calls.append({"name": name, "arguments": arguments})
+        calls.append({"name": name, "arguments": _chosen(params, skip_omission)})
     return calls
+
+
+def _chosen(options: dict[str, Any], skip_omission: bool) -> dict[str, Any]:
+    picked = {}
+    for key, values in options.items():
+        if not isinstance(values, list):  # a literal nested value, not an option list
+            picked[key] = values
+            continue
+        given = [v for v in values if v != ""] if skip_omission else values[:1]
+        if given and given[0] != "":
+            picked[key] = _value(given[0], skip_omission)
+    return picked
+
+
+def _value(value: Any, skip_omission: bool) -> Any:
+    if isinstance(value, dict):
+        return _chosen(value, skip_omission)
+    if isinstance(value, list):
+        return [_value(v, skip_omission) for v in value]
+    return value
+
+
+def demonstration_calls(example_info: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The ground-truth calls BFCL's own checker accepts (the first of the two choices of
+    :func:`ground_truth_calls` that passes), or None when neither does (the question then has no demonstration)."""
+    b = bfcl_eval()
+    for skip in (False, True):
+        calls = ground_truth_calls(example_info["bfcl_ground_truth"], skip_omission=skip)
+        decoded = [{c["name"]: c["arguments"]} for c in calls]
+        result = b.ast_checker(
+            example_info["bfcl_functions"],
+            decoded,
+            example_info["bfcl_ground_truth"],
+            b.Language.PYTHON,
+            example_info["bfcl_category"],
+            CHECKER_MODEL_NAME,
+        )
+        if result["valid"]:
+            return calls
+    return None
 
 
 def _question(messages: list[dict[str, Any]], where: str) -> tuple[str, str]:
@@ -255,7 +298,9 @@ def _category_examples(category: str) -> tuple[Example, ...]:
             if entry["id"] not in truth:
                 raise ValueError(f"{where}: no possible answer in bfcl-eval's possible_answer file")
             info["bfcl_ground_truth"] = truth[entry["id"]]
-            info["demo_calls"] = [ground_truth_calls(truth[entry["id"]])]
+            calls = demonstration_calls(info)
+            if calls is not None:  # SFT demonstrates only calls BFCL's checker accepts
+                info["demo_calls"] = [calls]
         examples.append(
             Example(id=entry["id"], question=user, answers=[], task=f"{PREFIX}{category}", info=info)
         )

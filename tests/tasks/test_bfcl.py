@@ -34,6 +34,26 @@ def test_ground_truth_calls_take_each_first_accepted_value_and_leave_out_optiona
     ]
 
 
+def test_ground_truth_calls_resolve_nested_option_lists_and_can_skip_a_listed_omission():
+    truth = [{"q": {"where": [{"field": ["age", "Age"], "limit": ["", 5]}], "eff": ["", 25.0], "n": [3]}}]
+    assert bfcl.ground_truth_calls(truth) == [{"name": "q", "arguments": {"where": {"field": "age"}, "n": 3}}]
+    assert bfcl.ground_truth_calls(truth, skip_omission=True) == [
+        {"name": "q", "arguments": {"where": {"field": "age", "limit": 5}, "eff": 25.0, "n": 3}}
+    ]
+
+
+@needs_bfcl
+def test_every_training_question_has_a_demonstration_the_checker_accepts():
+    """Regression: taking each first option as it stands left 9 of the 600 training questions (nested dict
+    answers such as simple_python_89, a required parameter listed as ``["", 25.0]``) with a demonstration that BFCL's
+    own checker rejects, so SFT silently dropped them."""
+    examples = load_task("bfcl:simple_python,multiple")
+    assert len(examples) == 600
+    for example in examples:
+        calls = {"calls": example.info["demo_calls"][0]}
+        assert bfcl.verdict(example, json.dumps(calls))["valid"], example.id
+
+
 def test_decoded_answer_reads_the_protocols_three_answer_forms():
     calls = {"calls": [{"name": "a.b", "arguments": {"x": 1}}, {"name": "c", "arguments": {}}]}
     assert bfcl.decoded_answer(json.dumps(calls)) == [{"a.b": {"x": 1}}, {"c": {}}]
@@ -235,3 +255,60 @@ def test_sft_demonstrations_of_bfcl_are_the_ground_truth_calls_and_pass_the_chec
         assert (
             example.info["bfcl_functions"][0]["name"] in tree.segment(0).text
         )  # its own tools in the prompt
+
+
+# ------------------------------------------------------------------------------------------------ studies
+def _bfcl_study(heldout: list[dict], preset: str = "grpo-bfcl") -> dict:
+    return {
+        "name": "bfcl-heldout",
+        "set": ["model.name=tiny"],
+        "start": {"preset": preset},
+        "heldout": heldout,
+        "seeds": [0],
+        "steps": 1,
+        "arms": [{"name": "grpo", "preset": preset}],
+    }
+
+
+def _write(path, data):
+    import yaml
+
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_a_study_names_a_bfcl_category_as_a_held_out_set_and_old_fingerprints_stay(tmp_path):
+    from agentcredit.experiment.study import HeldoutSpec, StudyError, load_study
+
+    spec = load_study(_write(tmp_path / "s.yaml", _bfcl_study([{"name": "irr", "task": "bfcl:irrelevance"}])))
+    assert spec.heldout[0].task == "bfcl:irrelevance"
+    # a set without its own task serialises as before the field existed (fingerprints of older studies unchanged)
+    assert "task" not in HeldoutSpec(name="test").model_dump()
+    with pytest.raises(StudyError, match="simple_java.*not supported"):
+        load_study(_write(tmp_path / "j.yaml", _bfcl_study([{"name": "j", "task": "bfcl:simple_java"}])))
+    with pytest.raises(StudyError, match=r"heldout.0.task: 'bfcl:irrelevance' .* needs protocol chat"):
+        load_study(
+            _write(
+                tmp_path / "c.yaml",
+                _bfcl_study([{"name": "i", "task": "bfcl:irrelevance"}], "grpo-arith-tools"),
+            )
+        )
+
+
+@needs_bfcl
+def test_a_studys_bfcl_held_out_set_is_written_from_bfcl_eval(tmp_path):
+    from agentcredit.experiment.study import Study, load_study
+
+    heldout = [
+        {"name": "irr", "task": "bfcl:irrelevance", "limit": 3, "seed": 2},
+        {"name": "own", "limit": 2},
+    ]
+    study = Study(load_study(_write(tmp_path / "s.yaml", _bfcl_study(heldout))), tmp_path / "out")
+    study.dir.mkdir()
+    study._fix_heldout()
+    sets = study.heldout_sets()
+    assert [e.id for e in sets["irr"]] == [e.id for e in load_task("bfcl:irrelevance", limit=3, seed=2)]
+    assert all(e.info["bfcl_category"] == "irrelevance" for e in sets["irr"])
+    assert {e.info["bfcl_category"] for e in sets["own"]} <= set(
+        bfcl.TRAIN_CATEGORIES
+    )  # the study's own task
