@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 VERL_VENV ?= .venv-verl
 VERL_PY   := $(VERL_VENV)/bin/python
 
-.PHONY: setup setup-dev system-packages test test-fast test-verl lint format demo bench clean
+.PHONY: setup setup-dev setup-bfcl system-packages test test-fast test-verl lint format demo bench clean
 
 # Debian packages the project uses: bubblewrap (the Python sandbox; `make demo` needs it) and chromium (only the
 # credit-viewer page test, so only `make test` installs it).
@@ -45,6 +45,15 @@ $(VENV)/.embedded: | $(VENV)/bin/python
 	$(PIP) install $(PIP_FLAGS) --no-deps '$(EMBEDDED)'
 	touch $@
 
+# BFCL v4 (agentcredit.tasks.bfcl, `--task bfcl:<category>`): the bfcl-eval wheel (the data and BFCL's checker)
+# without its dependencies, which pin numpy==1.26.4 and a dozen provider SDKs; then the `bfcl` extra: what its
+# checker, loaders and (for the agreement test) its own evaluator and Hermes decoder import.
+BFCL_EVAL ?= bfcl-eval==2026.3.23
+$(VENV)/.bfcl: pyproject.toml | $(VENV)/.torch
+	$(PIP) install $(PIP_FLAGS) --no-deps '$(BFCL_EVAL)'
+	$(PIP) install $(PIP_FLAGS) -e '.[bfcl]'
+	touch $@
+
 $(VENV)/.installed: pyproject.toml $(VENV)/.torch $(VENV)/.embedded
 	$(PIP) install $(PIP_FLAGS) -e .
 	touch $@
@@ -67,7 +76,8 @@ $(VERL_VENV)/.installed: pyproject.toml $(VERL_VENV)/.torch
 
 setup: system-packages $(VENV)/.installed
 setup-dev: SYSTEM_PACKAGES += chromium:chromium
-setup-dev: system-packages $(VENV)/.installed-dev
+setup-dev: system-packages $(VENV)/.installed-dev $(VENV)/.bfcl
+setup-bfcl: $(VENV)/.installed $(VENV)/.bfcl
 
 test: setup-dev test-verl
 	$(PY) -m pytest $(PYTEST_ARGS)

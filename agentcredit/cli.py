@@ -281,6 +281,10 @@ def eval_(
         str | None, typer.Option("--config", "-c", help="Preset or YAML (default: the run's own config).")
     ] = None,
     set_: SetOpt = None,
+    task: Annotated[
+        str | None,
+        typer.Option(help="Task to evaluate on (replaces task.name), e.g. bfcl:irrelevance or bfcl:all."),
+    ] = None,
     split: Annotated[str | None, typer.Option(help="Split (default: task.eval_split).")] = None,
     limit: Annotated[int | None, typer.Option(min=1, help="Questions (default: task.eval_limit).")] = None,
     samples: Annotated[int, typer.Option(min=1, help="Episodes per question (needs --temperature).")] = 1,
@@ -299,10 +303,23 @@ def eval_(
 
     try:
         options = EvalOptions(
-            split=split, limit=limit, samples=samples, temperature=temperature, tiers=tiers, seed=seed
+            split=split,
+            limit=limit,
+            samples=samples,
+            temperature=temperature,
+            tiers=tiers,
+            seed=seed,
+            task=task,
         )
         run_eval(model, config, overrides=set_ or [], options=options, out_dir=out)
-    except (ConfigError, FileNotFoundError, ValueError, ToolUnavailableError, UserCodeError) as exc:
+    except (
+        ConfigError,
+        FileNotFoundError,
+        ValueError,
+        ToolUnavailableError,
+        UserCodeError,
+        ImportError,
+    ) as exc:
         _fail(exc)
 
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from agentcredit.config import Config
 from agentcredit.protocols import get_protocol
 from agentcredit.protocols.base import Protocol
-from agentcredit.tasks import Example, load_task, task_corpus
+from agentcredit.tasks import Example, bfcl, load_task, task_corpus
 from agentcredit.tasks.scoring import answer_reward
 from agentcredit.tools.base import ToolRuntime, ToolUnavailableError, UserCodeError
 
@@ -60,7 +60,14 @@ def example_metric(example: Example, override: str = "auto") -> str:
 def outcome_reward(
     example: Example, answer: str | None, *, metric: str = "auto", format_bonus: float = 0.0
 ) -> float:
-    """:func:`~agentcredit.tasks.scoring.answer_reward` with the example's scoring rule."""
+    """:func:`~agentcredit.tasks.scoring.answer_reward` with the example's scoring rule; a BFCL example (metric
+    ``bfcl``) is scored by BFCL's own checker, 1.0 or 0.0 (:func:`~agentcredit.tasks.bfcl.bfcl_reward`)."""
+    if example.info.get("metric") == "bfcl":
+        if metric != "auto":
+            raise ValueError(
+                f"task.metric={metric!r}: BFCL examples are scored by BFCL's checker only; leave task.metric 'auto'"
+            )
+        return bfcl.bfcl_reward(example, answer)
     return answer_reward(
         answer, example.answers, metric=example_metric(example, metric), format_bonus=format_bonus
     )
@@ -390,6 +397,12 @@ def environment_schemas(episodes: Any, protocol_name: str) -> list[dict[str, Any
 
 def _build_environment(config: Config, resources: list[Any]) -> Environment:
     protocol_options = dict(config.protocol.options)
+    # BFCL: every question brings its own functions (info["episode_options"]), shown by the model's own template
+    per_question_tools = bfcl.is_bfcl(config.task.name)
+    if per_question_tools and config.protocol.name != "chat":
+        raise ValueError(
+            f"task {config.task.name!r} shows each question's functions as the model's tools: set protocol.name=chat"
+        )
     episodes = load_episode_environments(config.tools, config.protocol.name)
     if episodes is not None:
         protocol_options.setdefault("schemas", environment_schemas(episodes, config.protocol.name))
@@ -410,7 +423,7 @@ def _build_environment(config: Config, resources: list[Any]) -> Environment:
         shown = suite_subset(config.tools.suite_tools or [], "chat")
         schemas = [s for s in suite_schemas() if s["function"]["name"] in shown]
         protocol_options["schemas"] = schemas + [t.schema for t in functions]
-        if not protocol_options["schemas"]:
+        if not protocol_options["schemas"] and not per_question_tools:
             raise ValueError(
                 "protocol chat shows the model no tools: list your own in tools.functions "
                 "('package.module:function') or tools.mcp, or suite tools in tools.suite_tools"

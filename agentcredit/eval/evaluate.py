@@ -27,6 +27,7 @@ from agentcredit.config import MICRO_BATCH_TOKENS
 from agentcredit.environment import Environment, example_metric, infra_failures, run_episodes
 from agentcredit.rollout.tree import RolloutTree, segment_step_reward, step_reward_fields
 from agentcredit.tasks import Example
+from agentcredit.tasks.bfcl import bfcl_reward
 from agentcredit.tasks.scoring import exact_match, f1_score, score, substring_match
 from agentcredit.tools.base import ToolUnavailableError
 
@@ -65,12 +66,11 @@ def episode_records(
                     },
                     "answer": answer,
                     "reward": reward,
-                    "correct": float(score(answer, example.answers, metric=metric))
-                    if answer is not None
-                    else 0.0,
-                    "em": exact_match(answer, example.answers),
-                    "f1": f1_score(answer, example.answers),
-                    "substring_em": substring_match(answer, example.answers),
+                    "correct": _correct(example, answer, metric),
+                    # text metrics need gold texts (BFCL's questions have gold calls instead: 0 there)
+                    "em": exact_match(answer, example.answers) if example.answers else 0.0,
+                    "f1": f1_score(answer, example.answers) if example.answers else 0.0,
+                    "substring_em": substring_match(answer, example.answers) if example.answers else 0.0,
                     "tool_calls": sum(len(s.info.get("calls", [])) for s in policy),
                     "policy_tokens": sum(len(s) for s in policy),
                     "finish": leaf_info.get("finish"),
@@ -98,6 +98,14 @@ def episode_records(
             record["values"] = [float(x) for x in v]
             record["v_s0"] = float(v[0]) if len(v) else None
     return records
+
+
+def _correct(example: Example, answer: str | None, metric: str) -> float:
+    """The episode's score by the example's own rule (BFCL's checker for ``bfcl`` examples, which also scores a
+    missing answer: on an irrelevance question, saying nothing is right)."""
+    if metric == "bfcl":
+        return bfcl_reward(example, answer)
+    return float(score(answer, example.answers, metric=metric)) if answer is not None else 0.0
 
 
 def summarize(records: Sequence[dict[str, Any]], *, tiers: dict[str, str] | None = None) -> dict[str, float]:
@@ -155,7 +163,9 @@ SUMMARY_FIELDS = ("model", "method", "task", "split", "questions", "samples", "t
 SUMMARY_TABLES = (
     "reliability",
     "tiers",
-)  # the critic's reliability table, the tier labels (None when absent)
+    "leaderboard",
+    "bfcl_eval_version",
+)  # the critic's reliability table, the tier labels, BFCL's leaderboard columns and checker version (None when absent)
 
 
 def summary_file(metrics: dict[str, float], **fields: Any) -> dict[str, Any]:

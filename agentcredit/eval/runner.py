@@ -29,6 +29,7 @@ class EvalOptions:
     tiers: bool = False  # carl-segment Tier 1 / Tier 2 labels (5 no-tool samples per question)
     tier_samples: int = 5  # carl-segment.md §4.1: 5
     seed: int = 0
+    task: str | None = None  # replaces the config's task.name (e.g. bfcl:irrelevance)
 
     def __post_init__(self) -> None:
         if self.samples < 1:
@@ -41,8 +42,21 @@ class EvalOptions:
             raise ValueError(f"tier_samples must be >= 1, got {self.tier_samples}")
 
 
-def eval_config(config: str | Path | None, overrides: list[str], run_config: Config | None) -> Config:
-    """The config to evaluate with: ``--config`` (+ overrides), else the evaluated run's own config."""
+#: The preset ``--task bfcl:...`` evaluates with when neither ``--config`` nor a run's config is given.
+BFCL_PRESET = "grpo-bfcl"
+
+
+def eval_config(
+    config: str | Path | None, overrides: list[str], run_config: Config | None, task: str | None = None
+) -> Config:
+    """The config to evaluate with: ``--config`` (+ overrides), else the evaluated run's own config; ``task``
+    replaces its task.name. A BFCL task needs no config: the ``bfcl`` task preset (protocol chat) is used."""
+    from agentcredit.tasks.bfcl import is_bfcl
+
+    if task is not None:
+        overrides = [*overrides, f"task.name={task}"]
+        if config is None and run_config is None and is_bfcl(task):
+            config = BFCL_PRESET
     if config is not None:
         return load_config(config, overrides)
     if run_config is None:
@@ -96,11 +110,12 @@ def run_eval(
     from agentcredit.environment import build_environment, load_examples
     from agentcredit.eval.evaluate import critic_metrics, evaluate, rollout_caps, summary_file
     from agentcredit.eval.loading import load_for_eval
+    from agentcredit.tasks.bfcl import bfcl_eval, is_bfcl, leaderboard_metrics
 
     options = options or EvalOptions()
     start = time.perf_counter()
     loaded = load_for_eval(model, seed=options.seed)
-    cfg = eval_config(config, list(overrides or []), loaded.run_config)
+    cfg = eval_config(config, list(overrides or []), loaded.run_config, options.task)
     split = options.split or cfg.task.eval_split
     limit = options.limit or cfg.task.eval_limit
     examples = load_examples(cfg, split=split, limit=limit)
@@ -147,6 +162,9 @@ def run_eval(
     out_dir = Path(out_dir) if out_dir is not None else default_out_dir(model, cfg, split)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_jsonl(out_dir / "episodes.jsonl", records)
+    bfcl_fields = {}
+    if is_bfcl(cfg.task.name):  # the leaderboard's own column names, per category
+        bfcl_fields = {"leaderboard": leaderboard_metrics(summary), "bfcl_eval_version": bfcl_eval().version}
     result = summary_file(
         summary,
         model=loaded.source,
@@ -159,9 +177,13 @@ def run_eval(
         seconds=time.perf_counter() - start,
         reliability=reliability,
         tiers=tiers,
+        **bfcl_fields,
     )
     (out_dir / "summary.json").write_text(json.dumps(_jsonable(result), indent=2))
     log(format_summary(summary))
+    if result.get("leaderboard"):
+        log(f"BFCL v4 (bfcl-eval {result['bfcl_eval_version']}), leaderboard columns:")
+        log(format_summary(result["leaderboard"]))
     log(f"wrote {out_dir / 'episodes.jsonl'} and {out_dir / 'summary.json'}")
     result["out_dir"] = str(out_dir)
     return result

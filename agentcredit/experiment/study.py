@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer, model_validator
 
 from agentcredit.config import ConfigError, load_config, load_yaml_file
 from agentcredit.experiment.arms import claim_differences, resolved_protocol
@@ -121,6 +121,30 @@ class HeldoutSpec(_Spec):
     limit: int = Field(64, ge=1, description="Questions.")
     seed: int = Field(0, description="Generation / subset seed.")
     options: dict[str, Any] = Field(default_factory=dict, description="Task options (e.g. phrasing: new).")
+    task: str | None = Field(
+        None,
+        description="Another task for this set, e.g. bfcl:irrelevance (a BFCL category no arm trains on; needs "
+        "protocol chat); default: the study's own task.",
+    )
+
+    @model_validator(mode="after")
+    def _known_task(self) -> HeldoutSpec:
+        from agentcredit.tasks.bfcl import categories_of, is_bfcl
+
+        if self.task is not None and is_bfcl(self.task):
+            categories_of(
+                self.task
+            )  # an unknown or unsupported category is an error now, not after the start
+        return self
+
+    @model_serializer(mode="wrap")
+    def _without_unset_task(self, handler: Any) -> dict[str, Any]:
+        # a set without its own task serialises as before the field existed, so the fingerprints of studies
+        # written then (start, runs) stay the same
+        data = handler(self)
+        if data.get("task") is None:
+            data.pop("task", None)
+        return data
 
 
 class ArmSpec(_Spec):
@@ -264,7 +288,14 @@ def load_study(path: str | Path) -> StudySpec:
             )
     # Every arm starts from the model SFT'd in the start's text format: an arm in another protocol (a preset's
     # own style, e.g. carl-critical's ASearcher tags) would start from a policy that never saw its format.
-    start_protocol = resolved_protocol(configs.pop("start"))
+    start_cfg = configs.pop("start")
+    start_protocol = resolved_protocol(start_cfg)
+    for i, h in enumerate(spec.heldout):
+        if h.task is not None and h.task.startswith("bfcl:") and start_cfg.protocol.name != "chat":
+            raise StudyError(
+                f"{path}: heldout.{i}.task: {h.task!r} shows each question's functions as the model's tools, which "
+                f"needs protocol chat; the start uses {start_cfg.protocol.name!r}"
+            )
     for where, cfg in configs.items():
         if (protocol := resolved_protocol(cfg)) != start_protocol:
             differ = {
@@ -430,8 +461,13 @@ class Study:
         folder.mkdir(exist_ok=True)
         task, _, task_options = self._task()
         for h in self.spec.heldout:
+            own = h.task is not None and h.task != task  # another task's options are not the study task's
             examples = load_task(
-                task, split=h.split, limit=h.limit, seed=h.seed, **{**task_options, **h.options}
+                h.task or task,
+                split=h.split,
+                limit=h.limit,
+                seed=h.seed,
+                **{**({} if own else task_options), **h.options},
             )
             text = "".join(json.dumps(e.to_dict(), sort_keys=True) + "\n" for e in examples)
             path = folder / f"{h.name}.jsonl"

@@ -19,6 +19,13 @@ answer, a ``commit`` whose text (think blocks removed) is the answer. A call tha
 comes back as an ``ERROR:`` tool result naming what is wrong; the episode goes on. The tools' argument checks
 are the tools' own (:class:`~agentcredit.tools.functions.FunctionTool` validates against its schema).
 
+Per episode (``new_episode(question, **options)``; an example's ``info["episode_options"]``, see
+:mod:`agentcredit.rollout.engine`): ``schemas`` replaces the protocol's tools for that episode (BFCL: each question
+has its own functions), ``system_prompt`` is added to the system message, and ``calls_end_episode`` makes the first
+message the whole episode: its calls are the answer, never run, written as ``{"calls": [{"name", "arguments"}]}``
+(the calls that parsed) and a message without a call as ``{"text": ...}`` (single-turn function-calling
+benchmarks score the calls themselves).
+
 Every step also carries PORTool's formatting reward (``turn.info["format_reward"]``), with one adaptation: the
 rubric's think-block item is always met, since this format has no required reasoning block; the other items
 (a call block, valid JSON, name/arguments fields, the share of calls that succeeded) are the paper's.
@@ -34,7 +41,7 @@ from typing import Any
 
 from agentcredit.protocols._text import tail_contains
 from agentcredit.protocols.base import EpisodeState, FinishReason, Observation, Protocol, Turn, check_results
-from agentcredit.protocols.chat import ToolTurns
+from agentcredit.protocols.chat import _PROBE_TOOL, ToolTurns
 from agentcredit.protocols.jsoncall import StepFormat, normalise_schema, set_format_reward
 from agentcredit.tools.base import ToolCall, ToolResult
 
@@ -276,10 +283,19 @@ class ChatToolProtocol(Protocol):
         self._templates: dict[int, tuple[Any, bool, str, ToolTurns | None]] = {}
 
     # -- prompt --------------------------------------------------------------------------------------------
+    def episode_schemas(self, state: EpisodeState) -> list[dict[str, Any]]:
+        """The tools of this episode: its own ``schemas`` option when it has one, else the protocol's."""
+        own = state.extra.get("schemas")
+        if own is None:
+            return self.schemas
+        return [normalise_schema(i, s, owner="chat (episode schemas)") for i, s in enumerate(own)]
+
     def messages(self, state: EpisodeState) -> list[dict[str, str]]:
-        system = " ".join(part for part in (self.system_prompt, PROMPT_MODES[self.prompt_name]) if part)
-        if state.extra.get("tools_in_system") and self.schemas:
-            tools = "\n".join(json.dumps(s, ensure_ascii=False) for s in self.schemas)
+        parts = (self.system_prompt, state.extra.get("system_prompt", ""), PROMPT_MODES[self.prompt_name])
+        system = " ".join(part for part in parts if part)
+        schemas = self.episode_schemas(state)
+        if state.extra.get("tools_in_system") and schemas:
+            tools = "\n".join(json.dumps(s, ensure_ascii=False) for s in schemas)
             system = (system + "\n\n" if system else "") + HERMES_TOOLS_PROMPT.format(tools=tools)
         head = [{"role": "system", "content": system}] if system else []
         return [*head, {"role": "user", "content": state.question}]
@@ -287,10 +303,9 @@ class ChatToolProtocol(Protocol):
     def prompt(self, state: EpisodeState, tokenizer: Any) -> str:
         """The question rendered by the template with the tools; reads the dialect and tool turns off it."""
         shows_tools, dialect, turns = self._read_template(tokenizer)
-        shows_tools = shows_tools and self.tools
-        state.extra.update(
-            dialect=dialect, tools_in_system=self.tools and bool(self.schemas) and not shows_tools
-        )
+        schemas = self.episode_schemas(state)
+        shows_tools = shows_tools and self.tools and bool(schemas)
+        state.extra.update(dialect=dialect, tools_in_system=self.tools and bool(schemas) and not shows_tools)
         if dialect == "llama3" and "<|eom_id|>" in getattr(tokenizer, "all_special_tokens", ()):
             state.extra["message_ends"] = ["<|eom_id|>"]
         if self.tool_turns is None:
@@ -298,7 +313,7 @@ class ChatToolProtocol(Protocol):
         messages = self.messages(state)
         if shows_tools:
             return tokenizer.apply_chat_template(
-                messages, tools=self.schemas, tokenize=False, add_generation_prompt=True
+                messages, tools=schemas, tokenize=False, add_generation_prompt=True
             )
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
@@ -306,7 +321,9 @@ class ChatToolProtocol(Protocol):
         """(the template shows ``tools=``, the call dialect, its tool turns), read once per tokenizer."""
         key = id(tokenizer)
         if key not in self._templates:
-            shows_tools = bool(self.schemas) and _renders_tools(tokenizer, self.schemas)
+            # a protocol whose tools come per episode (schemas=[]) asks with a probe tool: whether a template shows
+            # tools does not depend on which
+            shows_tools = _renders_tools(tokenizer, self.schemas or [_PROBE_TOOL])
             detected = detect_dialect(_template_source(tokenizer))
             if self.schemas and not shows_tools:  # the tools go in a system message in the Hermes format
                 if self.dialect not in ("auto", "hermes"):
@@ -317,7 +334,7 @@ class ChatToolProtocol(Protocol):
                 dialect = "hermes"
             elif self.dialect != "auto":
                 dialect = self.dialect
-            elif detected is None and shows_tools:
+            elif detected is None and shows_tools and self.schemas:
                 raise ValueError(
                     "chat: the chat template shows tools but teaches none of the call syntaxes "
                     f"{list(DIALECTS)}; set protocol.options.dialect"
@@ -358,11 +375,14 @@ class ChatToolProtocol(Protocol):
         info: dict[str, Any] = {"finish": finish, "turn_end_generated": generated}
         if finish == "length":
             info["truncated"] = True
+        single = bool(state.extra.get("calls_end_episode"))
         if not parsed.attempted:  # no call: the final answer
             turn = Turn("commit", done=True, answer=self.extract_answer(content), info=info)
             if finish == "length":
                 turn.answer = None  # a message cut by the budget is no answer
                 info["error"] = "the final message was cut by the token budget"
+            elif single and turn.answer is not None:
+                turn.answer = json.dumps({"text": turn.answer}, ensure_ascii=False)
             set_format_reward(
                 info, StepFormat(True, True, True, True, 1, 1 if turn.answer else 0), self.format_reward_bound
             )
@@ -370,7 +390,12 @@ class ChatToolProtocol(Protocol):
         turn = Turn("invoke", info=info)
         if parsed.errors:
             info["error"] = "; ".join(parsed.errors)
-        if state.n_turns + 1 >= self.max_segments:
+        if single:  # the calls are the answer, recorded and never run (a done turn's calls are not run)
+            turn.done = True
+            turn.calls = parsed.calls
+            calls = [{"name": c.name, "arguments": c.arguments} for c in parsed.calls]
+            turn.answer = json.dumps({"calls": calls}, ensure_ascii=False)
+        elif state.n_turns + 1 >= self.max_segments:
             turn.done = True  # the cap: nothing more runs and the episode has no answer
             info["cut"] = "max_segments"
         else:

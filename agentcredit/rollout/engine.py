@@ -429,7 +429,9 @@ class RolloutEngine:
         self, index: int, prompt_id: str | int, item: Any, strategy: Strategy, extra: dict | None
     ) -> _TreeRun:
         question = question_of(item)
-        state = self.protocol.new_episode(question, **(extra or {}))
+        # an example may carry its own protocol options (info["episode_options"]: BFCL's per-question tools)
+        own = getattr(item, "info", None) or (item.get("info") if isinstance(item, dict) else None) or {}
+        state = self.protocol.new_episode(question, **{**own.get("episode_options", {}), **(extra or {})})
         text = self.protocol.prompt(state, self.tokenizer)
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         if not ids:

@@ -28,11 +28,15 @@ def replay(
     *,
     reward_fn: Callable[[str | None], float] | None = None,
     max_turns: int | None = None,
+    episode_options: dict[str, Any] | None = None,
 ) -> RolloutTree:
-    """One episode as a single-path tree; ``reward_fn(answer)`` scores its leaf (0.0 when not given)."""
+    """One episode as a single-path tree; ``reward_fn(answer)`` scores its leaf (0.0 when not given).
+
+    ``episode_options``: the protocol's per-episode options (an example's ``info["episode_options"]``, as the
+    engine passes them)."""
     encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
     eos_id, eos_text = tokenizer.eos_token_id, tokenizer.eos_token
-    state = protocol.new_episode(question)
+    state = protocol.new_episode(question, **(episode_options or {}))
     prompt = protocol.prompt(state, tokenizer)
     tree = RolloutTree(Segment(encode(prompt), prompt, role="prompt", kind="prompt"))
     node, observation, answer = 0, None, None

@@ -1,8 +1,8 @@
 """The task registry: ``load_task(name, split=..., limit=..., seed=...)`` and ``task_corpus(name)``.
 
 Names: the synthetic ``arith-tools`` and ``kb-multihop``; the real benchmarks ``gsm8k``, ``hotpotqa``,
-``musique``, ``2wiki``, ``bamboogle``, ``nq``, ``deepresearcher``, ``convfinqa``, ``tatqa``; and
-``jsonl:<path>`` for any user file (keyword options go to :func:`~agentcredit.tasks.datasets.load_jsonl`).
+``musique``, ``2wiki``, ``bamboogle``, ``nq``, ``deepresearcher``, ``convfinqa``, ``tatqa``; ``bfcl:<category>``
+(BFCL v4 from the installed bfcl-eval package, :mod:`agentcredit.tasks.bfcl`); and ``jsonl:<path>`` for any user file (keyword options go to :func:`~agentcredit.tasks.datasets.load_jsonl`).
 
 A real benchmark is read from the data root (:func:`~agentcredit.tasks.paths.data_root`) when every file
 its split needs is there; otherwise from the package sample of that split, with a :class:`SampleDataWarning`
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agentcredit.tasks import arith, datasets, kb
+from agentcredit.tasks import arith, bfcl, datasets, kb
 from agentcredit.tasks.example import Example, iter_jsonl, seeded_subset
 from agentcredit.tasks.paths import SAMPLES_DIR, data_root, default_cache_dir
 
@@ -263,7 +263,8 @@ def load_task(
     """Examples of task ``name``.
 
     Args:
-        name: a registry name (:func:`list_tasks`) or ``jsonl:<path>``; a path containing ``{split}`` names one
+        name: a registry name (:func:`list_tasks`), ``bfcl:<category>`` (``bfcl:simple_python,multiple``,
+            ``bfcl:all``; any split, ``limit`` per category) or ``jsonl:<path>``; a path containing ``{split}`` names one
             file per split (``jsonl:data/{split}.jsonl`` reads ``data/test.jsonl`` for split ``test``), any other
             path is read whatever the split.
         split: the split; None means the task's default (``test`` for GSM8K and Bamboogle, ``dev`` for the
@@ -280,6 +281,12 @@ def load_task(
         path = _jsonl_path(name, split)
         _check_options(name, datasets.load_jsonl, options, exclude=("path", "task"))
         return seeded_subset(datasets.load_jsonl(path, task=name, **options), limit, seed)
+    if name.startswith(bfcl.PREFIX):
+        # BFCL has no splits: a category is trained on or held out whole (bfcl.TRAIN_CATEGORIES), and ``limit``
+        # is per category
+        if options:
+            raise ValueError(f"task {name!r} takes no options, got {sorted(options)}")
+        return bfcl.load_bfcl(name, limit, seed)
     if split is not None and "@" in split:
         return _holdout_part(name, split, limit, seed, data_dir=data_dir, **options)
     spec = get_spec(name)
@@ -335,7 +342,7 @@ def task_corpus(
     cache folder. ``kb-multihop``: the world of ``seed`` written to the cache (one corpus for both splits).
     Tasks without retrieval (GSM8K, NQ, Bamboogle, the finance sets...) return None.
     """
-    if name.startswith("jsonl:"):
+    if name.startswith(("jsonl:", bfcl.PREFIX)):
         return None
     spec = get_spec(name)
     split = split.split("@", 1)[0] if split and "@" in split else split

@@ -245,10 +245,11 @@ def chat_policy(example: Example, turn: int, observation: str | None, *, dialect
     arith-tools (easy questions answered directly) and one knowledge_search per hop for multi-hop tasks."""
     from agentcredit.protocols.native import write_calls
 
-    answer = example.answers[0]
     scripted = demo_turns(example)
     if scripted is not None:
-        return write_calls(scripted[turn], dialect) if turn < len(scripted) else answer
+        # BFCL's examples have no text answer: their episode is the calls (the protocol's calls_end_episode)
+        return write_calls(scripted[turn], dialect) if turn < len(scripted) else example.answers[0]
+    answer = example.answers[0]
     if example.task == "arith-tools" or "expression" in example.info:
         if example.info.get("tier") == "easy" or turn > 0:
             return answer

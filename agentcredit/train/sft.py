@@ -100,6 +100,7 @@ def demonstration(
             example.question,
             lambda turn, obs: policy(example, turn, obs),
             max_turns=max_turns,
+            episode_options=example.info.get("episode_options"),
         )
     finally:
         if tools is not env.tools:
