@@ -887,10 +887,14 @@ def read_preset(path: str | Path) -> dict[str, Any]:
             return read_yaml_with_bases(candidate)
     if composed := _composed_preset(str(path)):
         method, task = composed
-        return _deep_merge(
-            read_yaml_with_bases(CONFIG_DIR / "methods" / f"{method}.yaml"),
-            read_yaml_with_bases(CONFIG_DIR / "tasks" / f"{task}.yaml"),
-        )
+        method_data = read_yaml_with_bases(CONFIG_DIR / "methods" / f"{method}.yaml")
+        task_data = read_yaml_with_bases(CONFIG_DIR / "tasks" / f"{task}.yaml")
+        task_protocol = (task_data.get("protocol") or {}).get("name")
+        if task_protocol and task_protocol != (method_data.get("protocol") or {}).get("name"):
+            # protocol options belong to their protocol: a task in another format (BFCL's chat under
+            # carl-segment's codefence options) takes its own protocol block whole
+            method_data = {k: v for k, v in method_data.items() if k != "protocol"}
+        return _deep_merge(method_data, task_data)
     raise ConfigError(
         f"config {str(path)!r} is neither a file nor a preset in {CONFIG_DIR} (presets: <method>-<task> with "
         f"a method of {_stems('methods')} and a task of {_stems('tasks')}, or {_stems('.')})"

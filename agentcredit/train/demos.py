@@ -177,6 +177,18 @@ def demo_turns(example: Example) -> list[list[tuple[str, dict]]] | None:
     return out
 
 
+def _argument_checks(schemas: Sequence[Mapping[str, Any]]) -> dict[str, tuple[Any, set[str]]]:
+    """tool name -> (its argument check, its parameter names), from function schemas."""
+    from agentcredit.tools.functions import ArgumentCheck
+
+    tools = {}
+    for schema in schemas:
+        fn = schema.get("function", schema)
+        params = fn.get("parameters") or {"type": "object", "properties": {}}
+        tools[fn["name"]] = (ArgumentCheck(fn["name"], params), set(params.get("properties") or {}))
+    return tools
+
+
 def check_demo_calls(
     examples: Sequence[Example],
     schemas: Sequence[Mapping[str, Any]],
@@ -191,16 +203,15 @@ def check_demo_calls(
 
     Returns warnings (not errors: the row is still valid) for demonstrations that need more assistant messages
     (its turns + the answer) than ``max_messages``, the episode cap: SFT would cut them and drop them.
-    """
-    from agentcredit.tools.functions import ArgumentCheck
 
-    tools: dict[str, tuple[ArgumentCheck, set[str]]] = {}
-    for schema in schemas:
-        fn = schema.get("function", schema)
-        params = fn.get("parameters") or {"type": "object", "properties": {}}
-        tools[fn["name"]] = (ArgumentCheck(fn["name"], params), set(params.get("properties") or {}))
+    An example that brings its own tools (``info["episode_options"]["schemas"]``, as BFCL's questions do) is
+    checked against those instead of ``schemas``.
+    """
+    shared = _argument_checks(schemas)
     problems, warnings = [], []
     for example in examples:
+        own = (example.info.get("episode_options") or {}).get("schemas")
+        tools = shared if own is None else _argument_checks(own)
         where = (locate or {}).get(example.id)
         where = f"{where} (example {example.id!r})" if where else f"example {example.id!r}"
         try:
