@@ -8,8 +8,10 @@ from typing import Any
 
 from agentcredit.config import load_config
 
-# Fields that name a run rather than set it: never a difference between two arms.
-_LABELS = ("method",)
+# Fields that name or observe a run rather than set what it trains: never a difference between two arms. `method`
+# is the run's name; `algorithm.log_kl_ref` only logs policy/kl_ref (carl-critical's presets turn it on; the loss
+# is the same with or without it).
+_LABELS = ("method", "algorithm.log_kl_ref")
 
 
 def config_fields(cfg) -> dict[str, Any]:
