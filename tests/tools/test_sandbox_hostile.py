@@ -294,13 +294,16 @@ def test_bubblewrap_tmp_inodes_are_capped(isolation, host):
         "print(made)"
     )
     result, _ = run_hostile(code, isolation, host, tmp_inodes=300)
-    # one budget for the three writable directories: /tmp takes all 300, the other two get none
-    assert result.output.splitlines() == [
+    # one budget for the three writable directories: /tmp takes what is left of the 300, the other two get none.
+    # "What is left": an interpreter bound from under /tmp (a checkout or venv there, issue 39) has its mount point's
+    # parent directories made in this tmpfs, a few inodes (297 from /tmp/nc5/agentcredit/.venv)
+    lines = result.output.splitlines()
+    assert lines[:3] == [
         "/tmp No space left on device",
         ". No space left on device",
         "/dev/shm No space left on device",
-        "300",
-    ]
+    ], result.output
+    assert 290 <= int(lines[3]) <= 300, result.output
 
 
 def test_bubblewrap_writable_directories_share_one_byte_budget(isolation, host):
