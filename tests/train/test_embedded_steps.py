@@ -38,6 +38,8 @@ def test_one_step_on_the_embedded_model(preset):
             "optim.epochs=1",
             "optim.minibatch_size=0",
             "train.tensorboard=false",
+            # PPO and TIPS presets open with critic-only steps (issue 31): this step must move the policy
+            "train.critic_warmup=0",
         ],
     )
     trainer = Trainer(config, log=False)
