@@ -47,11 +47,12 @@ $(VENV)/.embedded: | $(VENV)/bin/python
 
 # BFCL v4 (agentcredit.tasks.bfcl, `--task bfcl:<category>`): the bfcl-eval wheel (the data and BFCL's checker)
 # without its dependencies, which pin numpy==1.26.4 and a dozen provider SDKs; then the `bfcl` extra: what its
-# checker, loaders and (for the agreement test) its own evaluator and Hermes decoder import.
+# checker, loaders and (for the agreement test) its own evaluator and Hermes decoder import. --no-warn-conflicts:
+# pip would otherwise print an "ERROR:" list of the provider SDKs bfcl-eval declares and we leave out on purpose.
 BFCL_EVAL ?= bfcl-eval==2026.3.23
 $(VENV)/.bfcl: pyproject.toml | $(VENV)/.torch
 	$(PIP) install $(PIP_FLAGS) --no-deps '$(BFCL_EVAL)'
-	$(PIP) install $(PIP_FLAGS) -e '.[bfcl]'
+	$(PIP) install $(PIP_FLAGS) --no-warn-conflicts -e '.[bfcl]'
 	touch $@
 
 $(VENV)/.installed: pyproject.toml $(VENV)/.torch $(VENV)/.embedded
