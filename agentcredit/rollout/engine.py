@@ -30,6 +30,9 @@ Prefix reuse: jobs that start from the same node share one sequence up to the mo
 token (the sequence is copied, logits included); a job that continues a paused episode takes over its
 sequence. With a strategy that forks from old states (``needs_prefix_store``), the cache entries of every node
 are kept per tree and a fork is assembled from its ancestors' entries, so only its last token is recomputed.
+Across questions, the token prefix all prompts of a call share (the system prompt and tool schemas: ~800-1,050
+tokens for jsoncall) is prefilled once in a sequence of its own, exported as a cache block and copied into each
+question's sequence, which prefills only the rest of its prompt (``share_prompt_prefix``; issue 33).
 ``reuse_prefix=False`` turns all of this off (each job prefills its whole context): the benchmark compares both.
 
 Token accounting (:class:`EngineStats`): ``generated_tokens`` are sampled tokens; ``prefill_tokens`` are
@@ -61,6 +64,9 @@ from agentcredit.tools.base import ToolCall, ToolResult, ToolRuntime
 from agentcredit.tools.episodes import StepOutcome
 
 RewardFn = Callable[[Any, "str | None"], float]
+#: The prompts' common prefix is prefilled once only from this many tokens on: below it, the extra forward and the
+#: cache copies cost about what they save.
+SHARED_PREFIX_MIN = 32
 #: How long a failed run waits for its tool steps still running, to close their environments before it raises.
 _CLEANUP_SECONDS = 30.0
 
@@ -85,6 +91,10 @@ class EngineConfig:
         max_batch: sequences in flight at once (decoding, waiting for tools, or paused); more jobs queue.
         reuse_prefix: share computed prefixes between jobs (copies / stored node caches). False = every job
             prefills its whole context (the no-reuse baseline of the benchmark).
+        share_prompt_prefix: the token prefix that every prompt of a call has in common (the chat template's
+            system prompt and tool schemas: ~800-1,050 tokens for jsoncall) is prefilled once per call and its
+            cache copied into each question's sequence, which then prefills only its own remainder. Needs
+            ``reuse_prefix``; used only when at least two prompts share at least ``SHARED_PREFIX_MIN`` tokens.
     """
 
     sampling: SamplingParams = field(default_factory=SamplingParams)
@@ -95,6 +105,7 @@ class EngineConfig:
     seed: int = 0
     max_batch: int = 64
     reuse_prefix: bool = True
+    share_prompt_prefix: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_segment_tokens", "max_episode_tokens", "max_batch"):
@@ -144,6 +155,7 @@ class EngineStats:
     splices: int = 0
     forks: int = 0  # sequences started from an existing prefix (a copy, or stored node caches)
     forward_calls: int = 0
+    shared_prefix_tokens: int = 0  # tokens of the prompts' common prefix, prefilled once (0: not used)
     seconds: float = 0.0
 
     @property
@@ -400,6 +412,8 @@ class RolloutEngine:
         self._live: list[_Episode] = []  # episodes holding a sequence (decoding, waiting, pending, parked)
         extras = extra or [None] * len(prompts)
         runs = [self._new_run(i, ids[i], item, strategy, extras[i]) for i, item in enumerate(prompts)]
+        self._shared_ids = self._shared_prefix([run.tree.segment(0).token_ids for run in runs])
+        self._shared_block: Any = None
         for run in runs:
             self._advance(run, None)
         try:
@@ -423,6 +437,33 @@ class RolloutEngine:
         self.stats.seconds = time.perf_counter() - start
         self.stats.forward_calls = getattr(self.backend.stats, "forward_calls", 0) - forward_before
         return [run.final if run.final is not None else run.tree for run in runs]
+
+    # ------------------------------------------------------------------ the prompts' shared prefix
+    def _shared_prefix(self, prompts: list[list[int]]) -> list[int]:
+        """The token prefix every prompt shares (at most the shortest prompt minus one token, so every question
+        still feeds at least one token of its own), or [] when it is not worth prefilling apart."""
+        if not (self.config.share_prompt_prefix and self.config.reuse_prefix) or len(prompts) < 2:
+            return []
+        first, n = prompts[0], min(len(p) for p in prompts) - 1
+        for other in prompts[1:]:
+            k = 0
+            while k < n and other[k] == first[k]:
+                k += 1
+            n = k
+        return list(first[:n]) if n >= SHARED_PREFIX_MIN else []
+
+    def _shared_prefix_block(self) -> Any:
+        """The cache block of the shared prefix, prefilled on first use in a sequence of its own (then released)."""
+        if self._shared_block is None:
+            seq = self.backend.new_sequence()
+            try:
+                self.backend.extend({seq: self._shared_ids})
+                self._shared_block = self.backend.export_block(seq, 0, len(self._shared_ids))
+            finally:
+                self.backend.release(seq)
+            self.stats.prefill_tokens += len(self._shared_ids)
+            self.stats.shared_prefix_tokens = len(self._shared_ids)
+        return self._shared_block
 
     # ------------------------------------------------------------------ trees and plans
     def _new_run(
@@ -576,7 +617,9 @@ class RolloutEngine:
             force = False
             admitted.append(self._queue.popleft()[0])
         if admitted:
-            self.backend.reserve(in_flight)  # one allocation for all of them, their leaders' clones included
+            # one allocation for all of them, their leaders' clones included (the shared prefix's own sequence is
+            # released before the first leader takes its row)
+            self.backend.reserve(in_flight)
         for leader in admitted:
             self._build_sequence(leader)
             self._live.append(leader)
@@ -590,8 +633,13 @@ class RolloutEngine:
             while reuse < len(nodes) and nodes[reuse] in ep.run.blocks:
                 reuse += 1
         blocks = [ep.run.blocks[n] for n in nodes[:reuse]]
-        ep.seq = self.backend.sequence_from_blocks(blocks) if blocks else self.backend.new_sequence()
-        self.stats.forks += bool(blocks)
+        shared = 0
+        if not blocks and self._shared_ids:  # the prompts' common prefix comes from its one prefill
+            shared = len(self._shared_ids)
+            ep.seq = self.backend.sequence_from_blocks([self._shared_prefix_block()])
+        else:
+            ep.seq = self.backend.sequence_from_blocks(blocks) if blocks else self.backend.new_sequence()
+            self.stats.forks += bool(blocks)
         col = 0
         for n in nodes:
             length = len(tree.segment(n).token_ids)
@@ -600,6 +648,7 @@ class RolloutEngine:
         feed: list[int] = []
         for n in nodes[reuse:]:
             feed.extend(tree.segment(n).token_ids)
+        feed = feed[shared:]  # the prompt (node 0) comes first, and shared < its length
         if not feed:  # everything came from the store: recompute the last token for its logits
             length = self.backend.length(ep.seq)
             last = tree.segment(nodes[-1]).token_ids[-1]
