@@ -462,11 +462,29 @@ def bench_rollout_cmd(
     json_out: Annotated[
         bool, typer.Option("--json", help="Print the result as one JSON object (last line).")
     ] = False,
+    compare: Annotated[
+        bool,
+        typer.Option(
+            "--compare",
+            help="Today's HF engine vs the shared-prompt-prefix engine (and the naive loop) in one run, at "
+            "--study-prompts x --episodes and --prompts x --episodes.",
+        ),
+    ] = False,
+    study_prompts: Annotated[
+        int, typer.Option(min=1, help="--compare: questions of a study step (the studies: 4).")
+    ] = 4,
+    max_turns: Annotated[int, typer.Option(min=1, help="Policy segments per episode.")] = 4,
 ) -> None:
     """Tokens/s of the batched engine vs a naive generate loop, and prefix reuse in tree rollouts."""
     import json
 
-    from agentcredit.bench.rollout import BenchSettings, bench_rollout, format_result
+    from agentcredit.bench.rollout import (
+        BenchSettings,
+        bench_compare,
+        bench_rollout,
+        format_compare,
+        format_result,
+    )
     from agentcredit.config import ConfigError
 
     settings = BenchSettings(
@@ -476,8 +494,24 @@ def bench_rollout_cmd(
         tree_prompts=tree_prompts,
         max_segment_tokens=max_segment_tokens,
         max_episode_tokens=max_episode_tokens,
+        max_turns=max_turns,
         overrides=tuple(set_ or ()),
     )
+    if compare:
+        try:
+            result = bench_compare(
+                model,
+                dtype=dtype,
+                settings=settings,
+                sizes=((study_prompts, episodes), (prompts, episodes)),
+                threads=threads,
+                skip_naive=skip_naive,
+                log=(lambda _msg: None) if json_out else typer.echo,
+            )
+        except (ConfigError, FileNotFoundError, ValueError, ToolUnavailableError, UserCodeError) as exc:
+            _fail(exc)
+        typer.echo(json.dumps(result) if json_out else format_compare(result))
+        return
     try:
         result = bench_rollout(
             model,

@@ -506,3 +506,212 @@ def format_result(result: dict[str, Any]) -> str:
                 f"nodes {r['tree_nodes']:>5}  forks {r['forks']:>4}  {r['seconds']:.1f}s"
             )
     return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------ engine comparison
+#: The paths ``bench rollout --compare`` sets side by side: today's HF engine (before issue 33: every question
+#: prefills its whole prompt) and the engine with the prompts' common prefix prefilled once per call.
+ENGINE_PATHS = {"hf_before": False, "hf_shared_prefix": True}
+
+
+class _PeakRSS:
+    """Peak resident memory of this process while a block runs, sampled every ``interval`` seconds (Linux
+    /proc/self/statm; elsewhere the process's lifetime peak from ``resource``)."""
+
+    def __init__(self, interval: float = 0.05):
+        import threading
+
+        self.interval, self.peak, self.start = interval, 0, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    @staticmethod
+    def rss() -> int:
+        try:
+            with open("/proc/self/statm") as f:
+                return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError):
+            import resource
+
+            return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.peak = max(self.peak, self.rss())
+
+    def __enter__(self) -> _PeakRSS:
+        self.start = self.peak = self.rss()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self.rss())
+
+
+def _compare_run(
+    model: Any,
+    tokenizer: Any,
+    env: Any,
+    examples: Sequence[Any],
+    settings: BenchSettings,
+    *,
+    shared_prefix: bool,
+    n_params: int,
+    peak_flops: float,
+) -> dict[str, Any]:
+    from agentcredit.rollout.engine import EngineConfig, RolloutEngine
+    from agentcredit.rollout.strategies import independent
+
+    config = EngineConfig(
+        sampling=SamplingParams(temperature=settings.temperature, top_p=settings.top_p),
+        max_segment_tokens=settings.max_segment_tokens,
+        max_episode_tokens=settings.max_episode_tokens,
+        max_turns=settings.max_turns,
+        seed=settings.seed,
+        max_batch=64,  # the trainer's default rollout.max_batch
+        share_prompt_prefix=shared_prefix,
+    )
+    engine = RolloutEngine.for_hf_model(model, tokenizer, env.protocol, env.tools, config)
+    with _PeakRSS() as memory:
+        trees = engine.run(list(examples), independent(settings.episodes), env.reward, seed=settings.seed)
+    out = _engine_numbers(engine, trees)
+    seconds = max(1e-9, out["seconds"])
+    out["shared_prefix_tokens"] = engine.stats.shared_prefix_tokens
+    out["prefill_tokens_per_s"] = out["prefill_tokens"] / seconds
+    out["peak_rss_mib"] = memory.peak / 2**20
+    out["rss_growth_mib"] = (memory.peak - memory.start) / 2**20
+    # 2 N FLOPs per token fed (agentcredit.bench.flops' convention: attention and the LM head left out)
+    fed = out["prefill_tokens"] + out["decode_tokens"]
+    out["of_fp32_peak"] = 2.0 * n_params * fed / seconds / peak_flops
+    return out
+
+
+def bench_compare(
+    model_path: str = "embedded",
+    *,
+    dtype: str = "float32",
+    settings: BenchSettings | None = None,
+    sizes: Sequence[tuple[int, int]] = ((4, 4), (16, 4)),
+    threads: int | None = None,
+    skip_naive: bool = False,
+    log: Log = print,
+) -> dict[str, Any]:
+    """Today's HF engine against the improved one (and the naive loop) in ONE run, on the same prompts, seed and
+    budgets, at each (questions, episodes per question) size: rollout seconds (one study step's rollout at the
+    study's size), generated and prefilled tok/s, peak memory and the fraction of this CPU's measured fp32 matmul
+    peak. The naive loop runs one episode per question at the first size. The paths alternate per size, so a
+    shared machine's drifting load hits both alike; the ratios are the numbers to quote."""
+    from agentcredit.bench.flops import matmul_flops
+    from agentcredit.bench.train import non_embedding_parameters
+    from agentcredit.models.loading import load_base_model
+
+    settings = settings or BenchSettings()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    result: dict[str, Any] = {
+        "model": model_path,
+        "dtype": dtype,
+        "settings": {k: getattr(settings, k) for k in settings.__dataclass_fields__},
+        "sizes": [list(s) for s in sizes],
+        "torch_threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "load_average_start": _load_average(),
+    }
+    result["settings"]["trees"] = list(settings.trees)
+    result["settings"]["overrides"] = list(settings.overrides)
+    peak = matmul_flops(torch.float32)
+    result["fp32_matmul_peak_gflops"] = peak["best"] / 1e9
+    model, tokenizer = load_base_model(model_path, dtype=dtype, seed=settings.seed)
+    n_params = non_embedding_parameters(model)
+    examples, env = build_task(settings.task, max(q for q, _ in sizes), settings.overrides)
+    result["protocol"] = env.protocol.name
+    result["runs"] = {}
+    try:
+        for questions, episodes in sizes:
+            size = f"{questions}x{episodes}"
+            each = BenchSettings(
+                **{
+                    **result["settings"],
+                    "trees": settings.trees,
+                    "overrides": settings.overrides,
+                    "episodes": episodes,
+                }
+            )
+            result["runs"][size] = {}
+            for name, shared in ENGINE_PATHS.items():
+                log(f"{size}: {name} ({env.protocol.name}, {settings.task})")
+                r = _compare_run(
+                    model,
+                    tokenizer,
+                    env,
+                    examples[:questions],
+                    each,
+                    shared_prefix=shared,
+                    n_params=n_params,
+                    peak_flops=peak["best"],
+                )
+                result["runs"][size][name] = r
+                log(f"  {r['seconds']:.1f} s, {r['tokens_per_s']:.1f} generated tok/s")
+        if not skip_naive:
+            questions = sizes[0][0]
+            log(f"naive generate loop: {questions} episodes, one at a time")
+            with _PeakRSS() as memory:
+                naive = run_naive(model, tokenizer, env.protocol, env.tools, examples[:questions], settings)
+            naive["prefill_tokens_per_s"] = naive["prefill_tokens"] / max(1e-9, naive["seconds"])
+            naive["peak_rss_mib"] = memory.peak / 2**20
+            fed = naive["prefill_tokens"] + naive["generated_tokens"]
+            naive["of_fp32_peak"] = 2.0 * n_params * fed / max(1e-9, naive["seconds"]) / peak["best"]
+            result["naive"] = naive
+            log(f"  {naive['tokens_per_s']:.1f} generated tok/s")
+    finally:
+        env.close()
+    result["load_average_end"] = _load_average()
+    result["speedup"] = {
+        size: runs["hf_before"]["seconds"] / max(1e-9, runs["hf_shared_prefix"]["seconds"])
+        for size, runs in result["runs"].items()
+    }
+    return result
+
+
+def format_compare(result: dict[str, Any]) -> str:
+    """The comparison as a table, with the measured ratios."""
+    s = result["settings"]
+    lines = [
+        f"model {result['model']} ({result['dtype']}), task {s['task']} ({result['protocol']}), torch threads "
+        f"{result['torch_threads']}, temperature {s['temperature']} top-p {s['top_p']}, budgets "
+        f"{s['max_segment_tokens']} tokens/segment, {s['max_episode_tokens']}/episode, {s['max_turns']} turns",
+        f"load average start {result['load_average_start']} end {result['load_average_end']}; fp32 matmul peak "
+        f"(best of 5) {result['fp32_matmul_peak_gflops']:.1f} GFLOP/s",
+        "",
+        f"{'size':<7}{'path':<18}{'episodes':>9}{'generated':>10}{'prefilled':>10}{'shared':>7}{'seconds':>9}"
+        f"{'gen tok/s':>10}{'pre tok/s':>10}{'peak MiB':>9}{'of peak':>8}",
+    ]
+    rows = [(size, name, r) for size, runs in result["runs"].items() for name, r in runs.items()]
+    if "naive" in result:
+        rows.append((f"{result['sizes'][0][0]}x1", "naive", result["naive"]))
+    for size, name, r in rows:
+        lines.append(
+            f"{size:<7}{name:<18}{r['episodes']:>9}{r['generated_tokens']:>10}{r['prefill_tokens']:>10}"
+            f"{r.get('shared_prefix_tokens', 0):>7}{r['seconds']:>9.1f}{r['tokens_per_s']:>10.1f}"
+            f"{r['prefill_tokens_per_s']:>10.1f}{r['peak_rss_mib']:>9.0f}{r['of_fp32_peak']:>8.3f}"
+        )
+    lines.append("")
+    for size, ratio in result["speedup"].items():
+        runs = result["runs"][size]
+        same = runs["hf_before"]["generated_tokens"] == runs["hf_shared_prefix"]["generated_tokens"]
+        lines.append(
+            f"{size}: rollout seconds hf_before / hf_shared_prefix = {ratio:.2f}x "
+            f"(prefilled tokens {runs['hf_shared_prefix']['prefill_tokens'] / max(1, runs['hf_before']['prefill_tokens']):.2f}x; "
+            f"same generated token count: {same})"
+        )
+    if "naive" in result:
+        first = result["runs"][next(iter(result["runs"]))]
+        naive = result["naive"]["tokens_per_s"]
+        lines.append(
+            f"generated tok/s vs naive: hf_before {first['hf_before']['tokens_per_s'] / max(1e-9, naive):.1f}x, "
+            f"hf_shared_prefix {first['hf_shared_prefix']['tokens_per_s'] / max(1e-9, naive):.1f}x"
+        )
+    return "\n".join(lines)

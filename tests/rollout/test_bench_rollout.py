@@ -132,3 +132,29 @@ def test_bench_rollout_cli_passes_set_and_names_a_bad_key():
     )
     assert out.exit_code == 2
     assert "protocol.nope" in out.output
+
+
+def test_bench_compare_runs_both_engine_paths_at_each_size_and_the_naive_loop():
+    """Issue 33's comparison end to end on the tiny model, jsoncall (a long shared system prompt): both paths at
+    both sizes on the same prompts and seed, the shared prefix prefilled once, the ratios printed."""
+    from agentcredit.bench.rollout import bench_compare, format_compare
+
+    settings = BenchSettings(
+        prompts=3,
+        episodes=2,
+        max_segment_tokens=4,
+        max_episode_tokens=8,
+        max_turns=2,
+        overrides=("protocol.name=jsoncall", "tools.suite_tools=[knowledge_search]"),
+    )
+    result = bench_compare("tiny", settings=settings, sizes=((2, 2), (3, 2)), threads=1, log=lambda _m: None)
+    assert set(result["runs"]) == {"2x2", "3x2"}
+    for runs in result["runs"].values():
+        before, after = runs["hf_before"], runs["hf_shared_prefix"]
+        assert before["shared_prefix_tokens"] == 0 and after["shared_prefix_tokens"] > 0
+        assert after["prefill_tokens"] < before["prefill_tokens"]
+        assert before["episodes"] == after["episodes"]
+        assert 0 < after["of_fp32_peak"] and after["peak_rss_mib"] > 0
+    assert result["naive"]["episodes"] == 2
+    text = format_compare(result)
+    assert "rollout seconds hf_before / hf_shared_prefix" in text and "load average" in text
