@@ -474,6 +474,9 @@ def bench_rollout_cmd(
         int, typer.Option(min=1, help="--compare: questions of a study step (the studies: 4).")
     ] = 4,
     max_turns: Annotated[int, typer.Option(min=1, help="Policy segments per episode.")] = 4,
+    repeats: Annotated[
+        int, typer.Option(min=1, help="--compare: runs of each path per size (the fastest is reported).")
+    ] = 1,
 ) -> None:
     """Tokens/s of the batched engine vs a naive generate loop, and prefix reuse in tree rollouts."""
     import json
@@ -506,6 +509,7 @@ def bench_rollout_cmd(
                 sizes=((study_prompts, episodes), (prompts, episodes)),
                 threads=threads,
                 skip_naive=skip_naive,
+                repeats=repeats,
                 log=(lambda _msg: None) if json_out else typer.echo,
             )
         except (ConfigError, FileNotFoundError, ValueError, ToolUnavailableError, UserCodeError) as exc:

@@ -147,7 +147,9 @@ def test_bench_compare_runs_both_engine_paths_at_each_size_and_the_naive_loop():
         max_turns=2,
         overrides=("protocol.name=jsoncall", "tools.suite_tools=[knowledge_search]"),
     )
-    result = bench_compare("tiny", settings=settings, sizes=((2, 2), (3, 2)), threads=1, log=lambda _m: None)
+    result = bench_compare(
+        "tiny", settings=settings, sizes=((2, 2), (3, 2)), threads=1, repeats=2, log=lambda _m: None
+    )
     assert set(result["runs"]) == {"2x2", "3x2"}
     for runs in result["runs"].values():
         before, after = runs["hf_before"], runs["hf_shared_prefix"]
@@ -155,6 +157,7 @@ def test_bench_compare_runs_both_engine_paths_at_each_size_and_the_naive_loop():
         assert after["prefill_tokens"] < before["prefill_tokens"]
         assert before["episodes"] == after["episodes"]
         assert 0 < after["of_fp32_peak"] and after["peak_rss_mib"] > 0
+        assert len(after["all_seconds"]) == 2 and after["seconds"] == min(after["all_seconds"])
     assert result["naive"]["episodes"] == 2
     text = format_compare(result)
     assert "rollout seconds hf_before / hf_shared_prefix" in text and "load average" in text

@@ -4,7 +4,6 @@ its cache copied into each question's sequence; each question then prefills only
 from __future__ import annotations
 
 import torch
-
 from rollout_helpers import CALC_SCHEMA
 
 from agentcredit.protocols import get_protocol
