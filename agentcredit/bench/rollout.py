@@ -574,9 +574,14 @@ def _compare_run(
         share_prompt_prefix=shared_prefix,
     )
     engine = RolloutEngine.for_hf_model(model, tokenizer, env.protocol, env.tools, config)
+    cpu = time.process_time()
     with _PeakRSS() as memory:
         trees = engine.run(list(examples), independent(settings.episodes), env.reward, seed=settings.seed)
+    cpu = time.process_time() - cpu
     out = _engine_numbers(engine, trees)
+    # CPU seconds of this process (all its threads): what the rollout cost, much less moved by other processes'
+    # load than wall seconds (which wait for a core on a shared machine)
+    out["cpu_seconds"] = round(cpu, 3)
     seconds = max(1e-9, out["seconds"])
     out["shared_prefix_tokens"] = engine.stats.shared_prefix_tokens
     out["prefill_tokens_per_s"] = out["prefill_tokens"] / seconds
@@ -657,7 +662,12 @@ def bench_compare(
                         n_params=n_params,
                         peak_flops=peak["best"],
                     )
-                    log(f"  {r['seconds']:.1f} s, {r['tokens_per_s']:.1f} generated tok/s")
+                    log(
+                        f"  {r['seconds']:.1f} s, {r['tokens_per_s']:.1f} generated tok/s, generated "
+                        f"{r['generated_tokens']}, prefilled {r['prefill_tokens']} (shared prefix "
+                        f"{r['shared_prefix_tokens']}), CPU {r['cpu_seconds']:.1f} s, peak RSS "
+                        f"{r['peak_rss_mib']:.0f} MiB, load {_load_average()}"
+                    )
                     best = result["runs"][size].get(name)
                     r["all_seconds"] = [*(best["all_seconds"] if best else []), r["seconds"]]
                     if best is None or r["seconds"] < best["seconds"]:  # the least disturbed run is kept
@@ -680,6 +690,10 @@ def bench_compare(
     result["load_average_end"] = _load_average()
     result["speedup"] = {
         size: runs["hf_before"]["seconds"] / max(1e-9, runs["hf_shared_prefix"]["seconds"])
+        for size, runs in result["runs"].items()
+    }
+    result["cpu_speedup"] = {
+        size: runs["hf_before"]["cpu_seconds"] / max(1e-9, runs["hf_shared_prefix"]["cpu_seconds"])
         for size, runs in result["runs"].items()
     }
     return result
@@ -711,12 +725,16 @@ def format_compare(result: dict[str, Any]) -> str:
     lines.append("")
     for size, runs in result["runs"].items():
         for name, r in runs.items():
-            lines.append(f"{size} {name} seconds of each run: {r['all_seconds']}")
+            lines.append(
+                f"{size} {name}: wall seconds of each run {r['all_seconds']}; CPU seconds of the reported run "
+                f"{r['cpu_seconds']}"
+            )
     for size, ratio in result["speedup"].items():
         runs = result["runs"][size]
         same = runs["hf_before"]["generated_tokens"] == runs["hf_shared_prefix"]["generated_tokens"]
         lines.append(
-            f"{size}: rollout seconds hf_before / hf_shared_prefix = {ratio:.2f}x "
+            f"{size}: rollout seconds hf_before / hf_shared_prefix = {ratio:.2f}x wall, "
+            f"{result['cpu_speedup'][size]:.2f}x CPU "
             f"(prefilled tokens {runs['hf_shared_prefix']['prefill_tokens'] / max(1, runs['hf_before']['prefill_tokens']):.2f}x; "
             f"same generated token count: {same})"
         )

@@ -158,6 +158,8 @@ def test_bench_compare_runs_both_engine_paths_at_each_size_and_the_naive_loop():
         assert before["episodes"] == after["episodes"]
         assert 0 < after["of_fp32_peak"] and after["peak_rss_mib"] > 0
         assert len(after["all_seconds"]) == 2 and after["seconds"] == min(after["all_seconds"])
+        assert after["cpu_seconds"] > 0
     assert result["naive"]["episodes"] == 2
     text = format_compare(result)
     assert "rollout seconds hf_before / hf_shared_prefix" in text and "load average" in text
+    assert set(result["cpu_speedup"]) == {"2x2", "3x2"}
