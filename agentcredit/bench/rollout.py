@@ -29,6 +29,11 @@ also makes the runs with and without prefix reuse sample the same trees (bf16 ro
 and a decode of the same token, enough to flip rare samples).
 
 The machine's load average is recorded before and after: on a shared machine, quote it with the numbers.
+
+``--compare`` (:func:`bench_compare`, issue 33) instead sets today's HF engine (every question prefills its whole
+prompt) against the engine with the prompts' common prefix prefilled once per call, in one run, at the study's
+size and at 16 questions x 4 episodes: wall and CPU seconds, generated and prefilled tok/s, peak RSS and the
+fraction of this CPU's measured fp32 matmul peak, then their ratios.
 """
 
 from __future__ import annotations
