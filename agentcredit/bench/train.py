@@ -36,9 +36,9 @@ from typing import Any
 
 import torch
 
-from agentcredit.credit import PRESETS
+from agentcredit.credit import METHODS as REGISTERED
 
-METHODS = tuple(PRESETS)  # every method the credit registry declares
+METHODS = tuple(REGISTERED)  # every method the credit registry declares
 PHASES = ("rollout", "signals", "update")
 
 Log = Callable[[str], None]

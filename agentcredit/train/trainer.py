@@ -114,7 +114,9 @@ class Trainer:
         # the KL reference: the initial policy (with LoRA: the same model with its adapters switched off)
         needs_ref = a.kl_coef > 0 or a.log_kl_ref
         self.ref_model = frozen_copy(self.model) if needs_ref and not self.lora else None
-        self.teacher = frozen_copy(self.model) if a.shaping == "tips" else None
+        # what the method reads besides rewards (agentcredit.credit.methods): the signals below follow it
+        self.needs = a.method.all_needs
+        self.teacher = frozen_copy(self.model) if "potentials" in self.needs.signals else None
         self.tips_alpha = a.tips.alpha
         # GEAR's tau* per example, built on first use
         self.gear_references: ReferenceTrajectories | None = None
@@ -280,7 +282,7 @@ class Trainer:
                 )
         signals = Signals(values=values, entropy=entropy)
         by_tree = {i: ex for i, ex in enumerate(examples)}
-        if a.shaping == "tips":
+        if "potentials" in self.needs.signals:
             answers = [by_tree[t.tree].answers for t in batch.trajectories]
             encode = lambda text: self.tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
             reduce = "sum" if a.tips.potential == "paper" else "mean"
@@ -305,7 +307,7 @@ class Trainer:
                 previous=self.tips_alpha,
             )
             signals.alpha = self.tips_alpha
-        if a.reweight == "gear":
+        if "teacher_logp" in self.needs.signals:
             references = None
             if a.gear.reference == "trajectory":  # tau*, played once per example and kept (GEAR §3.3)
                 if self.gear_references is None:

@@ -574,7 +574,7 @@ def test_both_trainers_give_the_same_advantages_from_one_definition(method, env)
                 rec["episode_id"], [0.1 * (k + 1) * (len(paid) % 3) for k in range(len(rec["segment_kinds"]))]
             )
             records[i] = {**rec, "env_rewards": steps, "outcome": rec["outcome"] + sum(steps)}
-    shared = {"grpo": {"eps": cfg.grpo_eps, "scale": cfg.grpo_scale}, "gigpo": cfg.gigpo.model_dump()}
+    shared = {"grpo": cfg.grpo.model_dump(), "gigpo": cfg.gigpo.model_dump()}
     shared["portool"] = cfg.portool.model_dump(include={"gamma", "w1", "root_is_fork"})
     apply_to_dataproto(b.proto, settings(method, **shared))
     trees, where = _native_trees(b)
@@ -623,3 +623,56 @@ def test_verl_gear_refuses_the_reference_trajectory_it_does_not_build():
     assert GearSettings().reference == "answer"
     with pytest.raises(ValidationError, match="reference"):
         GearSettings(reference="trajectory")
+
+
+def test_an_unknown_method_is_an_error_not_another_methods_parameters():
+    """issue 37: the adapter's name-by-name parameter map fell through to GiGPO's parameters for any estimator it
+    did not name; the method is now looked up in the registry, and an unknown name is an error listing the known."""
+    from agentcredit.integrations.verl.advantages import compute_advantages
+
+    b = build_batch([search_ep("p0", 1.0), search_ep("p0", 0.0)])
+    bogus = settings("grpo").model_copy(update={"method": "carl"})  # past the block's own validation
+    records = [r for r in b.proto.non_tensor_batch["agentcredit"]]
+    from agentcredit.integrations.verl.fields import parse_records
+
+    with pytest.raises(ValueError, match="unknown credit method 'carl'; known methods: grpo, ppo"):
+        compute_advantages(
+            bogus,
+            response_mask=b.proto.batch["response_mask"],
+            records=parse_records(records, len(records)),
+            uids=list(b.proto.non_tensor_batch["uid"]),
+        )
+    with pytest.raises(ValueError, match="agentcredit.method: Value error, unknown credit method 'carl'"):
+        settings("carl")
+
+
+def test_a_method_registered_outside_the_package_runs_on_the_verl_adapter():
+    """The same kind of user method as tests/train/test_user_method.py (native trainer): registered here, it is
+    known to verl's block and its estimate gives the adapter's advantages, with its settings' defaults."""
+    from pydantic import Field
+
+    from agentcredit.credit import Estimate, Method, Needs, Settings, register_method
+    from agentcredit.credit.methods import unregister_method
+
+    class Halved(Settings):
+        factor: float = Field(0.5, description="the multiplier of GRPO's advantage (a test method).")
+
+    def halved_grpo(batch, s):
+        from agentcredit.credit.methods import grpo
+
+        est = grpo.estimate(batch, grpo.GrpoSettings())
+        return Estimate(est.advantages * s.factor, est.loss_mask)
+
+    register_method(
+        Method("halved", "halved", Halved, Needs(), "a test", estimate=halved_grpo, estimator="halved")
+    )
+    try:
+        eps = [search_ep("p0", 1.0), search_ep("p0", 0.0, 2), search_ep("p1", 0.0), search_ep("p1", 1.0)]
+        b = build_batch(eps)
+        apply_to_dataproto(b.proto, settings("halved"))
+        reference = build_batch(eps)
+        apply_to_dataproto(reference.proto, settings("grpo"))
+        torch.testing.assert_close(b.proto.batch["advantages"], 0.5 * reference.proto.batch["advantages"])
+        assert bool((b.proto.batch["advantages"] != 0).any())
+    finally:
+        unregister_method("halved")

@@ -48,7 +48,7 @@ def test_a_composed_preset_is_its_method_then_its_task():
 def test_paper_hyperparameters_of_carl_segment():
     c = load_config("carl-segment-arith-tools")
     a = c.algorithm
-    assert (a.estimator, a.critic, a.lam, a.gamma, a.loss_agg) == (
+    assert (a.estimator, a.critic, a.carl_segment.lam, a.carl_segment.gamma, a.loss_agg) == (
         "segment",
         "boundary",
         0.0,

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agentcredit.credit.registry import PRESETS
+from agentcredit.credit.methods import METHODS
 
 __all__ = [
     "AGENT_LOOP_NAME",
@@ -48,7 +48,7 @@ ESTIMATOR_NAMES = ("agentcredit_grpo", "agentcredit_drgrpo")
 #: The key of ``AgentLoopOutput.extra_fields`` that carries agentcredit's per-row record.
 EXTRA_KEY = "agentcredit"
 #: Method preset -> Hydra config name under :func:`config_dir`.
-METHOD_CONFIGS = {name: name.replace("-", "_") for name in PRESETS}
+METHOD_CONFIGS = {name: name.replace("-", "_") for name in METHODS}
 
 
 def config_dir() -> Path:
