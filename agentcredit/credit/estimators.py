@@ -17,7 +17,7 @@ under the prompt.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor
@@ -259,8 +259,8 @@ def chain_trees(
                     f"episode {j} step {k}: key {key!r} follows two different steps in group {ep.group!r}"
                 )
             parent = node
-            steps.append(Step(s.row, s.start, s.end, node, s.anchor, s.format_reward, s.env_reward))
-        out.append(Episode(ep.group, ep.reward, tuple(steps), ep.turn_ends, ep.potentials))
+            steps.append(replace(s, node=node))  # every other field kept, whatever fields a Step grows
+        out.append(replace(ep, steps=tuple(steps)))
     trees = {}
     for g, p in parents.items():
         counts = None

@@ -40,6 +40,25 @@ def test_chain_trees_give_each_episode_a_chain_under_its_prompt():
     assert out[0].steps[1] == Step(0, 3, 5, node=2)  # spans kept
 
 
+def test_chain_trees_keep_every_field_of_a_step_and_an_episode():
+    """issue 37: chain_trees rebuilt steps by position, so a per-step field a method adds would silently drop on
+    the verl path; now only the node changes, whatever fields a Step or an Episode has."""
+    import dataclasses
+
+    step = Step(0, 0, 2, anchor=(7, 8), format_reward=0.25, env_reward=0.5)
+    ep = Episode("a", 1.0, (step,), turn_ends=(), potentials=(-1.0,))
+    [out], _ = chain_trees([ep])
+    assert out.steps[0] == dataclasses.replace(step, node=1)
+    assert out == dataclasses.replace(ep, steps=(dataclasses.replace(step, node=1),))
+
+    @dataclasses.dataclass(frozen=True)
+    class RichStep(Step):  # a field no layout builder knows
+        weight: float = 3.0
+
+    [out], _ = chain_trees([Episode("a", 1.0, (RichStep(0, 0, 2),))])
+    assert isinstance(out.steps[0], RichStep) and out.steps[0].weight == 3.0
+
+
 def test_chain_trees_share_the_steps_a_rollout_tree_shares():
     # verl's tree rollouts key each step by (tree, node): two leaves of tree "t" share their first step; an
     # episode without keys stays a chain of its own under the same prompt
