@@ -26,7 +26,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from agentcredit.credit.methods import Method, method_for_parts, modifier_names
+from agentcredit.credit.methods import METHODS, Method, method_for_parts, modifier_names
 from agentcredit.credit.methods.carl_critical import CarlCriticalSettings
 from agentcredit.credit.methods.carl_segment import CarlSegmentSettings
 from agentcredit.credit.methods.gear import GearSettings
@@ -277,7 +277,42 @@ class PortoolConfig(PortoolSettings):
     judge_model: str | None = Field(None, description="Local model path for the LLM judge.")
 
 
+#: Keys a config written before issue 37 may hold (a run directory's config.yaml): where each now lives.
+MOVED_TO_SECTIONS = {
+    "algorithm.gamma": "algorithm.gae.gamma (ppo, tips) or algorithm.carl_segment.gamma",
+    "algorithm.lam": "algorithm.gae.lam (ppo, tips) or algorithm.carl_segment.lam",
+    "algorithm.grpo_eps": "algorithm.grpo.eps (and algorithm.gigpo.eps)",
+    "algorithm.grpo_scale": "algorithm.grpo.scale",
+}
+
+
+def registered_sections(block: BaseModel, where: str) -> None:
+    """A config block's keys beyond its fields must be the sections of methods registered with
+    :func:`agentcredit.credit.register_method` (from user code): each becomes an instance of that method's settings
+    class; any other key is an error naming it and the keys allowed."""
+    extra = block.__pydantic_extra__ or {}
+    sections = {m.section: m for m in METHODS.values()}
+    for key, value in list(extra.items()):
+        if key not in sections:
+            allowed = sorted({*type(block).model_fields, *sections})
+            moved = MOVED_TO_SECTIONS.get(f"{where}.{key}")
+            hint = f" ({where}.{key} moved to {moved}, issue 37)" if moved else ""
+            raise ValueError(f"unknown key '{where}.{key}'{hint}; allowed keys here: {', '.join(allowed)}")
+        settings = sections[key].settings
+        if not isinstance(value, settings):
+            try:
+                value = settings.model_validate(value)
+            except ValidationError as exc:
+                e = exc.errors()[0]
+                field = ".".join([where, key, *(str(p) for p in e["loc"])])
+                raise ValueError(f"{field}: {e['msg']} (got {e.get('input')!r})") from None
+        extra[key] = value
+
+
 class AlgorithmConfig(Section):
+    # a method registered from user code keeps its settings under algorithm.<its section> (registered_sections)
+    model_config = ConfigDict(extra="allow", validate_assignment=True)
+
     estimator: str = Field(
         "grpo",
         description="The method whose estimate trains: its estimator name (grpo, gae = ppo, segment = carl-segment, "
@@ -345,10 +380,11 @@ class AlgorithmConfig(Section):
 
     @model_validator(mode="after")
     def _compatible_parts(self) -> AlgorithmConfig:
+        registered_sections(self, "algorithm")
         try:  # an unknown name, or a modifier the estimate does not allow (its needs say why)
             needs = self.method.all_needs
         except ValueError as exc:
-            raise ValueError(f"algorithm: {exc}") from None
+            raise ValueError(f"algorithm.{exc}") from None
         if needs.critic != "none" and self.critic != needs.critic:
             raise ValueError(
                 f"algorithm.estimator={self.estimator!r} needs algorithm.critic={needs.critic!r} "
@@ -740,6 +776,9 @@ def _describe(error: dict[str, Any], model: type[BaseModel]) -> str:
     if error["type"] == "extra_forbidden":
         allowed = _allowed_keys(model, loc[:-1])
         return f"unknown key {key!r}" + (f"; allowed keys here: {', '.join(allowed)}" if allowed else "")
+    if error["type"] == "value_error" and isinstance(error.get("input"), dict):
+        # a check across a section's fields: its message names them (the input would be the whole section)
+        return str(error["msg"]).removeprefix("Value error, ")
     return f"{key}: {error['msg']} (got {error.get('input')!r})"
 
 

@@ -102,3 +102,13 @@ def test_overrides_are_parsed_as_yaml_and_bases_merge(tmp_path: Path):
         load_config("no-such-preset")
     with pytest.raises(ConfigError, match="section.key=value"):
         load_config("grpo-arith-tools", ["train.steps"])
+
+
+def test_a_config_from_before_the_method_sections_says_where_its_keys_moved():
+    """issue 37: algorithm.gamma / lam / grpo_eps / grpo_scale became the method sections gae, carl_segment and
+    grpo; a run directory's config.yaml written before says where, in one line."""
+    with pytest.raises(
+        ConfigError, match=r"unknown key 'algorithm\.lam' \(algorithm\.lam moved to algorithm\.gae"
+    ) as e:
+        load_config("ppo-arith-tools", ["algorithm.lam=0.95"])
+    assert "\n" not in str(e.value)

@@ -11,7 +11,7 @@ import torch
 from pydantic import Field
 from train_helpers import EXAMPLES, SMALL, assert_a_real_step
 
-from agentcredit.config import ConfigError, load_config
+from agentcredit.config import ConfigError, dump_config, load_config
 from agentcredit.credit import EpisodeBatch, Estimate, Method, Needs, Settings, register_method
 from agentcredit.credit.methods import unregister_method
 
@@ -57,7 +57,7 @@ def rloo():
 def test_a_method_registered_outside_the_package_trains_one_native_step(rloo, fitted_codefence):
     from agentcredit.train.trainer import Trainer
 
-    config = load_config("grpo-arith-tools", [*SMALL, "algorithm.estimator=rloo"])
+    config = load_config("grpo-arith-tools", [*SMALL, "algorithm.estimator=rloo", "algorithm.rloo.scale=2.0"])
     assert config.method == "rloo" and config.algorithm.method.name == "rloo"
     model, tokenizer = fitted_codefence
     trainer = Trainer(
@@ -68,7 +68,7 @@ def test_a_method_registered_outside_the_package_trains_one_native_step(rloo, fi
         result = trainer.train_step()
     finally:
         trainer.close()
-    assert CALLS == [1.0]  # its estimate ran, with its settings' default
+    assert CALLS == [2.0]  # its estimate ran, with its settings from the config
     assert_a_real_step(trainer, result, before)
     adv = result.batch.advantages[result.batch.loss_mask]
     assert torch.isfinite(adv).all()
@@ -76,10 +76,26 @@ def test_a_method_registered_outside_the_package_trains_one_native_step(rloo, fi
 
 def test_an_unregistered_method_is_one_config_error(rloo):
     unregister_method("rloo")
-    with pytest.raises(ConfigError, match="unknown estimator 'rloo'; known estimators: .*grpo") as err:
+    with pytest.raises(
+        ConfigError, match="algorithm.estimator='rloo' names no registered method; known estimators: .*grpo"
+    ) as err:
         load_config("grpo-arith-tools", ["algorithm.estimator=rloo"])
     assert "\n" not in str(err.value)
     register_method(rloo)  # the fixture forgets it again
+
+
+def test_its_settings_are_a_config_section_of_its_own_class(rloo):
+    config = load_config("grpo-arith-tools", ["algorithm.estimator=rloo", "algorithm.rloo.scale=0.5"])
+    settings = config.algorithm.method.settings_from(config.algorithm)
+    assert isinstance(settings["rloo"], LeaveOneOutSettings) and settings["rloo"].scale == 0.5
+    assert "rloo:\n    scale: 0.5" in dump_config(config)
+    default = load_config("grpo-arith-tools", ["algorithm.estimator=rloo"]).algorithm
+    assert default.method.settings_from(default)["rloo"].scale == 1.0  # no section: its class's defaults
+    with pytest.raises(ConfigError, match=r"algorithm\.rloo\.scale: Input should be greater than 0") as err:
+        load_config("grpo-arith-tools", ["algorithm.estimator=rloo", "algorithm.rloo.scale=-1"])
+    assert "\n" not in str(err.value)
+    with pytest.raises(ConfigError, match="unknown key 'algorithm.rlooo'; allowed keys here: .*rloo"):
+        load_config("grpo-arith-tools", ["algorithm.rlooo.scale=1"])
 
 
 def test_registering_a_taken_name_is_refused(rloo):

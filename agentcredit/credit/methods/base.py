@@ -222,8 +222,8 @@ def compose(base: Method, *modifiers: Method) -> Method:
         if mod.needs.critic_base and estimating.needs.critic == "none":
             with_critic = [m.estimator for m in _METHODS.values() if m.estimator and m.needs.critic != "none"]
             raise ValueError(
-                f"{mod.name} needs a critic-based estimator ({' or '.join(map(repr, with_critic))}), not "
-                f"{estimating.estimator!r}: {mod.needs.why}"
+                f"{mod.modifier}={mod.name!r} needs a critic-based estimator ({' or '.join(map(repr, with_critic))}), "
+                f"not estimator={estimating.estimator!r}: {mod.needs.why}"
             )
     parts = (estimating, *mods)
     needs = estimating.needs
@@ -245,7 +245,9 @@ def method_for_parts(estimator: str, **modifiers: str) -> Method:
     bases = [m for m in _METHODS.values() if m.estimator == estimator]
     if not bases:
         known = sorted(m.estimator for m in _METHODS.values() if m.estimator)
-        raise ValueError(f"unknown estimator {estimator!r}; known estimators: {', '.join(known)}")
+        raise ValueError(
+            f"estimator={estimator!r} names no registered method; known estimators: {', '.join(known)}"
+        )
     mods = []
     for kind, value in modifiers.items():
         if value == "none":
@@ -253,7 +255,9 @@ def method_for_parts(estimator: str, **modifiers: str) -> Method:
         mod = _METHODS.get(value)
         if mod is None or mod.modifier != kind:
             known = sorted(m.name for m in _METHODS.values() if m.modifier == kind)
-            raise ValueError(f"unknown {kind} {value!r}; known: {', '.join(['none', *known])}")
+            raise ValueError(
+                f"{kind}={value!r} names no registered method; known: {', '.join(['none', *known])}"
+            )
         mods.append(mod)
     return compose(bases[0], *mods)
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from agentcredit.config import TreeStrategyConfig, UserRewardConfig, UserToolsConfig
+from agentcredit.config import TreeStrategyConfig, UserRewardConfig, UserToolsConfig, registered_sections
 from agentcredit.credit.methods import Needs, carl_segment, gear, get_method, portool, ppo, tips
 from agentcredit.credit.methods.carl_critical import CarlCriticalSettings
 from agentcredit.credit.methods.gigpo import GigpoSettings
@@ -159,7 +159,10 @@ class PortoolSettings(portool.PortoolSettings):
 
 
 class AgentCreditSettings(UserRewardConfig):
-    """The ``agentcredit`` block; ``reward`` (your own outcome reward) is the native ``task.reward``'s definition."""
+    """The ``agentcredit`` block; ``reward`` (your own outcome reward) is the native ``task.reward``'s definition.
+    A method registered from user code keeps its settings under ``agentcredit.<its section>``."""
+
+    model_config = ConfigDict(extra="allow")
 
     method: str = Field(
         description="which credit method the trainer runs: a name of agentcredit.credit.METHODS (the eight, or "
@@ -200,6 +203,11 @@ class AgentCreditSettings(UserRewardConfig):
     def _known_method(cls, name: str) -> str:
         get_method(name)  # a ValueError listing the registered methods
         return name
+
+    @model_validator(mode="after")
+    def _registered_sections(self) -> AgentCreditSettings:
+        registered_sections(self, "agentcredit")
+        return self
 
     @property
     def needs(self) -> Needs:
