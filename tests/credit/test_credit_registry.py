@@ -46,6 +46,13 @@ def test_all_eight_methods():
     assert get_method("carl-critical").needs.loss_agg == "token-mean"  # Eq. 2, 1/|D|
 
 
+def test_needs_name_only_the_step_inputs_the_layouts_fill():
+    from agentcredit.credit import Needs
+
+    with pytest.raises(ValueError, match=r"unknown step input\(s\) \['anchor'\]; the layouts provide"):
+        Needs(step_inputs=frozenset({"anchor"}))
+
+
 def test_unknown_method():
     with pytest.raises(ValueError, match="unknown credit method 'carl'.*grpo"):
         get_method("carl")

@@ -50,6 +50,8 @@ class NoSettings(Settings):
 
 
 Critic = Literal["none", "token", "boundary"]
+#: The per-step inputs both layout builders fill when a method needs them (a Step's node, anchor, format_reward).
+STEP_INPUTS = frozenset({"tree", "anchors", "format_reward"})
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,13 @@ class Needs:
     reward: Literal["outcome", "judge"] = "outcome"
     loss_agg: str = "token-mean"
     why: str = ""
+
+    def __post_init__(self) -> None:
+        unknown = set(self.step_inputs) - STEP_INPUTS
+        if unknown:  # both layout builders fill exactly these; another name would be silently empty
+            raise ValueError(
+                f"unknown step input(s) {sorted(unknown)}; the layouts provide {sorted(STEP_INPUTS)}"
+            )
 
     def __or__(self, other: Needs) -> Needs:
         """A composition's needs: the estimating method's critic, rollout and loss, both parts' inputs."""
