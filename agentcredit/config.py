@@ -24,16 +24,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
-from agentcredit.credit.methods import METHODS, Method, method_for_parts, modifier_names
-from agentcredit.credit.methods.carl_critical import CarlCriticalSettings
-from agentcredit.credit.methods.carl_segment import CarlSegmentSettings
-from agentcredit.credit.methods.gear import GearSettings
-from agentcredit.credit.methods.gigpo import GigpoSettings
-from agentcredit.credit.methods.grpo import GrpoSettings
+from agentcredit.credit.methods import BUILT_IN, METHODS, Method, Settings, method_for_parts, modifier_names
 from agentcredit.credit.methods.portool import PortoolSettings
-from agentcredit.credit.methods.ppo import GaeSettings
 from agentcredit.credit.methods.tips import TipsSettings
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"  # also reachable as ./configs in the repo
@@ -281,7 +275,7 @@ class PortoolConfig(PortoolSettings):
 MOVED_TO_SECTIONS = {
     "algorithm.gamma": "algorithm.gae.gamma (ppo, tips) or algorithm.carl_segment.gamma",
     "algorithm.lam": "algorithm.gae.lam (ppo, tips) or algorithm.carl_segment.lam",
-    "algorithm.grpo_eps": "algorithm.grpo.eps (and algorithm.gigpo.eps)",
+    "algorithm.grpo_eps": "algorithm.grpo.eps (each method's eps is in its own section)",
     "algorithm.grpo_scale": "algorithm.grpo.scale",
 }
 
@@ -309,15 +303,39 @@ def registered_sections(block: BaseModel, where: str) -> None:
         extra[key] = value
 
 
-class AlgorithmConfig(Section):
+def method_sections(*extensions: type[Settings]) -> dict[str, Any]:
+    """The settings sections of a config block, one per built-in method (``BUILT_IN``, found in
+    ``agentcredit/credit/methods/``), as pydantic field definitions: ``<section>: <its settings class>`` with the
+    class's defaults, or the trainer's extension of that class among ``extensions`` (a direct subclass adding
+    trainer-only fields). A built-in method's section is never written here by hand (issue 37)."""
+    fields: dict[str, Any] = {}
+    for name in BUILT_IN:
+        method = METHODS[name]
+        own = [e for e in extensions if method.settings in e.__bases__]
+        if len(own) > 1:
+            raise TypeError(f"two extensions of {method.settings.__name__}: {own}")
+        cls = own[0] if own else method.settings
+        fields[method.section] = (
+            cls,
+            Field(default_factory=cls, description=f"The settings of {method.name} ({method.source})."),
+        )
+    return fields
+
+
+class _AlgorithmParts(Section):
     # a method registered from user code keeps its settings under algorithm.<its section> (registered_sections)
     model_config = ConfigDict(extra="allow", validate_assignment=True)
 
     estimator: str = Field(
         "grpo",
-        description="The method whose estimate trains: its estimator name (grpo, gae = ppo, segment = carl-segment, "
-        "critical = carl-critical, portool, gigpo, or a method registered with "
-        "agentcredit.credit.register_method); its settings are algorithm.<section> (agentcredit.credit.METHODS).",
+        description="The method whose estimate trains: its estimator name ("
+        + ", ".join(
+            m.estimator if m.estimator == m.name else f"{m.estimator} = {m.name}"
+            for m in map(METHODS.__getitem__, BUILT_IN)
+            if m.estimator
+        )
+        + ", or a method registered with agentcredit.credit.register_method); its settings are "
+        "algorithm.<section> (agentcredit.credit.METHODS).",
     )
     critic: Literal["none", "token", "boundary"] = Field(
         "none", description="Value head: per token (PPO/TIPS) or at segment boundaries (carl-segment)."
@@ -362,16 +380,6 @@ class AlgorithmConfig(Section):
     whiten_advantages: bool = Field(
         False, description="Whiten token advantages over the batch (verl GAE path: on)."
     )
-    # each method's settings, under the section its Method names (agentcredit.credit.methods); verl's agentcredit
-    # block has the same sections, of the same classes
-    grpo: GrpoSettings = Field(default_factory=GrpoSettings)
-    gae: GaeSettings = Field(default_factory=GaeSettings)
-    carl_segment: CarlSegmentSettings = Field(default_factory=CarlSegmentSettings)
-    critical: CarlCriticalSettings = Field(default_factory=CarlCriticalSettings)
-    portool: PortoolConfig = Field(default_factory=PortoolConfig)
-    tips: TipsConfig = Field(default_factory=TipsConfig)
-    gear: GearSettings = Field(default_factory=GearSettings)
-    gigpo: GigpoSettings = Field(default_factory=GigpoSettings)
 
     @property
     def method(self) -> Method:
@@ -379,7 +387,7 @@ class AlgorithmConfig(Section):
         return method_for_parts(self.estimator, shaping=self.shaping, reweight=self.reweight)
 
     @model_validator(mode="after")
-    def _compatible_parts(self) -> AlgorithmConfig:
+    def _compatible_parts(self) -> _AlgorithmParts:
         registered_sections(self, "algorithm")
         try:  # an unknown name, or a modifier the estimate does not allow (its needs say why)
             needs = self.method.all_needs
@@ -393,6 +401,17 @@ class AlgorithmConfig(Section):
         if self.critic_model == "separate" and self.critic == "none":
             raise ValueError("algorithm.critic_model='separate' needs a critic (algorithm.critic)")
         return self
+
+
+# each built-in method's settings, under the section its Method names (method_sections); verl's agentcredit block
+# has the same sections, of the same classes
+AlgorithmConfig = create_model(
+    "AlgorithmConfig",
+    __base__=_AlgorithmParts,
+    __module__=__name__,
+    __doc__="The credit method's parts and every built-in method's settings section.",
+    **method_sections(TipsConfig, PortoolConfig),
+)
 
 
 # --------------------------------------------------------------------------------------------- optimisation

@@ -29,7 +29,6 @@ from agentcredit.credit.estimators import (
 )
 from agentcredit.credit.gae import gae_advantages
 from agentcredit.credit.gear import SEGMENTATIONS, GearDetails, gear_advantages, gear_details
-from agentcredit.credit.gigpo import gigpo_advantages
 from agentcredit.credit.grpo import grpo_advantages
 from agentcredit.credit.loss import (
     LOSS_AGGREGATIONS,
@@ -49,6 +48,7 @@ from agentcredit.credit.methods import (
     register_method,
 )
 from agentcredit.credit.methods.gear import gear_reweight, gear_reweight_stats
+from agentcredit.credit.methods.gigpo import gigpo_advantages  # public since before issue 37
 from agentcredit.credit.methods.tips import tips_step_rewards
 from agentcredit.credit.portool import (
     AGGREGATORS,

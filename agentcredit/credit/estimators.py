@@ -45,7 +45,7 @@ class Step:
     start: int
     end: int
     node: int = 0  # its node in the group's decision tree (carl-critical, portool)
-    anchor: tuple[Hashable, ...] = ()  # gigpo: the tokens before the step
+    anchor: tuple[Hashable, ...] = ()  # step input "anchors": the tokens before the step
     format_reward: float = 0.0  # portool: the protocol's formatting reward R_fm
     # the reward a per-episode environment's step gave this step's calls (agentcredit.tools.episodes): part of
     # the episode's reward, placed on this step by the step-reward methods and added to PORTool's R_fm(v)

@@ -5,7 +5,7 @@ This module only *lays out* data: it turns the rollout trees and the batch into 
 ``method.advantages(layout, method.settings_from(config.algorithm))``, for the method ``config.algorithm``'s parts
 name; then the native trainer's own whitening and statistics. What is native is the layout: a tree's policy
 segments become steps whose node ids are their :func:`step_tree` nodes, so shared prefixes share a node, and a
-step's GiGPO anchor is every token before it on the tree path (:func:`anchor_states`). What the layout holds
+step's anchor (step input ``anchors``) is every token before it on the tree path (:func:`anchor_states`). What the layout holds
 follows the method's :class:`~agentcredit.credit.methods.Needs`, never its name.
 """
 
@@ -98,7 +98,7 @@ def merged_steps(trees: list[RolloutTree]) -> float:
 
 
 def anchor_states(tree: RolloutTree, policy_nodes: list[int]) -> list[tuple[int, ...]]:
-    """GiGPO's anchor state of each step of a trajectory: every token on the tree path before the step.
+    """The anchor state (step input ``anchors``) of each step of a trajectory: every token on the tree path before the step.
 
     verl-agent groups steps by the environment's observation; a text tool-use episode has no observation apart
     from its context, so here two steps share an anchor exactly when the same token sequence precedes them.

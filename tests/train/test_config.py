@@ -4,9 +4,10 @@ import pytest
 import yaml
 
 from agentcredit.config import CONFIG_DIR, ConfigError, load_config, preset_names, validate_config
+from agentcredit.credit.methods import BUILT_IN
 
 PRESETS = preset_names()
-METHODS = ["grpo", "ppo", "carl-segment", "carl-critical", "portool", "tips", "gear", "gigpo"]
+METHODS = list(BUILT_IN)  # every built-in method (its file in agentcredit/credit/methods/)
 TASKS = ["arith-tools", "kb-multihop", "gsm8k", "hotpotqa"]
 VARIANTS = [
     "portool-shifted-outcome"

@@ -226,7 +226,7 @@ def compute_advantages(
         uids: the prompt uid of every row (rows of one prompt form a GRPO group).
         values: ``[B, T]`` critic values, values[t] = V(state before response token t) (ppo, tips, carl-segment).
         old_log_probs, rollout_log_probs, entropy: ``[B, T]`` (gear).
-        responses: ``[B, T]`` response token ids (gigpo: a step's anchor state is the prompt, the same in a
+        responses: ``[B, T]`` response token ids (step input ``anchors``: a step's anchor state is the prompt, the same in a
             group, plus the response tokens before it; the native trainer's ``anchor_states``).
         previous_alpha: TIPS batch_target mode: alpha to keep when no delta in this batch is non-zero.
         rows_per_episode: rows / trajectories of every verl mini-batch, padding rows included, when the trainer

@@ -11,13 +11,24 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
-from agentcredit.config import TreeStrategyConfig, UserRewardConfig, UserToolsConfig, registered_sections
+from agentcredit.config import (
+    TreeStrategyConfig,
+    UserRewardConfig,
+    UserToolsConfig,
+    method_sections,
+    registered_sections,
+)
 from agentcredit.credit.methods import Needs, carl_segment, gear, get_method, portool, ppo, tips
-from agentcredit.credit.methods.carl_critical import CarlCriticalSettings
-from agentcredit.credit.methods.gigpo import GigpoSettings
-from agentcredit.credit.methods.grpo import GrpoSettings
 
 __all__ = ["AgentCreditSettings", "load_settings"]
 
@@ -158,9 +169,8 @@ class PortoolSettings(portool.PortoolSettings):
     )
 
 
-class AgentCreditSettings(UserRewardConfig):
-    """The ``agentcredit`` block; ``reward`` (your own outcome reward) is the native ``task.reward``'s definition.
-    A method registered from user code keeps its settings under ``agentcredit.<its section>``."""
+class _AgentCreditBlock(UserRewardConfig):
+    """The ``agentcredit`` block without its method sections (:data:`AgentCreditSettings` adds them)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -182,15 +192,6 @@ class AgentCreditSettings(UserRewardConfig):
     )
     max_segment_tokens: int = Field(2048, ge=1, description="generation budget of one policy segment.")
     tools: ToolSettings = Field(default_factory=ToolSettings)
-    grpo: GrpoSettings = Field(default_factory=GrpoSettings)
-    gae: GaeSettings = Field(default_factory=GaeSettings)
-    carl_segment: CarlSegmentSettings = Field(default_factory=CarlSegmentSettings)
-    tips: TipsSettings = Field(default_factory=TipsSettings)
-    gear: GearSettings = Field(default_factory=GearSettings)
-    portool: PortoolSettings = Field(default_factory=PortoolSettings)
-    # the native trainer's sections themselves: one definition of these methods' settings for both trainers
-    gigpo: GigpoSettings = Field(default_factory=GigpoSettings)
-    critical: CarlCriticalSettings = Field(default_factory=CarlCriticalSettings)
     tree: TreeStrategyConfig = Field(
         default_factory=TreeStrategyConfig,
         description="the rollout tree of one prompt (the native rollout section's strategy fields): independent "
@@ -205,7 +206,7 @@ class AgentCreditSettings(UserRewardConfig):
         return name
 
     @model_validator(mode="after")
-    def _registered_sections(self) -> AgentCreditSettings:
+    def _registered_sections(self) -> _AgentCreditBlock:
         registered_sections(self, "agentcredit")
         return self
 
@@ -214,6 +215,19 @@ class AgentCreditSettings(UserRewardConfig):
         """What the method reads (:class:`agentcredit.credit.Needs`): the agent loop and the trainer compute the
         signals it names, never by the method's name."""
         return get_method(self.method).all_needs
+
+
+# one section per built-in method, of its method file's settings class (the native trainer's, one schema for both)
+# or the extension above with verl-only fields; never written per method here (issue 37)
+AgentCreditSettings = create_model(
+    "AgentCreditSettings",
+    __base__=_AgentCreditBlock,
+    __module__=__name__,
+    __doc__="The ``agentcredit`` block; ``reward`` (your own outcome reward) is the native ``task.reward``'s "
+    "definition. Every built-in method has its settings section (``agentcredit.<section>``); a method registered "
+    "from user code keeps its settings under ``agentcredit.<its section>`` too.",
+    **method_sections(GaeSettings, CarlSegmentSettings, TipsSettings, GearSettings, PortoolSettings),
+)
 
 
 def _plain(config: Any) -> Any:

@@ -373,7 +373,7 @@ class AgentCreditTrainer(PPOTrainerSync):
         if self.use_critic:
             fields.append("values")
         if "anchors" in self.agentcredit.needs.step_inputs:
-            fields.append("responses")  # gigpo: a step's anchor state is the response tokens before it
+            fields.append("responses")  # a step's anchor state is the response tokens before it
         if self.config.actor_rollout_ref.rollout.calculate_log_probs:
             fields.append("rollout_log_probs")
         if self._teacher_field:
