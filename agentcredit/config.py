@@ -20,12 +20,15 @@ import copy
 import functools
 import math
 import re
-import typing
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
+
+from agentcredit.credit.methods import BUILT_IN, METHODS, Method, Settings, method_for_parts, modifier_names
+from agentcredit.credit.methods.portool import PortoolSettings
+from agentcredit.credit.methods.tips import TipsSettings
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"  # also reachable as ./configs in the repo
 
@@ -239,37 +242,10 @@ class RolloutConfig(TreeStrategyConfig):
 
 
 # --------------------------------------------------------------------------------------------- algorithm
-class TipsShapingConfig(Section):
-    """TIPS's shaping settings, defined once: the native ``algorithm.tips`` section and verl's ``agentcredit.tips``
-    block both extend this class, and both trainers pass it to the same ``tips_step_rewards`` and refresh their
-    teacher on the same schedule."""
+class TipsConfig(TipsSettings):
+    """TIPS's shaping settings (:class:`agentcredit.credit.methods.tips.TipsSettings`, shared with verl's
+    ``agentcredit.tips`` block) plus how the native trainer's teacher scores the potential."""
 
-    alpha: float = Field(
-        0.2, ge=0.0, description="Shaping scale alpha (paper: fixed so E|alpha dPhi| ~ 0.2)."
-    )
-    alpha_mode: Literal["fixed", "batch_target"] = Field(
-        "fixed",
-        description="'fixed' (paper) or 'batch_target': per-batch alpha so mean |alpha dPhi| = target (code).",
-    )
-    target_mean_abs: float = Field(
-        0.11, gt=0.0, description="batch_target mode: target mean |alpha dPhi| (code: 0.11)."
-    )
-    no_tool_shaping: Literal["paper", "none"] = Field(
-        "paper", description="M = 0 episodes: the paper's -alpha Phi(S_0) correction, or none (code quirk)."
-    )
-    terminal_potential: Literal["zero", "hold"] = Field(
-        "zero", description="Phi(S_K) = 0 (Eq. 20) or the ablation that holds it."
-    )
-    refresh_every: int = Field(
-        200,
-        ge=1,
-        description=(
-            "Teacher = policy snapshot refreshed after every K-th update (paper: 200); K = 1: the current policy."
-        ),
-    )
-
-
-class TipsConfig(TipsShapingConfig):
     potential: Literal["paper", "code"] = Field(
         "paper",
         description="'paper': sum of answer log-probs, logsumexp over aliases; 'code': mean log-prob.",
@@ -285,97 +261,81 @@ class TipsConfig(TipsShapingConfig):
     )
 
 
-class GearConfig(Section):
-    lambda_kl: float = Field(
-        0.1, ge=0.0, le=1.0, description="Normalised rKL threshold that opens a segment (paper: 0.1)."
-    )
-    lambda_h: float = Field(1.5, gt=0.0, description="Entropy multiplier that closes a segment (paper: 1.5).")
-    alpha: float = Field(0.2, ge=0.0, description="Modulation range (paper: 0.2).")
-    beta: float | None = Field(None, description="Offset; None = 1 - 0.5 alpha (paper: 0.9).")
-    template: str = Field(
-        "{user}\n\nHere is a reference solution:\n{ground_truth}\n\n"
-        "After understanding the reference solution, please try to solve this problem using your own approach below:",
-        description="Ground-truth-conditioned teacher prompt (gear.md §2.2, OPSD style); placeholders {user}, {ground_truth}.",
-    )
-    normalize: Literal["minmax", "clamp_max", "auto"] = Field(
-        "auto",
-        description="rKL to [0, 1] per trajectory (paper §4.1: no formula): minmax (literal), clamp_max, or auto = "
-        "minmax unless it triggers on > 20% of the tokens, then clamp_max (gear.md A3).",
-    )
-    reference: Literal["trajectory", "answer"] = Field(
-        "trajectory",
-        description="The teacher's ground truth: 'trajectory' = the task's scripted demonstration played through the "
-        "protocol and tools (paper §3.3: s_t* is built 'under a reference trajectory tau*'); 'answer' = the gold "
-        "answer only (a variant, not the paper's: the teacher then cannot disagree with a search step).",
-    )
+class PortoolConfig(PortoolSettings):
+    """PORTool's settings (:class:`agentcredit.credit.methods.portool.PortoolSettings`, shared with verl's
+    ``agentcredit.portool`` block) plus the native trainer's outcome judge."""
 
-
-class PortoolAdvantageConfig(Section):
-    """PORTool's advantage settings, defined once: the native ``algorithm.portool`` section and verl's
-    ``agentcredit.portool`` block both extend this class."""
-
-    gamma: float = Field(0.95, ge=0.0, le=1.0, description="Step-reward decay gamma (paper: 0.95).")
-    w1: float = Field(1.0, description="Weight of the trajectory-relative advantage (paper: 1).")
-    # paper: F(q) = {s_kt : |C(s_kt)| > 1, t in [T_k]} (portool.txt l. 536) starts at the first step, so the query
-    # is no fork; the spec's [R] 8.6 counts it (True). The paper wins over the spec.
-    root_is_fork: bool = Field(
-        False,
-        description="Count the root (the query) as a fork in N_forks and give first steps a fork term (paper: "
-        "False, its fork set starts at t = 1; True = portool.md 8.6's recommendation).",
-    )
-    # the paper's judge maps true / false / unable_to_answer to +1 / -1 / 0 (portool.txt l. 452-453) and is silent on
-    # an episode cut at the step cap without response_gen; portool.md 3.1 / 8.13 resolve it to -1
-    unfinished_reward: float = Field(
-        -1.0,
-        ge=-1.0,
-        le=1.0,
-        description="R_out of an episode cut at the step cap without an answer (paper: unstated; portool.md 8.13: "
-        "-1, configurable to 0).",
-    )
-    outcome_shift: float = Field(
-        0.0,
-        description="VARIANT, not PORTool (paper: 0): add this to R_out inside Eq. 2's decay; 1 maps {-1, 0, +1} to "
-        "{0, 1, 2}, so all-failing trees push nothing (preset portool-shifted-outcome).",
-    )
-
-
-class PortoolConfig(PortoolAdvantageConfig):
-    # App. B (portool.txt l. 1034-1044, remark l. 1142-1143): the token objective is the sum of a trajectory term
-    # and a fork term, each in its own clipped min, "not a single sum inside one min"; Theorem 3.1's
-    # J = J_GRPO_trj + J_GRPO_fork (l. 537) holds for that sum. portool.md 8.9 chose single_min; the paper wins.
-    combine: Literal["split_min", "single_min"] = Field(
-        "split_min",
-        description="split_min (paper, App. B): trajectory and fork terms each get their own clipped min; "
-        "single_min: one min on their sum (Eq. 1 with Eq. 3, portool.md 8.9).",
-    )
     judge: Literal["rule", "llm"] = Field(
         "rule", description="Outcome judge: rule-based EM/F1 (default) or a local LLM."
     )
     judge_model: str | None = Field(None, description="Local model path for the LLM judge.")
 
 
-class GigpoConfig(Section):
-    gamma: float = Field(
-        0.95, ge=0.0, le=1.0, description="Discount of the step returns (verl-agent algorithm.gamma: 0.95)."
-    )
-    step_weight: float = Field(
-        1.0, description="w: weight of the step-level advantage (step_advantage_w: 1.0)."
-    )
-    mode: Literal["mean_std_norm", "mean_norm"] = Field(
-        "mean_std_norm", description="Both levels divide by the group std (mean_std_norm) or only centre."
-    )
+#: Keys a config written before issue 37 may hold (a run directory's config.yaml): where each now lives.
+MOVED_TO_SECTIONS = {
+    "algorithm.gamma": "algorithm.gae.gamma (ppo, tips) or algorithm.carl_segment.gamma",
+    "algorithm.lam": "algorithm.gae.lam (ppo, tips) or algorithm.carl_segment.lam",
+    "algorithm.grpo_eps": "algorithm.grpo.eps (each method's eps is in its own section)",
+    "algorithm.grpo_scale": "algorithm.grpo.scale",
+}
 
 
-class CriticalConfig(Section):
-    update_rule: Literal["multi_child", "forked_parent", "inherit"] = Field(
-        "multi_child",
-        description="Update set (Eq. 13 literal: multi_child; carl-critical-actions.md A1: forked_parent; ablation #3: inherit).",
-    )
+def registered_sections(block: BaseModel, where: str) -> None:
+    """A config block's keys beyond its fields must be the sections of methods registered with
+    :func:`agentcredit.credit.register_method` (from user code): each becomes an instance of that method's settings
+    class; any other key is an error naming it and the keys allowed."""
+    extra = block.__pydantic_extra__ or {}
+    sections = {m.section: m for m in METHODS.values()}
+    for key, value in list(extra.items()):
+        if key not in sections:
+            allowed = sorted({*type(block).model_fields, *sections})
+            moved = MOVED_TO_SECTIONS.get(f"{where}.{key}")
+            hint = f" ({where}.{key} moved to {moved}, issue 37)" if moved else ""
+            raise ValueError(f"unknown key '{where}.{key}'{hint}; allowed keys here: {', '.join(allowed)}")
+        settings = sections[key].settings
+        if not isinstance(value, settings):
+            try:
+                value = settings.model_validate(value)
+            except ValidationError as exc:
+                e = exc.errors()[0]
+                field = ".".join([where, key, *(str(p) for p in e["loc"])])
+                raise ValueError(f"{field}: {e['msg']} (got {e.get('input')!r})") from None
+        extra[key] = value
 
 
-class AlgorithmConfig(Section):
-    estimator: Literal["grpo", "gae", "segment", "critical", "portool", "gigpo"] = Field(
-        "grpo", description="Advantage estimator (credit function)."
+def method_sections(*extensions: type[Settings]) -> dict[str, Any]:
+    """The settings sections of a config block, one per built-in method (``BUILT_IN``, found in
+    ``agentcredit/credit/methods/``), as pydantic field definitions: ``<section>: <its settings class>`` with the
+    class's defaults, or the trainer's extension of that class among ``extensions`` (a direct subclass adding
+    trainer-only fields). A built-in method's section is never written here by hand (issue 37)."""
+    fields: dict[str, Any] = {}
+    for name in BUILT_IN:
+        method = METHODS[name]
+        own = [e for e in extensions if method.settings in e.__bases__]
+        if len(own) > 1:
+            raise TypeError(f"two extensions of {method.settings.__name__}: {own}")
+        cls = own[0] if own else method.settings
+        fields[method.section] = (
+            cls,
+            Field(default_factory=cls, description=f"The settings of {method.name} ({method.source})."),
+        )
+    return fields
+
+
+class _AlgorithmParts(Section):
+    # a method registered from user code keeps its settings under algorithm.<its section> (registered_sections)
+    model_config = ConfigDict(extra="allow", validate_assignment=True)
+
+    estimator: str = Field(
+        "grpo",
+        description="The method whose estimate trains: its estimator name ("
+        + ", ".join(
+            m.estimator if m.estimator == m.name else f"{m.estimator} = {m.name}"
+            for m in map(METHODS.__getitem__, BUILT_IN)
+            if m.estimator
+        )
+        + ", or a method registered with agentcredit.credit.register_method); its settings are "
+        "algorithm.<section> (agentcredit.credit.METHODS).",
     )
     critic: Literal["none", "token", "boundary"] = Field(
         "none", description="Value head: per token (PPO/TIPS) or at segment boundaries (carl-segment)."
@@ -387,8 +347,10 @@ class AlgorithmConfig(Section):
         "trained at optim.head_lr (verl's critic; TIPS §4 'Baselines' [tips.txt l.142]: policy and value learning "
         "rates 1e-6 and 1e-5), so the policy's update does not depend on the value loss.",
     )
-    shaping: Literal["none", "tips"] = Field("none", description="Reward shaping: TIPS teacher potentials.")
-    reweight: Literal["none", "gear"] = Field("none", description="Advantage reweighting: GEAR.")
+    shaping: str = Field(
+        "none", description="A shaping method on the estimate: none or tips (teacher potentials)."
+    )
+    reweight: str = Field("none", description="A reweighting method on the estimate: none or gear.")
     loss_agg: Literal["token-mean", "seq-mean-token-mean", "segment-mean"] = Field(
         "token-mean",
         description="Loss aggregation (carl-segment Eq. 3: segment-mean; portool Eq. 1: seq-mean-token-mean).",
@@ -415,37 +377,41 @@ class AlgorithmConfig(Section):
     value_clip: float | None = Field(
         None, gt=0.0, description="Value clipping range (TIPS/verl: 0.5; carl-segment: none)."
     )
-    gamma: float = Field(1.0, ge=0.0, le=1.0, description="Discount (all papers: 1.0).")
-    lam: float = Field(
-        1.0, ge=0.0, le=1.0, description="GAE lambda (TIPS: 1.0; carl-segment segment-level: 0.0)."
-    )
-    grpo_scale: bool = Field(True, description="GRPO divides by the group std (False = Dr.GRPO).")
-    grpo_eps: float = Field(1e-6, gt=0.0, description="GRPO std epsilon (verl: 1e-6).")
     whiten_advantages: bool = Field(
         False, description="Whiten token advantages over the batch (verl GAE path: on)."
     )
-    tips: TipsConfig = Field(default_factory=TipsConfig)
-    gear: GearConfig = Field(default_factory=GearConfig)
-    portool: PortoolConfig = Field(default_factory=PortoolConfig)
-    critical: CriticalConfig = Field(default_factory=CriticalConfig)
-    gigpo: GigpoConfig = Field(default_factory=GigpoConfig)
+
+    @property
+    def method(self) -> Method:
+        """The method these parts name (:func:`agentcredit.credit.method_for_parts`)."""
+        return method_for_parts(self.estimator, shaping=self.shaping, reweight=self.reweight)
 
     @model_validator(mode="after")
-    def _compatible_parts(self) -> AlgorithmConfig:
-        need = {"gae": "token", "segment": "boundary"}
-        if self.estimator in need and self.critic != need[self.estimator]:
+    def _compatible_parts(self) -> _AlgorithmParts:
+        registered_sections(self, "algorithm")
+        try:  # an unknown name, or a modifier the estimate does not allow (its needs say why)
+            needs = self.method.all_needs
+        except ValueError as exc:
+            raise ValueError(f"algorithm.{exc}") from None
+        if needs.critic != "none" and self.critic != needs.critic:
             raise ValueError(
-                f"algorithm.estimator={self.estimator!r} needs algorithm.critic={need[self.estimator]!r} "
+                f"algorithm.estimator={self.estimator!r} needs algorithm.critic={needs.critic!r} "
                 f"(got {self.critic!r})"
             )
         if self.critic_model == "separate" and self.critic == "none":
             raise ValueError("algorithm.critic_model='separate' needs a critic (algorithm.critic)")
-        if self.shaping == "tips" and self.estimator not in ("gae", "segment"):
-            raise ValueError(
-                "algorithm.shaping='tips' needs a critic-based estimator ('gae' or 'segment'): under group-normalised "
-                "estimators the potential-based shaping cancels (tips.md §3.9)"
-            )
         return self
+
+
+# each built-in method's settings, under the section its Method names (method_sections); verl's agentcredit block
+# has the same sections, of the same classes
+AlgorithmConfig = create_model(
+    "AlgorithmConfig",
+    __base__=_AlgorithmParts,
+    __module__=__name__,
+    __doc__="The credit method's parts and every built-in method's settings section.",
+    **method_sections(TipsConfig, PortoolConfig),
+)
 
 
 # --------------------------------------------------------------------------------------------- optimisation
@@ -556,19 +522,16 @@ class Config(Section):
     @model_validator(mode="after")
     def _strategy_matches_estimator(self) -> Config:
         a, r = self.algorithm, self.rollout
-        if a.estimator == "critical" and r.strategy != "entropy_guided":
+        needs = a.method.all_needs
+        if needs.rollout is not None and r.strategy != needs.rollout:
+            shape = "works on linear episodes" if needs.rollout == "independent" else "needs a rollout tree"
             raise ValueError(
-                "algorithm.estimator='critical' needs rollout.strategy='entropy_guided' (a rollout tree)"
+                f"algorithm.estimator={a.estimator!r} {shape}: it needs rollout.strategy={needs.rollout!r} "
+                f"(got {r.strategy!r})"
             )
-        if a.estimator == "portool" and r.strategy != "portool":
-            raise ValueError("algorithm.estimator='portool' needs rollout.strategy='portool'")
         if self.train.critic_warmup and a.critic == "none":
             raise ValueError(
                 f"train.critic_warmup={self.train.critic_warmup} needs a critic (algorithm.critic)"
-            )
-        if a.estimator in ("gae", "segment") and r.strategy != "independent":
-            raise ValueError(
-                f"algorithm.estimator={a.estimator!r} works on linear episodes: use rollout.strategy='independent'"
             )
         return self
 
@@ -627,12 +590,7 @@ def method_parts() -> dict[str, dict[str, str]]:
 
 def _modifiers() -> dict[str, str]:
     """A shaping or reweight value -> its field: what ``+<name>`` adds to a method."""
-    return {
-        value: key
-        for key in ("shaping", "reweight")
-        for value in typing.get_args(AlgorithmConfig.model_fields[key].annotation)
-        if value != "none"
-    }
+    return {value: key for key in ("shaping", "reweight") for value in modifier_names(key)}
 
 
 def derive_method(parts: dict[str, str]) -> str:
@@ -837,6 +795,9 @@ def _describe(error: dict[str, Any], model: type[BaseModel]) -> str:
     if error["type"] == "extra_forbidden":
         allowed = _allowed_keys(model, loc[:-1])
         return f"unknown key {key!r}" + (f"; allowed keys here: {', '.join(allowed)}" if allowed else "")
+    if error["type"] == "value_error" and isinstance(error.get("input"), dict):
+        # a check across a section's fields: its message names them (the input would be the whole section)
+        return str(error["msg"]).removeprefix("Value error, ")
     return f"{key}: {error['msg']} (got {error.get('input')!r})"
 
 

@@ -439,10 +439,15 @@ def _build_environment(config: Config, resources: list[Any]) -> Environment:
     tools.episodes = episodes
     if config.task.reward is not None:
         reward: RewardFn = user_reward(config.task.reward, config.task.reward_weights)
-    elif config.algorithm.estimator == "portool":
+    elif config.algorithm.method.all_needs.reward == "judge":  # the method scores outcomes with its own judge
         from agentcredit.tasks.judge import build_judge
 
-        p = config.algorithm.portool
+        method = config.algorithm.method
+        p = next(
+            method.settings_from(config.algorithm)[part.section]
+            for part in method.parts
+            if part.needs.reward == "judge"
+        )
         reward = build_judge(
             p.judge, p.judge_model, metric=config.task.metric, unfinished=p.unfinished_reward
         )

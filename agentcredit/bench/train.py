@@ -36,9 +36,9 @@ from typing import Any
 
 import torch
 
-from agentcredit.credit import PRESETS
+from agentcredit.credit import METHODS as REGISTERED
 
-METHODS = tuple(PRESETS)  # every method the credit registry declares
+METHODS = tuple(REGISTERED)  # every method the credit registry declares
 PHASES = ("rollout", "signals", "update")
 
 Log = Callable[[str], None]
@@ -165,7 +165,7 @@ def bench_method(
         raise ValueError(f"{preset}: only {len(examples)} training questions for {prompts} prompts")
     trainer = Trainer(cfg, model=copy.deepcopy(base_model), tokenizer=tokenizer, examples=examples, log=False)
     counter = PhaseTokens()
-    for model in (trainer.model, trainer.ref_model, trainer.teacher):
+    for model in (trainer.model, *trainer.frozen_models()):
         counter.hook(model)
     counter.wrap(trainer)
     per_step = []

@@ -20,21 +20,15 @@ from agentcredit.credit.carl_critical import (
 )
 from agentcredit.credit.carl_segment import segment_advantages
 from agentcredit.credit.estimators import (
-    ESTIMATORS,
     DecisionTree,
     Episode,
     EpisodeBatch,
     Estimate,
-    Estimator,
     Step,
     chain_trees,
-    gear_reweight,
-    gear_reweight_stats,
-    tips_step_rewards,
 )
 from agentcredit.credit.gae import gae_advantages
 from agentcredit.credit.gear import SEGMENTATIONS, GearDetails, gear_advantages, gear_details
-from agentcredit.credit.gigpo import gigpo_advantages
 from agentcredit.credit.grpo import grpo_advantages
 from agentcredit.credit.loss import (
     LOSS_AGGREGATIONS,
@@ -43,6 +37,19 @@ from agentcredit.credit.loss import (
     policy_loss_stats,
     split_policy_loss,
 )
+from agentcredit.credit.methods import (
+    METHODS,
+    Method,
+    Needs,
+    Settings,
+    compose,
+    get_method,
+    method_for_parts,
+    register_method,
+)
+from agentcredit.credit.methods.gear import gear_reweight, gear_reweight_stats
+from agentcredit.credit.methods.gigpo import gigpo_advantages  # public since before issue 37
+from agentcredit.credit.methods.tips import tips_step_rewards
 from agentcredit.credit.portool import (
     AGGREGATORS,
     W2_MODES,
@@ -50,7 +57,6 @@ from agentcredit.credit.portool import (
     portool_advantage_terms,
     portool_advantages,
 )
-from agentcredit.credit.registry import PRESETS, CreditPreset, get_preset
 from agentcredit.credit.tips import (
     tips_batch_alpha,
     tips_potential,
@@ -91,9 +97,7 @@ __all__ = [
     "split_policy_loss",
     "aggregation_weights",
     "LOSS_AGGREGATIONS",
-    # the estimators both trainers call, on the neutral per-episode layout
-    "ESTIMATORS",
-    "Estimator",
+    # the neutral per-episode layout both trainers build
     "Estimate",
     "EpisodeBatch",
     "Episode",
@@ -103,8 +107,13 @@ __all__ = [
     "tips_step_rewards",
     "gear_reweight",
     "gear_reweight_stats",
-    # registry
-    "CreditPreset",
-    "PRESETS",
-    "get_preset",
+    # the methods both trainers call (one object each, agentcredit.credit.methods)
+    "METHODS",
+    "Method",
+    "Needs",
+    "Settings",
+    "compose",
+    "get_method",
+    "method_for_parts",
+    "register_method",
 ]

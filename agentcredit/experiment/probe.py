@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from agentcredit.config import Config
-from agentcredit.credit import ESTIMATORS
+from agentcredit.credit import METHODS
 from agentcredit.experiment.study_report import mean_interval
 from agentcredit.train.advantages import compute_advantages
 from agentcredit.train.batch import build_batch
@@ -36,7 +36,7 @@ from agentcredit.train.signals import Signals
 from agentcredit.train.trainer import Trainer
 
 #: Estimators the probe can run: those that need no critic values (see the module docstring).
-PROBE_ESTIMATORS = tuple(name for name, e in ESTIMATORS.items() if not e.needs_critic)
+PROBE_ESTIMATORS = tuple(m.estimator for m in METHODS.values() if m.estimator and m.needs.critic == "none")
 
 
 def call_minus_answer(credits: Sequence[StepCredit], outcomes: Sequence[str]) -> list[float]:

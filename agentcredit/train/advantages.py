@@ -1,16 +1,12 @@
-"""Per-token advantages for a training batch: the native trainer's side of :mod:`agentcredit.credit.estimators`.
+"""Per-token advantages for a training batch: the native trainer's side of :mod:`agentcredit.credit.methods`.
 
 This module only *lays out* data: it turns the rollout trees and the batch into the neutral per-episode layout
-(:func:`episode_batch`) and calls the parts ``config.algorithm`` names, the same entries the verl adapter calls:
-
-* shaping — ``tips``: :func:`~agentcredit.credit.estimators.tips_step_rewards` (turn rewards on the steps);
-* estimator — ``grpo``, ``gae``, ``segment``, ``critical``, ``portool`` or ``gigpo``
-  (:data:`~agentcredit.credit.estimators.ESTIMATORS`);
-* reweight — ``gear``: :func:`~agentcredit.credit.estimators.gear_reweight_stats`;
-
-then the native trainer's own whitening and statistics. What is native is the layout: a tree's policy segments
-become steps whose node ids are their :func:`step_tree` nodes, so shared prefixes share a node, and a step's
-GiGPO anchor is every token before it on the tree path (:func:`anchor_states`).
+(:func:`episode_batch`) and calls the one entry the verl adapter calls too,
+``method.advantages(layout, method.settings_from(config.algorithm))``, for the method ``config.algorithm``'s parts
+name; then the native trainer's own whitening and statistics. What is native is the layout: a tree's policy
+segments become steps whose node ids are their :func:`step_tree` nodes, so shared prefixes share a node, and a
+step's anchor (step input ``anchors``) is every token before it on the tree path (:func:`anchor_states`). What the layout holds
+follows the method's :class:`~agentcredit.credit.methods.Needs`, never its name.
 """
 
 from __future__ import annotations
@@ -21,16 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from agentcredit.config import AlgorithmConfig
-from agentcredit.credit import (
-    ESTIMATORS,
-    DecisionTree,
-    Episode,
-    EpisodeBatch,
-    Estimate,
-    Step,
-    gear_reweight_stats,
-    tips_step_rewards,
-)
+from agentcredit.credit import DecisionTree, Episode, EpisodeBatch, Estimate, Step
 from agentcredit.rollout.tree import RolloutTree
 from agentcredit.train.batch import TrainBatch, segment_spans
 from agentcredit.train.signals import Signals
@@ -111,7 +98,7 @@ def merged_steps(trees: list[RolloutTree]) -> float:
 
 
 def anchor_states(tree: RolloutTree, policy_nodes: list[int]) -> list[tuple[int, ...]]:
-    """GiGPO's anchor state of each step of a trajectory: every token on the tree path before the step.
+    """The anchor state (step input ``anchors``) of each step of a trajectory: every token on the tree path before the step.
 
     verl-agent groups steps by the environment's observation; a text tool-use episode has no observation apart
     from its context, so here two steps share an anchor exactly when the same token sequence precedes them.
@@ -135,12 +122,12 @@ def episode_batch(
     cfg: AlgorithmConfig, batch: TrainBatch, trees: list[RolloutTree], signals: Signals
 ) -> EpisodeBatch:
     """The batch's trajectories in the neutral layout: one episode per trajectory, grouped by tree."""
-    needs = ESTIMATORS[cfg.estimator].needs
-    views = [step_tree(tree) for tree in trees] if "tree" in needs else []
+    needs = cfg.method.all_needs
+    views = [step_tree(tree) for tree in trees] if "tree" in needs.step_inputs else []
     episodes = []
     for j, traj in enumerate(batch.trajectories):
         tree = trees[traj.tree]
-        anchors = anchor_states(tree, traj.policy_nodes) if "anchors" in needs else None
+        anchors = anchor_states(tree, traj.policy_nodes) if "anchors" in needs.step_inputs else None
         steps = []
         for k, (node, (row, first, last)) in enumerate(
             zip(traj.policy_nodes, segment_spans(batch, traj), strict=True)
@@ -157,18 +144,17 @@ def episode_batch(
                 )
             )
         potentials = None
-        if cfg.shaping == "tips":
+        if "potentials" in needs.signals:
             if signals.potentials is None or len(signals.potentials[j]) != len(steps):
                 got = "no" if signals.potentials is None else len(signals.potentials[j])
                 raise ValueError(f"trajectory {j}: {got} potentials for {len(steps)} policy segments")
             potentials = tuple(signals.potentials[j])
         episodes.append(Episode(traj.tree, traj.reward, tuple(steps), potentials=potentials))
     trees_by_group = {}
-    forked_parent = cfg.estimator == "critical" and cfg.critical.update_rule == "forked_parent"
     for t, (tree, view) in enumerate(zip(trees, views, strict=False)):
         counts: dict[int, int] = {}
         # the strategy counts forks per state node (a policy segment or the observation after it)
-        for node, c in tree.info.get("fork_counts", {}).items() if forked_parent else ():
+        for node, c in tree.info.get("fork_counts", {}).items():
             if int(node) not in view.step_of:
                 raise ValueError(
                     f"tree {t}: info['fork_counts'] names node {node}, which the tree does not have"
@@ -184,75 +170,28 @@ def episode_batch(
         student_logp=batch.old_logp,
         teacher_logp=signals.teacher_logp,
         entropy=signals.entropy,
+        alpha=signals.alpha,
     )
-
-
-def estimator_params(cfg: AlgorithmConfig) -> dict[str, object]:
-    """The configured estimator's hyperparameters, read from the native config."""
-    return {
-        "grpo": {"eps": cfg.grpo_eps, "scale": cfg.grpo_scale},
-        "gae": {"gamma": cfg.gamma, "lam": cfg.lam},
-        "segment": {"gamma": cfg.gamma, "lam": cfg.lam},
-        "critical": {"update_rule": cfg.critical.update_rule},
-        "portool": {
-            "gamma": cfg.portool.gamma,
-            "w1": cfg.portool.w1,
-            "root_is_fork": cfg.portool.root_is_fork,
-            "combine": cfg.portool.combine,
-            "outcome_shift": cfg.portool.outcome_shift,
-        },
-        "gigpo": {
-            "gamma": cfg.gigpo.gamma,
-            "step_weight": cfg.gigpo.step_weight,
-            "eps": cfg.grpo_eps,
-            "scale": cfg.gigpo.mode == "mean_std_norm",
-        },
-    }[cfg.estimator]
 
 
 def compute_advantages(
     cfg: AlgorithmConfig, batch: TrainBatch, trees: list[RolloutTree], signals: Signals
 ) -> Advantages:
-    """Shaping, the configured estimator and reweighting on the batch's layout, then whitening and statistics."""
+    """The method's advantages on the batch's layout (shaping, estimate, reweighting), then whitening and
+    statistics."""
+    method = cfg.method
+    needs = method.all_needs
     layout = episode_batch(cfg, batch, trees, signals)
-    if cfg.shaping == "tips":
-        if signals.alpha is None:
-            raise ValueError("algorithm.shaping='tips' needs this step's alpha")
-        t = cfg.tips
-        layout.step_rewards = tips_step_rewards(
-            layout,
-            alpha=signals.alpha,
-            no_tool_shaping=t.no_tool_shaping,
-            terminal_potential=t.terminal_potential,
-        )
-    result = ESTIMATORS[cfg.estimator](layout, **estimator_params(cfg))
-    if cfg.shaping == "tips":
+    if "alpha" in needs.signals and signals.alpha is None:
+        raise ValueError(f"{method.name} needs this step's shaping scale alpha")
+    result = method.advantages(layout, method.settings_from(cfg))
+    if "potentials" in needs.signals:
         result.stats.update(tips_stats(signals.potentials, signals.alpha))
-    if cfg.estimator == "portool":
+    if needs.rollout == "portool":
         result.stats["portool/merged_steps"] = merged_steps(trees)
     rounds = [float(t.info["rounds"]) for t in trees if "rounds" in t.info]
     if rounds:  # entropy-guided trees: the sequential rounds each question's rollout took (forks_per_round)
         result.stats["critical/rounds"] = math.fsum(rounds) / len(rounds)
-    if cfg.reweight == "gear":
-        g = cfg.gear
-        kw = {
-            "lambda_kl": g.lambda_kl,
-            "lambda_h": g.lambda_h,
-            "alpha": g.alpha,
-            "beta": g.beta,
-            "normalisation": g.normalize,
-        }
-        if result.parts is None:
-            result.advantages, gear_stats = gear_reweight_stats(layout, result.advantages, **kw)
-        else:
-            # split min: each term is its own clipped objective (PORTool App. B), so GEAR weighs each by its own
-            # sign; the total stays their sum. The segmentation statistics do not depend on the sign: the first
-            # term's describe the step.
-            reweighted = [gear_reweight_stats(layout, part, **kw) for part in result.parts]
-            result.parts = tuple(adv for adv, _ in reweighted)
-            result.advantages = torch.stack(result.parts).sum(0)
-            gear_stats = reweighted[0][1]
-        result.stats.update(gear_stats)
     if cfg.whiten_advantages:
         m = result.loss_mask
         vals = result.advantages[m]

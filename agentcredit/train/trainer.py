@@ -4,12 +4,14 @@ One step::
 
     trees   = engine.run(prompts, strategy, reward)           # rollout (strategy from rollout.strategy)
     batch   = build_batch(trees)                             # trajectories -> rows, masks, segment ids
-    signals = old log-probs, entropies, critic values, reference log-probs, teacher potentials / log-probs
-    adv     = compute_advantages(algorithm config, ...)      # the estimator + shaping + reweighting parts
+    signals = old log-probs, entropies, critic values, reference log-probs, + the method's providers'
+    adv     = compute_advantages(algorithm config, ...)      # METHODS[...].advantages(layout, settings)
     update  = epochs x minibatches of trajectories, each split into microbatches by a token budget:
               policy_loss (PPO clip, aggregated by loss_agg) + kl_coef * KL - entropy_coef * H + value_coef * L_V
 
-Every method is a setting of ``config.algorithm`` and ``config.rollout``; nothing here branches on a method name.
+Every method is a setting of ``config.algorithm`` and ``config.rollout``; nothing here branches on a method name:
+what a method reads beyond the scores is computed by the signal providers its :class:`~agentcredit.credit.Needs`
+name (:mod:`agentcredit.train.providers`).
 Losses of a minibatch are computed with per-token weights fixed over the whole minibatch
 (:func:`agentcredit.credit.aggregation_weights`), so the microbatch split never changes the gradient.
 """
@@ -29,12 +31,7 @@ from typing import Any
 import torch
 
 from agentcredit.config import Config, dump_config
-from agentcredit.credit import (
-    aggregation_weights,
-    policy_loss_stats,
-    tips_step_alpha,
-    tips_teacher_refresh_due,
-)
+from agentcredit.credit import aggregation_weights, policy_loss_stats
 from agentcredit.environment import Environment, build_environment, load_examples
 from agentcredit.models.heads import initial_value_head
 from agentcredit.models.loading import frozen_copy, load_policy
@@ -49,15 +46,13 @@ from agentcredit.train.logging import MetricsLogger
 from agentcredit.train.losses import total_loss, value_weights
 from agentcredit.train.metrics import credit_by_step_kind, episode_metrics, signal_metrics, step_credits
 from agentcredit.train.optim import adamw
+from agentcredit.train.providers import SignalProvider, signal_providers
 from agentcredit.train.rng import PromptSampler, rng_state, seed_everything, set_rng_state
-from agentcredit.train.sft import ReferenceTrajectories
 from agentcredit.train.signals import (
     Signals,
     critic_values,
-    gear_teacher_logprobs,
     row_tokens,
     score_batch,
-    tips_potential_terms,
     trained_row_chunks,
 )
 from agentcredit.train.warmup import start_gate
@@ -114,10 +109,9 @@ class Trainer:
         # the KL reference: the initial policy (with LoRA: the same model with its adapters switched off)
         needs_ref = a.kl_coef > 0 or a.log_kl_ref
         self.ref_model = frozen_copy(self.model) if needs_ref and not self.lora else None
-        self.teacher = frozen_copy(self.model) if a.shaping == "tips" else None
-        self.tips_alpha = a.tips.alpha
-        # GEAR's tau* per example, built on first use
-        self.gear_references: ReferenceTrajectories | None = None
+        # what the method reads besides rewards (agentcredit.credit.methods): a provider computes each signal its
+        # needs name that the trainer's own scoring does not (agentcredit.train.providers)
+        self.providers = signal_providers(self, a.method.all_needs, a.method.settings_from(a))
         self.optimizer = self._optimizer()
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer,
@@ -280,50 +274,8 @@ class Trainer:
                 )
         signals = Signals(values=values, entropy=entropy)
         by_tree = {i: ex for i, ex in enumerate(examples)}
-        if a.shaping == "tips":
-            answers = [by_tree[t.tree].answers for t in batch.trajectories]
-            encode = lambda text: self.tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
-            reduce = "sum" if a.tips.potential == "paper" else "mean"
-            signals.potential_split = tips_potential_terms(
-                self.teacher,
-                batch,
-                answers,
-                encode,
-                self.env.protocol.render_answer,
-                reduce=reduce,
-                scope=a.tips.potential_scope,
-                autocast=autocast,
-                max_tokens=cfg.train.micro_batch_tokens,
-            )
-            signals.potentials = signals.potential_split.potentials
-            t = a.tips
-            self.tips_alpha = tips_step_alpha(
-                signals.potentials,
-                mode=t.alpha_mode,
-                alpha=t.alpha,
-                target_mean_abs=t.target_mean_abs,
-                previous=self.tips_alpha,
-            )
-            signals.alpha = self.tips_alpha
-        if a.reweight == "gear":
-            references = None
-            if a.gear.reference == "trajectory":  # tau*, played once per example and kept (GEAR §3.3)
-                if self.gear_references is None:
-                    self.gear_references = ReferenceTrajectories(self.env, self.tokenizer, cfg.protocol.name)
-                references = {t: self.gear_references(ex) for t, ex in by_tree.items()}
-            signals.teacher_logp = gear_teacher_logprobs(
-                self.model,
-                self.tokenizer,
-                self.env.protocol,
-                batch,
-                trees,
-                by_tree,
-                a.gear.template,
-                references=references,
-                temperature=temp,
-                autocast=autocast,
-                max_tokens=cfg.train.micro_batch_tokens,
-            )
+        for provider in self.providers:  # the signals the method's needs name beyond the scores above
+            provider.fill(signals, batch, trees, by_tree, temperature=temp, autocast=autocast)
         return signals
 
     # -------------------------------------------------------------- update
@@ -525,15 +477,21 @@ class Trainer:
             # logged at every step from then on: a critic with EV <= 0 is one baseline for the batch, and PPO's or
             # TIPS's advantages are whitened REINFORCE until this step (issue 31)
             metrics["critic/ev_first_positive_step"] = float(self.ev_positive_step)
-        if self.teacher is not None and tips_teacher_refresh_due(
-            self.step, self.cfg.algorithm.tips.refresh_every
-        ):
-            self.refresh_teacher()
+        for provider in self.providers:
+            provider.after_step(self.step)
         return StepResult(metrics, trees, batch, examples)
 
-    def refresh_teacher(self) -> None:
-        """TIPS: the teacher becomes a frozen copy of the current policy (between batches only)."""
-        self.teacher.load_state_dict(self.model.state_dict())
+    def frozen_models(self) -> list[torch.nn.Module]:
+        """The models the update never trains: the KL reference and the signal providers' (a lagged teacher)."""
+        own = [self.ref_model] if self.ref_model is not None else []
+        return own + [m for provider in self.providers for m in provider.frozen_models()]
+
+    def signal_provider(self, signal: str) -> SignalProvider:
+        """The provider that computes ``signal`` for this run's method."""
+        try:
+            return next(p for p in self.providers if signal in p.provides)
+        except StopIteration:
+            raise ValueError(f"this run's method needs no provider for {signal!r}") from None
 
     # -------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
@@ -548,8 +506,7 @@ class Trainer:
             "model": model_state,
             "value_head": self.value_head.state_dict() if self.value_head is not None else None,
             "critic_model": self.critic_model.state_dict() if self.critic_model is not None else None,
-            "teacher": self.teacher.state_dict() if self.teacher is not None else None,
-            "tips_alpha": self.tips_alpha,
+            **{key: value for provider in self.providers for key, value in provider.state_dict().items()},
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "sampler": self.sampler.state_dict(),
@@ -573,9 +530,8 @@ class Trainer:
                     "this checkpoint has no separate critic model but algorithm.critic_model='separate'"
                 )
             self.critic_model.load_state_dict(state["critic_model"])
-        if self.teacher is not None and state.get("teacher") is not None:
-            self.teacher.load_state_dict(state["teacher"])
-        self.tips_alpha = state.get("tips_alpha", self.tips_alpha)
+        for provider in self.providers:
+            provider.load_state_dict(state)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.sampler.load_state_dict(state["sampler"])

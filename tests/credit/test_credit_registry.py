@@ -1,4 +1,4 @@
-"""The preset registry, the package exports, and the purity rule of agentcredit/credit (no model/tool/I/O)."""
+"""The method registry, the package exports, and the purity rule of agentcredit/credit (no model/tool/I/O)."""
 
 import ast
 from pathlib import Path
@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 import agentcredit.credit as credit
-from agentcredit.credit import ESTIMATORS, LOSS_AGGREGATIONS, PRESETS, get_preset
+from agentcredit.credit import LOSS_AGGREGATIONS, METHODS, get_method
+from agentcredit.credit.methods import BUILT_IN
 
 CONTRACT = [
     "grpo_advantages",
@@ -20,32 +21,36 @@ CONTRACT = [
 ]
 
 
-def test_all_seven_presets():
-    assert set(PRESETS) == {
-        "grpo",
-        "ppo",
-        "carl-segment",
-        "carl-critical",
-        "portool",
-        "tips",
-        "gear",
-        "gigpo",
-    }
-    for name, preset in PRESETS.items():
-        assert preset.name == name
-        assert preset.estimator in ESTIMATORS
-        assert preset.loss_agg in LOSS_AGGREGATIONS
-    assert {n for n, p in PRESETS.items() if p.needs_critic} == {"ppo", "carl-segment", "tips"}
-    assert (get_preset("gear").estimator, get_preset("gear").reweight) == ("grpo", "gear")
-    assert (get_preset("tips").estimator, get_preset("tips").shaping) == ("gae", "tips")
-    assert get_preset("carl-segment").loss_agg == "segment-mean"  # Eq. 3
-    assert get_preset("portool").loss_agg == "seq-mean-token-mean"  # Eq. 1, required by Theorem 3.1
-    assert get_preset("carl-critical").loss_agg == "token-mean"  # Eq. 2, 1/|D|
+EIGHT = {"grpo", "ppo", "carl-segment", "carl-critical", "portool", "tips", "gear", "gigpo"}
 
 
-def test_unknown_preset():
-    with pytest.raises(ValueError, match="unknown credit preset 'carl'.*grpo"):
-        get_preset("carl")
+def test_all_eight_methods():
+    assert set(BUILT_IN) >= EIGHT  # a method added later is found too (test_every_method_file_is_registered)
+    for name, method in METHODS.items():
+        assert method.name == name
+        assert method.needs.loss_agg in LOSS_AGGREGATIONS
+        for (
+            field
+        ) in method.settings.model_fields.values():  # every setting says what it is and where it is from
+            assert field.description, (name, field)
+    assert {n for n in EIGHT if METHODS[n].all_needs.critic != "none"} == {"ppo", "carl-segment", "tips"}
+    assert [p.name for p in get_method("gear").parts] == ["grpo", "gear"]
+    assert [p.name for p in get_method("tips").parts] == ["ppo", "tips"]
+    assert get_method("carl-segment").needs.loss_agg == "segment-mean"  # Eq. 3
+    assert get_method("portool").needs.loss_agg == "seq-mean-token-mean"  # Eq. 1, required by Theorem 3.1
+    assert get_method("carl-critical").needs.loss_agg == "token-mean"  # Eq. 2, 1/|D|
+
+
+def test_needs_name_only_the_step_inputs_the_layouts_fill():
+    from agentcredit.credit import Needs
+
+    with pytest.raises(ValueError, match=r"unknown step input\(s\) \['anchor'\]; the layouts provide"):
+        Needs(step_inputs=frozenset({"anchor"}))
+
+
+def test_unknown_method():
+    with pytest.raises(ValueError, match="unknown credit method 'carl'.*grpo"):
+        get_method("carl")
 
 
 def test_contract_names_exported():
@@ -65,13 +70,17 @@ ALLOWED_ROOTS = {
     "types",
     "typing",
     "torch",
+    "pydantic",  # a method's typed settings (agentcredit.credit.methods)
     "agentcredit",
+    # agentcredit.credit.methods finds its method files (the import system only: no other I/O)
+    "importlib",
+    "pkgutil",
 }
 
 
 def test_credit_modules_are_pure():
     package = Path(credit.__file__).parent
-    for path in sorted(package.glob("*.py")):
+    for path in sorted(package.rglob("*.py")):
         tree = ast.parse(path.read_text(), filename=str(path))
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
@@ -91,21 +100,8 @@ def test_method_configs_agree_with_the_registry():
     the settings the trainer really uses must be what the registry declares."""
     from agentcredit.config import load_config
 
-    for name, preset in PRESETS.items():
+    for name, method in METHODS.items():
         a = load_config(f"{name}-arith-tools").algorithm
-        assert a.loss_agg == preset.loss_agg, name
-        assert (a.estimator, a.shaping, a.reweight) == (preset.estimator, preset.shaping, preset.reweight), (
-            name
-        )
-        assert (a.critic != "none") == preset.needs_critic, name
-
-
-def test_config_estimators_are_the_registry_entries():
-    """agentcredit.config sits below credit in the layers, so it spells the estimator names itself; they must be
-    exactly the registry's entries."""
-    import typing
-
-    from agentcredit.config import AlgorithmConfig
-
-    names = typing.get_args(AlgorithmConfig.model_fields["estimator"].annotation)
-    assert set(names) == set(ESTIMATORS)
+        assert a.loss_agg == method.all_needs.loss_agg, name
+        assert [p.name for p in a.method.parts] == [p.name for p in method.parts], name
+        assert a.critic == method.all_needs.critic, name

@@ -9,7 +9,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentcredit.credit import ESTIMATORS, DecisionTree, Episode, EpisodeBatch, Step, tips_step_rewards
+from agentcredit.credit import METHODS, DecisionTree, Episode, EpisodeBatch, Step, tips_step_rewards
+
+
+def estimate(name, batch, **settings):
+    """The estimate of method ``name`` (its own settings' defaults unless given)."""
+    method = METHODS[name]
+    return method.estimate(batch, method.settings(**settings))
 
 
 def test_each_step_reward_is_on_its_step_and_the_outcome_on_the_last():
@@ -20,14 +26,14 @@ def test_each_step_reward_is_on_its_step_and_the_outcome_on_the_last():
 
 def test_gae_sees_the_reward_where_the_environment_paid_it():
     ep = Episode("q", 1.5, (Step(0, 0, 2, env_reward=0.5), Step(0, 3, 5)))
-    est = ESTIMATORS["gae"](EpisodeBatch((1, 5), [ep], values=torch.zeros(1, 5)), gamma=1.0, lam=1.0)
+    est = estimate("ppo", EpisodeBatch((1, 5), [ep], values=torch.zeros(1, 5)), gamma=1.0, lam=1.0)
     # V = 0, gamma = lam = 1: each token's advantage is the reward still to come: 1.5 on step 1, 1.0 on step 2
     torch.testing.assert_close(est.advantages, torch.tensor([[1.5, 1.5, 0.0, 1.0, 1.0]]))
 
 
 def test_carl_segment_targets_the_reward_still_to_come_at_each_boundary():
     ep = Episode("q", 1.5, (Step(0, 0, 2, env_reward=0.5), Step(0, 3, 5)))
-    est = ESTIMATORS["segment"](EpisodeBatch((1, 5), [ep], values=torch.zeros(1, 5)), lam=1.0, gamma=1.0)
+    est = estimate("carl-segment", EpisodeBatch((1, 5), [ep], values=torch.zeros(1, 5)), lam=1.0, gamma=1.0)
     # Monte-Carlo targets at the boundaries (columns 0 and 3): 1.5 then 1.0; lam = 1, V = 0: A = returns
     assert est.returns[0, 0] == 1.5 and est.returns[0, 3] == 1.0
     torch.testing.assert_close(est.advantages, torch.tensor([[1.5, 1.5, 0.0, 1.0, 1.0]]))
@@ -68,6 +74,6 @@ def test_portool_reads_a_step_reward_as_part_of_r_fm_and_the_outcome_alone(outco
             eps.append(Episode(0, o + sum(e), steps))
         return EpisodeBatch((2, 4), eps, trees=tree)
 
-    with_env = ESTIMATORS["portool"](batch(True))
-    moved = ESTIMATORS["portool"](batch(False))
+    with_env = estimate("portool", batch(True))
+    moved = estimate("portool", batch(False))
     torch.testing.assert_close(with_env.advantages, moved.advantages, atol=1e-5, rtol=1e-5)

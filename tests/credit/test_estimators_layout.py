@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentcredit.credit import (
-    ESTIMATORS,
+    METHODS,
     DecisionTree,
     Episode,
     EpisodeBatch,
@@ -20,6 +20,12 @@ from agentcredit.credit import (
     grpo_advantages,
     tips_step_rewards,
 )
+
+
+def estimate(name, batch, **settings):
+    """The estimate of method ``name`` (its own settings' defaults unless given)."""
+    method = METHODS[name]
+    return method.estimate(batch, method.settings(**settings))
 
 
 def test_chain_trees_give_each_episode_a_chain_under_its_prompt():
@@ -32,6 +38,25 @@ def test_chain_trees_give_each_episode_a_chain_under_its_prompt():
     assert trees["a"].parents == (-1, 0, 1, 0, 3) and trees["b"].parents == (-1, 0)
     assert [[s.node for s in ep.steps] for ep in out] == [[1, 2], [1], [3, 4]]
     assert out[0].steps[1] == Step(0, 3, 5, node=2)  # spans kept
+
+
+def test_chain_trees_keep_every_field_of_a_step_and_an_episode():
+    """issue 37: chain_trees rebuilt steps by position, so a per-step field a method adds would silently drop on
+    the verl path; now only the node changes, whatever fields a Step or an Episode has."""
+    import dataclasses
+
+    step = Step(0, 0, 2, anchor=(7, 8), format_reward=0.25, env_reward=0.5)
+    ep = Episode("a", 1.0, (step,), turn_ends=(), potentials=(-1.0,))
+    [out], _ = chain_trees([ep])
+    assert out.steps[0] == dataclasses.replace(step, node=1)
+    assert out == dataclasses.replace(ep, steps=(dataclasses.replace(step, node=1),))
+
+    @dataclasses.dataclass(frozen=True)
+    class RichStep(Step):  # a field no layout builder knows
+        weight: float = 3.0
+
+    [out], _ = chain_trees([Episode("a", 1.0, (RichStep(0, 0, 2),))])
+    assert isinstance(out.steps[0], RichStep) and out.steps[0].weight == 3.0
 
 
 def test_chain_trees_share_the_steps_a_rollout_tree_shares():
@@ -73,7 +98,7 @@ def test_gae_runs_along_an_episode_spread_over_two_rows():
     values = torch.zeros(2, 5)
     values[0, 1:3] = 0.5
     values[1, 2:4] = 0.2
-    est = ESTIMATORS["gae"](EpisodeBatch((2, 5), [ep], values=values), gamma=1.0, lam=1.0)
+    est = estimate("ppo", EpisodeBatch((2, 5), [ep], values=values), gamma=1.0, lam=1.0)
     # gamma = lam = 1: A_t = R - V_t along [0.5, 0.5, 0.2, 0.2]; returns R
     expected = torch.zeros(2, 5)
     expected[0, 1:3] = 0.5
@@ -91,7 +116,7 @@ def test_critical_on_a_shared_prefix_trains_the_shared_action_once():
         Episode(0, 0.0, (Step(2, 0, 3, node=4),)),
     ]
     batch = EpisodeBatch((3, 4), eps, trees={0: DecisionTree((-1, 0, 1, 1, 0))})
-    est = ESTIMATORS["critical"](batch)
+    est = estimate("carl-critical", batch)
     # V(2) = 1, V(3) = 0, V(1) = 0.5, V(4) = 0, V(0) = 0.25: A(1) = 0.25, A(2) = 0.5, A(3) = -0.5, A(4) = -0.25
     expected = torch.tensor([[0.25, 0.25, 0.5, 0.5], [0.25, 0.25, -0.5, -0.5], [-0.25, -0.25, -0.25, 0.0]])
     torch.testing.assert_close(est.advantages, expected)
@@ -113,11 +138,11 @@ def test_gear_with_alpha_zero_leaves_the_advantage_unchanged():
 def test_missing_signals_are_named():
     ep = Episode("q", 1.0, (Step(0, 0, 1),))
     with pytest.raises(ValueError, match="segment needs `values`"):
-        ESTIMATORS["segment"](EpisodeBatch((1, 2), [ep]))
+        estimate("carl-segment", EpisodeBatch((1, 2), [ep]))
     with pytest.raises(ValueError, match="portool needs the decision tree of group 'q'"):
-        ESTIMATORS["portool"](EpisodeBatch((1, 2), [ep]))
+        estimate("portool", EpisodeBatch((1, 2), [ep]))
     with pytest.raises(ValueError, match=r"`values` has shape \(1, 3\), expected \(1, 2\)"):
-        ESTIMATORS["gae"](EpisodeBatch((1, 2), [ep], values=torch.zeros(1, 3)))
+        estimate("ppo", EpisodeBatch((1, 2), [ep], values=torch.zeros(1, 3)))
 
 
 @st.composite
@@ -143,8 +168,10 @@ def layouts(draw):
 @given(layouts())
 def test_every_estimator_writes_only_on_trained_tokens(batch):
     trained = batch.trained_mask()
-    for name, entry in ESTIMATORS.items():
-        est = entry(batch)
+    for name, method in METHODS.items():
+        if method.estimate is None:  # a modifier
+            continue
+        est = method.estimate(batch, method.settings())
         assert not bool((est.advantages[~trained] != 0).any()), name
         assert not bool((est.loss_mask & ~trained).any()), name
 
@@ -152,7 +179,7 @@ def test_every_estimator_writes_only_on_trained_tokens(batch):
 @settings(max_examples=60, deadline=None)
 @given(layouts())
 def test_grpo_entry_is_grpo_advantages_on_every_step(batch):
-    est = ESTIMATORS["grpo"](batch, eps=1e-6, scale=True)
+    est = estimate("grpo", batch, eps=1e-6, scale=True)
     rewards = torch.tensor([ep.reward for ep in batch.episodes], dtype=torch.float64)
     per_episode = grpo_advantages(rewards, [ep.group for ep in batch.episodes]).tolist()
     for ep, a in zip(batch.episodes, per_episode, strict=True):
@@ -164,15 +191,15 @@ def test_an_episode_without_steps_still_counts_in_its_group_and_is_named_where_i
     # the agent loop can end an episode whose first generation was empty: no step, but an outcome
     eps = [Episode("q", 1.0, (Step(0, 0, 2),)), Episode("q", 0.0, ())]
     batch = EpisodeBatch((2, 3), eps, values=torch.zeros(2, 3))
-    est = ESTIMATORS["grpo"](batch, eps=1e-6, scale=False)
+    est = estimate("grpo", batch, eps=1e-6, scale=False)
     assert est.advantages[0, :2].tolist() == [0.5, 0.5]  # R - mean(1, 0): the empty episode is in the mean
     assert batch.token_index()[1][0].numel() == 0
     with pytest.raises(ValueError, match=r"episode 1 \(group 'q'\) has no policy step; gae needs one"):
-        ESTIMATORS["gae"](batch)
+        estimate("ppo", batch)
     with pytest.raises(
         ValueError, match=r"episode 1 \(group 'q'\) has no policy step; carl-critical needs one"
     ):
-        ESTIMATORS["critical"](EpisodeBatch((2, 3), *chain_trees(eps)))
+        estimate("carl-critical", EpisodeBatch((2, 3), *chain_trees(eps)))
 
 
 def test_bad_layouts_and_non_finite_signals_name_the_batch_position():
@@ -185,4 +212,4 @@ def test_bad_layouts_and_non_finite_signals_name_the_batch_position():
     batch = EpisodeBatch((2, 5), [Episode("q", 1.0, (Step(0, 0, 2),)), Episode("q", 0.0, (Step(1, 2, 4),))])
     batch.values = values
     with pytest.raises(ValueError, match=r"values\[\(1, 3\)\] = nan"):
-        ESTIMATORS["gae"](batch)
+        estimate("ppo", batch)

@@ -32,7 +32,7 @@ TINY = [
 CARL_ABOUT = [
     "algorithm.estimator",
     "algorithm.critic",
-    "algorithm.lam",
+    "algorithm.carl_segment",
     "algorithm.loss_agg",
     "algorithm.entropy_coef",
     "optim.head_lr",

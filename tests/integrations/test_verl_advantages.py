@@ -35,6 +35,7 @@ from agentcredit.credit import (  # noqa: E402
     tips_token_rewards,
     tips_turn_rewards,
 )
+from agentcredit.credit.methods import BUILT_IN  # noqa: E402
 from agentcredit.integrations.verl.advantages import apply_to_dataproto  # noqa: E402
 from agentcredit.integrations.verl.episode import Episode, episode_rows  # noqa: E402
 from agentcredit.integrations.verl.settings import load_settings  # noqa: E402
@@ -539,34 +540,36 @@ def _native_trees(b: Batch) -> tuple[list[RolloutTree], list[tuple[int, int]]]:
 @pytest.mark.parametrize(
     ("method", "env"),
     [
-        ("grpo", False),
-        ("gigpo", False),
-        ("carl-critical", False),
-        ("portool", False),
+        *((name, False) for name in BUILT_IN),  # every built-in method, found in agentcredit/credit/methods/
         ("grpo", True),
+        ("ppo", True),
+        ("carl-segment", True),
         ("portool", True),
     ],
 )
 def test_both_trainers_give_the_same_advantages_from_one_definition(method, env):
-    """issue 14: a method is one registry entry that both trainers call on the neutral layout. The same episodes,
-    laid out by the native trainer (trees, rows with the prompt) and by the verl adapter (response rows), get the
-    same advantage on every policy token. (The critic and teacher methods read signals the two trainers compute
-    differently, so they are compared with their credit functions in the tests above.)"""
+    """issue 14, extended to all eight methods in issue 37: a method is one object both trainers call on the
+    neutral layout. The same episodes, laid out by the native trainer (trees, rows with the prompt) and by the verl
+    adapter (response rows), with the same signals (critic values, teacher potentials and log-probs, entropies,
+    placed on the same tokens), get the same advantage on every policy token, from each trainer's own config of
+    the method (the native preset's settings, given to verl's block)."""
     from agentcredit.config import load_config
+    from agentcredit.credit import METHODS, tips_step_alpha
     from agentcredit.train.advantages import compute_advantages as native_advantages
     from agentcredit.train.batch import build_batch as native_batch
     from agentcredit.train.signals import Signals
 
     fmt2, fmt3 = [0.25, -0.1], [0.25, 0.1, 0.0]
+    phi2, phi3 = [-3.0, -1.5], [-3.0, -2.2, -0.4]
     eps = [
-        search_ep("p0", 1.0, fmt=fmt2),
-        search_ep("p0", 0.0, 2, (3, 6, 2), fmt=fmt3),
-        search_ep("p0", 1.0, 2, (4, 2, 3), fmt=fmt3),
-        search_ep("p1", 0.0, fmt=fmt2),
-        search_ep("p1", 1.0, fmt=fmt2),
+        search_ep("p0", 1.0, fmt=fmt2, potentials=phi2),
+        search_ep("p0", 0.0, 2, (3, 6, 2), fmt=fmt3, potentials=phi3),
+        search_ep("p0", 1.0, 2, (4, 2, 3), fmt=fmt3, potentials=[-2.5, -2.0, -1.0]),
+        search_ep("p1", 0.0, fmt=fmt2, potentials=[-1.0, -1.2]),
+        search_ep("p1", 1.0, fmt=fmt2, potentials=[-2.0, -0.5]),
     ]
     cfg = load_config(f"{method}-arith-tools").algorithm
-    b = build_batch(eps)
+    b = build_batch(eps, with_teacher=True)
     if env:  # issue 15: a per-episode environment's step rewards, in the record and in the return
         records, paid = b.proto.non_tensor_batch["agentcredit"], {}
         for i, rec in enumerate(records):
@@ -574,17 +577,52 @@ def test_both_trainers_give_the_same_advantages_from_one_definition(method, env)
                 rec["episode_id"], [0.1 * (k + 1) * (len(paid) % 3) for k in range(len(rec["segment_kinds"]))]
             )
             records[i] = {**rec, "env_rewards": steps, "outcome": rec["outcome"] + sum(steps)}
-    shared = {"grpo": {"eps": cfg.grpo_eps, "scale": cfg.grpo_scale}, "gigpo": cfg.gigpo.model_dump()}
-    shared["portool"] = cfg.portool.model_dump(include={"gamma", "w1", "root_is_fork"})
+    # verl's block gets the native preset's settings of every part of the method (the fields they share)
+    shared = {}
+    for part in cfg.method.parts:
+        fields = set(METHODS[part.name].settings.model_fields) - {"combine", "reference"}
+        shared[part.section] = getattr(cfg, part.section).model_dump(include=fields)
+    shared.setdefault("gae", {})["whiten"] = cfg.whiten_advantages
+    shared["gear"] = {**shared.get("gear", {}), "student_logprobs": "old"}
     apply_to_dataproto(b.proto, settings(method, **shared))
     trees, where = _native_trees(b)
     batch = native_batch(trees)
-    native = native_advantages(cfg, batch, trees, Signals())
     row_of_leaf = {(t.tree, t.leaf): t.rows[0] for t in batch.trajectories}
+
+    def native(tensor):  # verl's per-response-token tensor on the native rows' policy tokens
+        out = torch.zeros(batch.input_ids.shape)
+        for row, key in enumerate(where):
+            n_row = row_of_leaf[key]
+            out[n_row][batch.policy_mask[n_row]] = tensor[row][b.mask[row].bool()].float()
+        return out
+
+    episode_of = {key: e for e, key in enumerate(where)}  # one row per episode here
+    potentials = [eps[episode_of[(t.tree, t.leaf)]].potentials for t in batch.trajectories]
+    values = native(b.values)
+    if (
+        cfg.critic == "boundary"
+    ):  # verl's critic outputs the head; the native head's value is V = sigmoid(head)
+        values = torch.sigmoid(values)
+    alpha = tips_step_alpha(
+        potentials,
+        mode=cfg.tips.alpha_mode,
+        alpha=cfg.tips.alpha,
+        target_mean_abs=cfg.tips.target_mean_abs,
+        previous=None,
+    )
+    signals = Signals(
+        values=values,
+        entropy=native(b.entropy),
+        teacher_logp=native(b.teacher),
+        potentials=potentials,
+        alpha=alpha,
+    )
+    batch.old_logp = native(b.proto.batch["old_log_probs"])
+    result = native_advantages(cfg, batch, trees, signals)
     for row, key in enumerate(where):
         n_row = row_of_leaf[key]
         got = b.proto.batch["advantages"][row][b.mask[row].bool()]
-        expected = (native.advantages * native.loss_mask)[n_row][batch.policy_mask[n_row]]
+        expected = (result.advantages * result.loss_mask)[n_row][batch.policy_mask[n_row]]
         torch.testing.assert_close(got, expected.to(got.dtype), atol=1e-6, rtol=1e-6)
     assert bool((b.proto.batch["advantages"] != 0).any())
 
@@ -623,3 +661,57 @@ def test_verl_gear_refuses_the_reference_trajectory_it_does_not_build():
     assert GearSettings().reference == "answer"
     with pytest.raises(ValidationError, match="reference"):
         GearSettings(reference="trajectory")
+
+
+def test_an_unknown_method_is_an_error_not_another_methods_parameters():
+    """issue 37: the adapter's name-by-name parameter map fell through to GiGPO's parameters for any estimator it
+    did not name; the method is now looked up in the registry, and an unknown name is an error listing the known."""
+    from agentcredit.integrations.verl.advantages import compute_advantages
+
+    b = build_batch([search_ep("p0", 1.0), search_ep("p0", 0.0)])
+    bogus = settings("grpo").model_copy(update={"method": "carl"})  # past the block's own validation
+    records = [r for r in b.proto.non_tensor_batch["agentcredit"]]
+    from agentcredit.integrations.verl.fields import parse_records
+
+    with pytest.raises(ValueError, match="unknown credit method 'carl'; known methods: .*grpo, .*ppo"):
+        compute_advantages(
+            bogus,
+            response_mask=b.proto.batch["response_mask"],
+            records=parse_records(records, len(records)),
+            uids=list(b.proto.non_tensor_batch["uid"]),
+        )
+    with pytest.raises(ValueError, match="agentcredit.method: Value error, unknown credit method 'carl'"):
+        settings("carl")
+
+
+def test_a_method_registered_outside_the_package_runs_on_the_verl_adapter():
+    """The same kind of user method as tests/train/test_user_method.py (native trainer): registered here, it is
+    known to verl's block, its settings are the block's section of its own class, and its estimate gives the
+    adapter's advantages."""
+    from pydantic import Field
+
+    from agentcredit.credit import Estimate, Method, Needs, Settings, register_method
+    from agentcredit.credit.methods import unregister_method
+
+    class Halved(Settings):
+        factor: float = Field(0.5, description="the multiplier of GRPO's advantage (a test method).")
+
+    def halved_grpo(batch, s):
+        from agentcredit.credit.methods import grpo
+
+        est = grpo.estimate(batch, grpo.GrpoSettings())
+        return Estimate(est.advantages * s.factor, est.loss_mask)
+
+    register_method(
+        Method("halved", "halved", Halved, Needs(), "a test", estimate=halved_grpo, estimator="halved")
+    )
+    try:
+        eps = [search_ep("p0", 1.0), search_ep("p0", 0.0, 2), search_ep("p1", 0.0), search_ep("p1", 1.0)]
+        b = build_batch(eps)
+        apply_to_dataproto(b.proto, settings("halved", halved={"factor": 0.25}))
+        reference = build_batch(eps)
+        apply_to_dataproto(reference.proto, settings("grpo"))
+        torch.testing.assert_close(b.proto.batch["advantages"], 0.25 * reference.proto.batch["advantages"])
+        assert bool((b.proto.batch["advantages"] != 0).any())
+    finally:
+        unregister_method("halved")

@@ -74,7 +74,7 @@ def test_segment_estimator_on_replacement_views_matches_the_credit_function():
     spans = segment_spans(batch, batch.trajectories[0])
     for (r, first, _), v in zip(spans, [0.4, 0.7, 0.5], strict=True):
         values[r, first] = v
-    cfg = AlgorithmConfig(estimator="segment", critic="boundary", lam=0.0)
+    cfg = AlgorithmConfig(estimator="segment", critic="boundary", carl_segment={"lam": 0.0})
     out = compute_advantages(cfg, batch, trees, Signals(values=values))
     expected = segment_advantages([0.4, 0.7, 0.5], 1.0)  # +0.3, -0.2, +0.5 (carl-segment.md §3.2)
     for (r, _, _), node, a in zip(spans, batch.trajectories[0].policy_nodes, expected, strict=True):
@@ -91,7 +91,7 @@ def test_tips_shaping_on_the_boundary_critic_adds_turn_rewards_to_the_td_errors(
     for (r, first, _), v in zip(spans, [0.4, 0.7, 0.5], strict=True):
         values[r, first] = v
     potentials = [[-3.0, -1.0, -0.5]]
-    cfg = AlgorithmConfig(estimator="segment", critic="boundary", shaping="tips", lam=0.0)
+    cfg = AlgorithmConfig(estimator="segment", critic="boundary", shaping="tips", carl_segment={"lam": 0.0})
     out = compute_advantages(cfg, batch, trees, Signals(values=values, potentials=potentials, alpha=0.2))
     turn = tips_turn_rewards(potentials[0], 1.0, alpha=0.2)
     expected = segment_advantages([0.4, 0.7, 0.5], turn[-1], segment_rewards=turn[:-1])
@@ -107,7 +107,7 @@ def test_gae_puts_the_outcome_on_the_last_policy_token_and_skips_observations():
     tree.set_reward(leaf, 1.0)
     batch = build_batch([tree])
     values = torch.tensor([[0.0, 0.1, 0.2, 0.0, 0.3]])
-    cfg = AlgorithmConfig(estimator="gae", critic="token", gamma=1.0, lam=1.0)
+    cfg = AlgorithmConfig(estimator="gae", critic="token", gae={"gamma": 1.0, "lam": 1.0})
     out = compute_advantages(cfg, batch, [tree], Signals(values=values))
     adv, ret = gae_advantages(
         torch.tensor([[0.0, 0.0, 1.0]]), torch.tensor([[0.1, 0.2, 0.3]]), torch.ones(1, 3)

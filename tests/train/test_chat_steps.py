@@ -9,8 +9,9 @@ import pytest
 from train_helpers import CHAT, METHODS, SMALL, assert_a_real_step, one_step
 
 from agentcredit.config import load_config
+from agentcredit.credit.methods import BUILT_IN
 
-BASE_METHODS = ["grpo", "ppo", "carl-segment", "carl-critical", "tips", "gear", "portool", "gigpo"]
+BASE_METHODS = list(BUILT_IN)  # every built-in method
 
 
 @pytest.mark.parametrize("name", BASE_METHODS)

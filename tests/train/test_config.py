@@ -4,9 +4,10 @@ import pytest
 import yaml
 
 from agentcredit.config import CONFIG_DIR, ConfigError, load_config, preset_names, validate_config
+from agentcredit.credit.methods import BUILT_IN
 
 PRESETS = preset_names()
-METHODS = ["grpo", "ppo", "carl-segment", "carl-critical", "portool", "tips", "gear", "gigpo"]
+METHODS = list(BUILT_IN)  # every built-in method (its file in agentcredit/credit/methods/)
 TASKS = ["arith-tools", "kb-multihop", "gsm8k", "hotpotqa"]
 VARIANTS = [
     "portool-shifted-outcome"
@@ -48,7 +49,7 @@ def test_a_composed_preset_is_its_method_then_its_task():
 def test_paper_hyperparameters_of_carl_segment():
     c = load_config("carl-segment-arith-tools")
     a = c.algorithm
-    assert (a.estimator, a.critic, a.lam, a.gamma, a.loss_agg) == (
+    assert (a.estimator, a.critic, a.carl_segment.lam, a.carl_segment.gamma, a.loss_agg) == (
         "segment",
         "boundary",
         0.0,
@@ -102,3 +103,13 @@ def test_overrides_are_parsed_as_yaml_and_bases_merge(tmp_path: Path):
         load_config("no-such-preset")
     with pytest.raises(ConfigError, match="section.key=value"):
         load_config("grpo-arith-tools", ["train.steps"])
+
+
+def test_a_config_from_before_the_method_sections_says_where_its_keys_moved():
+    """issue 37: algorithm.gamma / lam / grpo_eps / grpo_scale became the method sections gae, carl_segment and
+    grpo; a run directory's config.yaml written before says where, in one line."""
+    with pytest.raises(
+        ConfigError, match=r"unknown key 'algorithm\.lam' \(algorithm\.lam moved to algorithm\.gae"
+    ) as e:
+        load_config("ppo-arith-tools", ["algorithm.lam=0.95"])
+    assert "\n" not in str(e.value)

@@ -53,7 +53,7 @@ def test_routed_advantages_are_gigpo_on_those_anchors():
     by_leaf = {t.leaf: t for t in batch.trajectories}
     rewards = [1.0, 0.0, 1.0, 0.0]
     anchors = [["p", "s"], ["p", "s"], ["p"], ["p", "s"]]  # A, B, D share the state after action 10
-    expected = gigpo_advantages(rewards, ["q"] * 4, anchors, gamma=0.95, step_weight=1.0, eps=cfg.grpo_eps)
+    expected = gigpo_advantages(rewards, ["q"] * 4, anchors, gamma=0.95, step_weight=1.0, eps=cfg.gigpo.eps)
     for leaf, values in zip(leaves, expected, strict=True):
         traj = by_leaf[leaf]
         row = traj.rows[0]

@@ -15,7 +15,9 @@ were re-measured on the same stored trees.
 
 Regenerate (only when a change is *meant* to alter a method's numbers, and say so in the commit):
 ``.venv/bin/python tests/train/test_pinned_step.py``; re-measure some methods on their stored trees:
-``.venv/bin/python tests/train/test_pinned_step.py ppo tips``
+``.venv/bin/python tests/train/test_pinned_step.py ppo tips``; sample and pin a method added since (a new built-in
+method: every one is pinned), leaving the others as they are: ``.venv/bin/python tests/train/test_pinned_step.py
+--add <name>``
 
 Issue 31 re-measured methods on their stored trees after their recipes changed: PORTool's presets follow the paper
 (root_is_fork=False, App. B's split min; the pin keeps root_is_fork=true, see train_helpers) and log portool/*
@@ -106,6 +108,10 @@ def _pinned() -> dict:
 
 @pytest.mark.parametrize("name", list(METHODS))
 def test_learning_step_matches_its_pinned_numbers(name):
+    if name not in _pinned():  # a method added since the pin: sample and pin it alone, the others stay
+        pytest.fail(
+            f"{name} has no pinned step: `.venv/bin/python tests/train/test_pinned_step.py --add {name}`"
+        )
     pinned = _pinned()[name]
     trees = [RolloutTree.from_dict(t) for t in pinned["trees"]]
     measured = learn_metrics(name, trees)
@@ -132,15 +138,18 @@ def test_a_sum_that_is_zero_by_construction_is_judged_by_the_size_of_its_terms()
     assert tolerance("grpo", "pin/advantage_sum", pinned)[1] == pytest.approx(1e-6 * 228.46)
 
 
-def regenerate() -> None:
-    """Sample each method's trees with the fitted tiny model (as test_trainer_steps does), then pin."""
+def regenerate(add: list[str] | None = None) -> None:
+    """Sample each method's trees with the fitted tiny model (as test_trainer_steps does), then pin; with ``add``,
+    only those methods (a method added since the pin), keeping every other pinned entry as it is."""
     import copy
 
     from train_helpers import fit_tiny
 
     fitted = {"codefence": fit_tiny("grpo-arith-tools"), "jsoncall": fit_tiny("portool-arith-tools")}
-    out = {}
+    out = _pinned() if add else {}
     for name, (preset, overrides) in METHODS.items():
+        if add and name not in add:
+            continue
         model, tokenizer = fitted["jsoncall" if name.startswith("portool") else "codefence"]
         config = load_config(preset, [*SMALL, *overrides])
         trainer = Trainer(
@@ -181,9 +190,12 @@ def remeasure(names: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    # no argument: re-sample and re-pin every method; method names: re-measure those on their stored trees
+    # no argument: re-sample and re-pin every method; method names: re-measure those on their stored trees;
+    # --add and method names: sample and pin those, keep the rest
     sys.path.insert(0, str(Path(__file__).parent))
-    if sys.argv[1:]:  # method names: re-measure those on their stored trees
+    if sys.argv[1:2] == ["--add"]:  # new methods: sample and pin those alone
+        regenerate(add=sys.argv[2:])
+    elif sys.argv[1:]:  # method names: re-measure those on their stored trees
         remeasure(sys.argv[1:])
     else:
         regenerate()

@@ -36,7 +36,7 @@ def snapshot(module):
 def test_one_training_step(name, fitted_codefence, fitted_jsoncall):
     model, tokenizer = fitted(name, fitted_codefence, fitted_jsoncall)
     trainer = make_trainer(name, model, tokenizer)
-    frozen = [m for m in (trainer.ref_model, trainer.teacher) if m is not None]
+    frozen = trainer.frozen_models()
     frozen_before = [snapshot(m) for m in frozen]
     before = snapshot(trainer.model)
     try:
@@ -105,17 +105,18 @@ def test_carl_critical_trains_only_selected_actions_once(fitted_codefence, fitte
 def test_tips_teacher_refresh_copies_the_policy(fitted_codefence, fitted_jsoncall):
     model, tokenizer = fitted("tips", fitted_codefence, fitted_jsoncall)
     trainer = make_trainer("tips", model, tokenizer, ["algorithm.tips.refresh_every=1"])
-    initial = snapshot(trainer.teacher)
+    teacher_model = trainer.signal_provider("potentials").teacher
+    initial = snapshot(teacher_model)
     try:
         trainer.train_step()  # the teacher scored this batch as the initial policy, then is refreshed
     finally:
         trainer.close()
     policy = snapshot(trainer.model)
-    teacher = snapshot(trainer.teacher)
+    teacher = snapshot(teacher_model)
     assert any(not torch.equal(initial[n], teacher[n]) for n in teacher)
     for n in teacher:
         assert torch.equal(teacher[n], policy[n]), n
-    assert all(p.grad is None for p in trainer.teacher.parameters())
+    assert all(p.grad is None for p in teacher_model.parameters())
 
 
 def test_non_finite_loss_skips_the_update_and_stops_after_a_streak(fitted_codefence, fitted_jsoncall):

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agentcredit.credit.registry import PRESETS
+from agentcredit.credit.methods import BUILT_IN
 
 __all__ = [
     "AGENT_LOOP_NAME",
@@ -47,8 +47,8 @@ TRAINER_NAME = "agentcredit"
 ESTIMATOR_NAMES = ("agentcredit_grpo", "agentcredit_drgrpo")
 #: The key of ``AgentLoopOutput.extra_fields`` that carries agentcredit's per-row record.
 EXTRA_KEY = "agentcredit"
-#: Method preset -> Hydra config name under :func:`config_dir`.
-METHOD_CONFIGS = {name: name.replace("-", "_") for name in PRESETS}
+#: Built-in method -> its Hydra preset under :func:`config_dir` (each built-in method ships one).
+METHOD_CONFIGS = {name: name.replace("-", "_") for name in BUILT_IN}
 
 
 def config_dir() -> Path:

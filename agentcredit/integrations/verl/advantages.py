@@ -21,18 +21,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from agentcredit.credit import (
-    ESTIMATORS,
-    EpisodeBatch,
-    Step,
-    chain_trees,
-    gear_reweight_stats,
-    get_preset,
-    tips_step_alpha,
-    tips_step_rewards,
-)
 from agentcredit.credit import Episode as LayoutEpisode
-from agentcredit.credit.metrics import explained_variance
+from agentcredit.credit import EpisodeBatch, Method, Step, chain_trees, get_method, tips_step_alpha
+from agentcredit.credit.methods import carl_segment
 from agentcredit.integrations.verl import EXTRA_KEY
 from agentcredit.integrations.verl.fields import TEACHER_FIELD, RowRecord, Span, parse_records
 from agentcredit.integrations.verl.losses import LOSS_WEIGHTS, VALUE_WEIGHTS
@@ -140,7 +131,7 @@ def _whiten(advantages: Tensor, mask: Tensor) -> Tensor:
 
 
 def _episode_batch(
-    settings: AgentCreditSettings,
+    method: Method,
     episodes: list[Episode],
     records: Sequence[RowRecord],
     *,
@@ -151,20 +142,19 @@ def _episode_batch(
     """verl's episodes in the neutral layout: steps are the policy segments where their view trains them; the
     episodes of one rollout tree share its nodes, and independent ones are chains under the prompt
     (:func:`chain_trees`)."""
-    preset = get_preset(settings.method)
-    needs = ESTIMATORS[preset.estimator].needs
+    needs = method.all_needs
     out = []
     for ep in episodes:
         record = ep.record
-        if "anchors" in needs:
+        if "anchors" in needs.step_inputs:
             # a step's anchor: the prompt (the same in a group) plus the response tokens before it, one view only
-            _single_view(ep, settings.method)
-        if "format_rewards" in needs and (
+            _single_view(ep, method.name)
+        if "format_reward" in needs.step_inputs and (
             len(record.format_rewards) != len(record.segment_kinds)
             or any(r is None for r in record.format_rewards)
         ):
             raise ValueError(
-                f"episode {ep.episode_id} (uid {ep.uid!r}): {settings.method} needs a formatting reward for every "
+                f"episode {ep.episode_id} (uid {ep.uid!r}): {method.name} needs a formatting reward for every "
                 "step; use the jsoncall protocol"
             )
         steps = []
@@ -180,17 +170,15 @@ def _episode_batch(
                     env_reward=record.env_rewards[k] if record.env_rewards else 0.0,
                 )
             )
-        if preset.shaping == "tips" and record.potentials is None:
+        if "potentials" in needs.signals and record.potentials is None:
             raise ValueError(
-                f"episode {ep.episode_id}: tips needs the teacher potentials in extra_fields['{EXTRA_KEY}'] "
-                "(the agent loop computes them when agentcredit.method=tips)"
+                f"episode {ep.episode_id}: {method.name} needs the teacher potentials in extra_fields['{EXTRA_KEY}'] "
+                f"(the agent loop computes them when agentcredit.method={method.name})"
             )
         potentials = None if record.potentials is None else tuple(record.potentials)
         out.append(LayoutEpisode(ep.uid, record.outcome, tuple(steps), tuple(record.tool_turns), potentials))
     trees = {}
-    if (
-        "tree" in needs
-    ):  # a tree rollout's episodes share the steps they share (agentcredit.tree); else chains
+    if "tree" in needs.step_inputs:  # a tree rollout's episodes share the steps they share; else chains
         keys = [
             [(ep.record.tree_id, n) for n in ep.record.step_nodes] if ep.record.tree_id else None
             for ep in episodes
@@ -207,36 +195,6 @@ def _episode_batch(
                     group[key] = group.get(key, 0) + c
         out, trees = chain_trees(out, keys, forks or None)
     return EpisodeBatch(shape=shape, episodes=out, trees=trees, dtype=dtype)
-
-
-def _estimator_params(settings: AgentCreditSettings, estimator: str) -> dict[str, object]:
-    """The estimator's hyperparameters, read from the ``agentcredit`` block."""
-    if estimator == "grpo":
-        return {"eps": settings.grpo.eps, "scale": settings.grpo.scale}
-    if estimator == "gae":
-        return {"gamma": settings.gae.gamma, "lam": settings.gae.lam}
-    if estimator == "segment":
-        return {"gamma": settings.carl_segment.gamma, "lam": settings.carl_segment.lam}
-    if estimator == "critical":
-        return {"update_rule": settings.critical.update_rule}
-    if estimator == "portool":
-        p = settings.portool
-        # verl's actor loss takes one advantage per token, so verl runs the single min on Eq. 3 (portool.md 8.9);
-        # the paper's split min (App. B) is the native trainer's algorithm.portool.combine
-        return {
-            "gamma": p.gamma,
-            "w1": p.w1,
-            "root_is_fork": p.root_is_fork,
-            "outcome_shift": p.outcome_shift,
-            "combine": "single_min",
-        }
-    g = settings.gigpo
-    return {
-        "gamma": g.gamma,
-        "step_weight": g.step_weight,
-        "eps": settings.grpo.eps,
-        "scale": g.mode == "mean_std_norm",
-    }
 
 
 def compute_advantages(
@@ -256,10 +214,10 @@ def compute_advantages(
 ) -> AdvantageResult:
     """Per-token advantages and returns of a verl batch for ``settings.method``.
 
-    The method's parts come from its preset (:mod:`agentcredit.credit.registry`), and are the entries of
-    :mod:`agentcredit.credit.estimators` the native trainer calls; this function lays verl's rows out for them
-    and then does what is verl's own: a critic target on every response token, masked whitening for GAE, and
-    carl-segment's segment-mean as a per-token weight.
+    The method is ``METHODS[settings.method]`` (:mod:`agentcredit.credit.methods`), and this calls its one entry
+    ``advantages(layout, settings)`` as the native trainer does; this function lays verl's rows out for it, fills
+    the signals its needs name, and then does what is verl's own: masked whitening for GAE, and (carl-segment)
+    the critic's targets and weights on every response token and the segment-mean as a per-token weight.
 
     Args:
         settings: the validated ``agentcredit`` config block.
@@ -268,7 +226,7 @@ def compute_advantages(
         uids: the prompt uid of every row (rows of one prompt form a GRPO group).
         values: ``[B, T]`` critic values, values[t] = V(state before response token t) (ppo, tips, carl-segment).
         old_log_probs, rollout_log_probs, entropy: ``[B, T]`` (gear).
-        responses: ``[B, T]`` response token ids (gigpo: a step's anchor state is the prompt, the same in a
+        responses: ``[B, T]`` response token ids (step input ``anchors``: a step's anchor state is the prompt, the same in a
             group, plus the response tokens before it; the native trainer's ``anchor_states``).
         previous_alpha: TIPS batch_target mode: alpha to keep when no delta in this batch is non-zero.
         rows_per_episode: rows / trajectories of every verl mini-batch, padding rows included, when the trainer
@@ -277,9 +235,8 @@ def compute_advantages(
         teacher_logprobs: ``[B, T']`` GEAR's teacher log-probs per response token (the trainer's tensor field);
             None = read them from the records.
     """
-    method = settings.method
-    preset = get_preset(method)
-    needs = ESTIMATORS[preset.estimator].needs
+    method = get_method(settings.method)
+    needs = method.all_needs
     if response_mask.dim() != 2:
         raise ValueError(f"response_mask must be [B, T], got shape {tuple(response_mask.shape)}")
     n_rows = response_mask.shape[0]
@@ -296,7 +253,7 @@ def compute_advantages(
 
     def need(name: str, tensor: Tensor | None) -> Tensor:
         if tensor is None:
-            raise ValueError(f"method {method} needs `{name}` in the batch, and verl did not provide it")
+            raise ValueError(f"method {method.name} needs `{name}` in the batch, and verl did not provide it")
         if tuple(tensor.shape) != tuple(response_mask.shape):
             raise ValueError(
                 f"`{name}` has shape {tuple(tensor.shape)}, expected {tuple(response_mask.shape)}"
@@ -304,33 +261,27 @@ def compute_advantages(
         return tensor
 
     layout = _episode_batch(
-        settings,
+        method,
         episodes,
         records,
         shape=tuple(response_mask.shape),
         dtype=dtype,
-        responses=need("responses", responses) if "anchors" in needs else None,
+        responses=need("responses", responses) if "anchors" in needs.step_inputs else None,
     )
-    if "values" in needs:
+    parts = method.settings_from(settings)
+    if "values" in needs.signals:
         layout.values = need("values", values)
-        if preset.estimator == "segment":
-            # carl-segment's critic is V = sigmoid(head) in [0, 1] (§3.4); verl's critic model outputs the head's
-            # value, which the trainer's boundary loss (losses.boundary_value_loss) trains through the same sigmoid
-            layout.values = torch.sigmoid(layout.values.float())
+        if needs.critic == "boundary":
+            # verl's critic model outputs the head's value, which the trainer's boundary loss
+            # (losses.boundary_value_loss) trains through the same V as the method reads
+            layout.values = carl_segment.critic_values(layout.values)
     alpha = None
-    if preset.shaping == "tips":
-        alpha, tips_metrics = _tips_alpha(episodes, settings, previous_alpha)
+    if "alpha" in needs.signals:
+        alpha, tips_metrics = _tips_alpha(episodes, _settings_needing(method, parts, "alpha"), previous_alpha)
         metrics.update(tips_metrics)
-        t = settings.tips
-        layout.step_rewards = tips_step_rewards(
-            layout, alpha=alpha, no_tool_shaping=t.no_tool_shaping, terminal_potential=t.terminal_potential
-        )
-    estimate = ESTIMATORS[preset.estimator](layout, **_estimator_params(settings, preset.estimator))
-    metrics.update({f"agentcredit/{k.replace('/', '_')}": v for k, v in estimate.stats.items()})
-    advantages = estimate.advantages
-    if preset.reweight == "gear":
-        g = settings.gear
-        rollout = g.student_logprobs == "rollout"
+        layout.alpha = alpha
+    if "teacher_logp" in needs.signals:
+        rollout = _settings_needing(method, parts, "teacher_logp").student_logprobs == "rollout"
         layout.student_logp = need(
             "rollout_log_probs" if rollout else "old_log_probs",
             rollout_log_probs if rollout else old_log_probs,
@@ -342,64 +293,37 @@ def compute_advantages(
             )
         else:  # the records' lists (a batch the trainer did not lay out)
             layout.teacher_logp = _teacher_logprobs(records, response_mask.shape, layout.student_logp.dtype)
-        advantages, gear_stats = gear_reweight_stats(
-            layout,
-            advantages,
-            lambda_kl=g.lambda_kl,
-            lambda_h=g.lambda_h,
-            alpha=g.alpha,
-            beta=g.beta,
-            normalisation=g.normalize,
-        )
-        advantages = advantages.to(dtype)
-        metrics.update({f"agentcredit/{k.replace('/', '_')}": v for k, v in gear_stats.items()})
+    estimate = method.advantages(layout, parts)
+    metrics.update({f"agentcredit/{k.replace('/', '_')}": v for k, v in estimate.stats.items()})
     # verl trains every token of the response mask: an action outside the update set (carl-critical) gets 0
-    advantages = torch.where(estimate.loss_mask, advantages, 0.0)
+    advantages = torch.where(estimate.loss_mask, estimate.advantages.to(dtype), 0.0)
     loss_weights = value_weights = None
     returns = estimate.returns if estimate.returns is not None else advantages.clone()
 
-    if preset.estimator == "segment":
-        # the Monte-Carlo target R (carl-segment.md §3.5 regresses V(b_k) on R) on every token of segment k, where
-        # verl's metrics read returns; the critic's loss reads it at the boundaries only (value_weights)
-        returns = torch.zeros_like(advantages)
-        to_come = (
-            layout.environment_rewards()
-        )  # the outcome on the last step, an environment's rewards on theirs
+    if needs.critic == "boundary":
         # verl's seq-mean-token-sum divides a mini-batch's sum by its rows: rows/episodes makes that a mean over the
         # mini-batch's episodes (its episodes are whole: the trainer's mini-batch plan)
         per_episode = rows_per_episode if rows_per_episode is not None else n_rows / len(episodes)
-        value_weights = torch.zeros_like(advantages)
-        boundary_values, boundary_targets = [], []
-        for j, ep in enumerate(layout.episodes):
-            for k, s in enumerate(ep.steps):
-                target = float(sum(to_come[j][k:]))
-                returns[s.row, s.start : s.end] = target
-                # the critic regresses V(s_k) at the boundaries only: mean over them, then over episodes (A12)
-                value_weights[s.row, s.start] = per_episode / len(ep.steps)
-                boundary_values.append(float(layout.values[s.row, s.start]))
-                boundary_targets.append(target)
-        # verl's critic metrics read the head's output before the sigmoid; these are V where the method reads it
-        metrics["agentcredit/boundary_value_mean"] = sum(boundary_values) / len(boundary_values)
-        metrics["agentcredit/boundary_explained_variance"] = explained_variance(
-            boundary_values, boundary_targets
+        critic = carl_segment.critic_weights(layout, per_episode)
+        returns, value_weights = (
+            critic.returns.to(advantages.dtype),
+            critic.value_weights.to(advantages.dtype),
         )
-        if settings.carl_segment.segment_mean_loss:
-            # Eq. 3 averages tokens within a segment and sums segments; under verl's seq-mean-token-sum that is a
-            # per-token weight 1/|g_k| (PPO's clipped surrogate is positively homogeneous in A) times
-            # rows/episodes. The same weights go to the entropy and KL terms (A12) through the trainer's actor loss.
-            loss_weights = torch.zeros_like(advantages)
-            for ep in layout.episodes:
-                for s in ep.steps:
-                    loss_weights[s.row, s.start : s.end] = per_episode / s.length
+        metrics.update({f"agentcredit/{k}": v for k, v in critic.stats.items()})
+        if getattr(parts[method.estimating.section], "segment_mean_loss", False):
+            # the same weights go to the entropy and KL terms (A12) through the trainer's actor loss
+            loss_weights = critic.loss_weights.to(advantages.dtype)
             advantages = advantages * loss_weights
-        metrics["agentcredit/segments_per_episode"] = sum(len(e.steps) for e in layout.episodes) / len(
-            episodes
-        )
-    if preset.estimator == "gae" and settings.gae.whiten:
+    if getattr(parts[method.estimating.section], "whiten", False):  # verl's GAE section
         advantages = _whiten(advantages, mask.to(advantages.dtype))
     return AdvantageResult(
         advantages, returns, metrics, alpha=alpha, loss_weights=loss_weights, value_weights=value_weights
     )
+
+
+def _settings_needing(method: Method, parts: dict[str, Any], signal: str) -> Any:
+    """The settings of the part of ``method`` that needs ``signal`` (TIPS's for alpha, GEAR's for the teacher)."""
+    return next(parts[p.section] for p in method.parts if signal in p.needs.signals)
 
 
 def _fit_width(values: Tensor, width: int) -> Tensor:
@@ -424,9 +348,8 @@ def _teacher_logprobs(records: Sequence[RowRecord], shape: torch.Size, dtype: to
 
 
 def _tips_alpha(
-    episodes: list[Episode], settings: AgentCreditSettings, previous_alpha: float | None
+    episodes: list[Episode], t: Any, previous_alpha: float | None
 ) -> tuple[float, dict[str, float]]:
-    t = settings.tips
     deltas: list[float] = []
     phi0: list[float] = []
     for ep in episodes:

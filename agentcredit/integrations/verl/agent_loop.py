@@ -161,7 +161,7 @@ def teacher_messages(
 
 def episode_outcome(settings: AgentCreditSettings, answer: str | None, golds: list[str]) -> float:
     """The outcome reward: the task metric (plus the optional format bonus), or PORTool's +1 / 0 / -1."""
-    if settings.method == "portool":
+    if settings.needs.reward == "judge":  # the method's own judge (PORTool's)
         return outcome_with_abstention(
             answer, golds, metric=settings.reward_metric, unfinished=settings.portool.unfinished_reward
         )
@@ -389,7 +389,7 @@ class AgentCreditAgentLoop(AgentLoopBase):
         )
 
         potentials = teacher = None
-        if s.method == "tips":
+        if "potentials" in s.needs.signals:
             t = s.tips
             potentials = await answer_potentials(
                 episode.boundaries,
@@ -404,7 +404,7 @@ class AgentCreditAgentLoop(AgentLoopBase):
         views_response = [
             view.token_ids[len(prompt_ids) :] for view in episode.tree.training_views(episode.leaf)
         ]
-        if s.method == "gear":
+        if "teacher_logp" in s.needs.signals:
             t_messages = teacher_messages(messages, golds[0], s.gear.template)
             t_prompt = await loop.run_in_executor(
                 None, lambda: self.continuous_token_builder.build_initial_tokens(t_messages)

@@ -11,23 +11,26 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
 from agentcredit.config import (
-    CriticalConfig,
-    GearConfig,
-    GigpoConfig,
-    PortoolAdvantageConfig,
-    TipsShapingConfig,
     TreeStrategyConfig,
     UserRewardConfig,
     UserToolsConfig,
+    method_sections,
+    registered_sections,
 )
-from agentcredit.credit.registry import PRESETS
+from agentcredit.credit.methods import Needs, carl_segment, gear, get_method, portool, ppo, tips
 
-__all__ = ["METHODS", "AgentCreditSettings", "load_settings"]
-
-METHODS = tuple(PRESETS)  # every method the credit registry declares
+__all__ = ["AgentCreditSettings", "load_settings"]
 
 
 class _Section(BaseModel):
@@ -78,26 +81,18 @@ class ToolSettings(UserToolsConfig):
     max_workers: int = Field(8, ge=1, description="concurrent tool calls per agent-loop worker.")
 
 
-class GrpoSettings(_Section):
-    scale: bool = Field(True, description="divide by the group std (GRPO); False = Dr.GRPO.")
-    eps: float = Field(1e-6, ge=0, description="added to the group std (verl's epsilon).")
+class GaeSettings(ppo.GaeSettings):
+    """PPO's settings (:class:`agentcredit.credit.methods.ppo.GaeSettings`, the native ``algorithm.gae``), plus
+    verl's whitening."""
 
-
-class GaeSettings(_Section):
-    gamma: float = Field(
-        1.0, ge=0, le=1, description="discount per policy token (TIPS / Search-R1 PPO: 1.0)."
-    )
-    lam: float = Field(1.0, ge=0, le=1, description="GAE lambda (TIPS: 1.0; Search-R1 PPO baseline: 0.95).")
     whiten: bool = Field(
         True, description="masked whitening of the advantages over the batch (verl's GAE does it)."
     )
 
 
-class CarlSegmentSettings(_Section):
-    lam: float = Field(
-        0.0, ge=0, le=1, description="segment-level GAE lambda (paper: 0, one-step TD, Tab. 5)."
-    )
-    gamma: float = Field(1.0, ge=0, le=1, description="per-segment discount (paper: 1.0).")
+class CarlSegmentSettings(carl_segment.CarlSegmentSettings):
+    """carl-segment's settings (the native ``algorithm.carl_segment``), plus how verl expresses Eq. 3."""
+
     segment_mean_loss: bool = Field(
         False,
         description=(
@@ -108,8 +103,8 @@ class CarlSegmentSettings(_Section):
     )
 
 
-class TipsSettings(TipsShapingConfig):
-    """The shaping settings of the native ``algorithm.tips`` section (:class:`agentcredit.config.TipsShapingConfig`:
+class TipsSettings(tips.TipsSettings):
+    """The shaping settings of the native ``algorithm.tips`` section (:class:`agentcredit.credit.methods.tips.TipsSettings`:
     alpha, its per-batch rule, the two edge-case options and the teacher's refresh interval), plus how the teacher
     scores the potential and where it runs (:mod:`.teacher`).
     ``config/tips.yaml`` sets the Search-R1 run's values (batch_target alpha with the paper's 0.2 target)."""
@@ -137,9 +132,9 @@ class TipsSettings(TipsShapingConfig):
     )
 
 
-class GearSettings(GearConfig):
+class GearSettings(gear.GearSettings):
     """The native ``algorithm.gear`` section (GEAR's settings and teacher template are defined once, in
-    :class:`agentcredit.config.GearConfig`), plus where verl reads the student's log-probs."""
+    :class:`agentcredit.credit.methods.gear.GearSettings`), plus where verl reads the student's log-probs."""
 
     reference: Literal["answer"] = Field(
         "answer",
@@ -158,9 +153,15 @@ class GearSettings(GearConfig):
     )
 
 
-class PortoolSettings(PortoolAdvantageConfig):
-    """The native section's advantage settings (:class:`agentcredit.config.PortoolAdvantageConfig`), plus where
+class PortoolSettings(portool.PortoolSettings):
+    """The native section's settings (:class:`agentcredit.credit.methods.portool.PortoolSettings`), plus where
     the agent loop finds the formatting reward."""
+
+    # verl's actor loss takes one advantage per token, so verl runs the single min on Eq. 3 (portool.md 8.9); the
+    # paper's split min (App. B) is the native trainer's algorithm.portool.combine
+    combine: Literal["single_min"] = Field(
+        "single_min", description="single_min only: verl's actor loss takes one advantage per token."
+    )
 
     format_reward_key: str = Field(
         "format_reward",
@@ -168,10 +169,15 @@ class PortoolSettings(PortoolAdvantageConfig):
     )
 
 
-class AgentCreditSettings(UserRewardConfig):
-    """The ``agentcredit`` block; ``reward`` (your own outcome reward) is the native ``task.reward``'s definition."""
+class _AgentCreditBlock(UserRewardConfig):
+    """The ``agentcredit`` block without its method sections (:data:`AgentCreditSettings` adds them)."""
 
-    method: Literal[METHODS] = Field(description="which credit method the trainer runs.")  # type: ignore[valid-type]
+    model_config = ConfigDict(extra="allow")
+
+    method: str = Field(
+        description="which credit method the trainer runs: a name of agentcredit.credit.METHODS (the eight, or "
+        "one registered with agentcredit.credit.register_method)."
+    )
     protocol: str = Field(
         "tags", description="agentcredit protocol: tags (Search-R1), codefence (CARL), jsoncall, chat."
     )
@@ -186,21 +192,42 @@ class AgentCreditSettings(UserRewardConfig):
     )
     max_segment_tokens: int = Field(2048, ge=1, description="generation budget of one policy segment.")
     tools: ToolSettings = Field(default_factory=ToolSettings)
-    grpo: GrpoSettings = Field(default_factory=GrpoSettings)
-    gae: GaeSettings = Field(default_factory=GaeSettings)
-    carl_segment: CarlSegmentSettings = Field(default_factory=CarlSegmentSettings)
-    tips: TipsSettings = Field(default_factory=TipsSettings)
-    gear: GearSettings = Field(default_factory=GearSettings)
-    portool: PortoolSettings = Field(default_factory=PortoolSettings)
-    # the native trainer's section itself: one definition of GiGPO's settings for both trainers
-    gigpo: GigpoConfig = Field(default_factory=GigpoConfig)
-    critical: CriticalConfig = Field(default_factory=CriticalConfig)  # the native algorithm.critical section
     tree: TreeStrategyConfig = Field(
         default_factory=TreeStrategyConfig,
         description="the rollout tree of one prompt (the native rollout section's strategy fields): independent "
         "(verl's rollout.n sessions), or portool / entropy_guided grown by one agent-loop session with one output per "
         "leaf; then actor_rollout_ref.rollout.n must equal its leaves (n, or n0 + n).",
     )
+
+    @field_validator("method")
+    @classmethod
+    def _known_method(cls, name: str) -> str:
+        get_method(name)  # a ValueError listing the registered methods
+        return name
+
+    @model_validator(mode="after")
+    def _registered_sections(self) -> _AgentCreditBlock:
+        registered_sections(self, "agentcredit")
+        return self
+
+    @property
+    def needs(self) -> Needs:
+        """What the method reads (:class:`agentcredit.credit.Needs`): the agent loop and the trainer compute the
+        signals it names, never by the method's name."""
+        return get_method(self.method).all_needs
+
+
+# one section per built-in method, of its method file's settings class (the native trainer's, one schema for both)
+# or the extension above with verl-only fields; never written per method here (issue 37)
+AgentCreditSettings = create_model(
+    "AgentCreditSettings",
+    __base__=_AgentCreditBlock,
+    __module__=__name__,
+    __doc__="The ``agentcredit`` block; ``reward`` (your own outcome reward) is the native ``task.reward``'s "
+    "definition. Every built-in method has its settings section (``agentcredit.<section>``); a method registered "
+    "from user code keeps its settings under ``agentcredit.<its section>`` too.",
+    **method_sections(GaeSettings, CarlSegmentSettings, TipsSettings, GearSettings, PortoolSettings),
+)
 
 
 def _plain(config: Any) -> Any:

@@ -59,7 +59,7 @@ _NAME_SUFFIX = "agentcredit_tips"
 def wants_lagged_teacher(settings: AgentCreditSettings) -> bool:
     """TIPS with a teacher that lags the policy (``refresh_every > 1``): the trainer launches :class:`LaggedTeacher`
     and the agent loop scores the potentials on it; otherwise the rollout server (the current policy) scores them."""
-    return settings.method == "tips" and settings.tips.refresh_every > 1
+    return "potentials" in settings.needs.signals and settings.tips.refresh_every > 1
 
 
 def check_lagged_teacher(config: DictConfig, settings: AgentCreditSettings) -> None:

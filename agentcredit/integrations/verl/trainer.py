@@ -32,8 +32,6 @@ from verl.utils.debug import marked_timer
 from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 from verl.workers.utils.padding import response_to_nested
 
-from agentcredit.credit.estimators import ESTIMATORS
-from agentcredit.credit.registry import PRESETS, get_preset
 from agentcredit.integrations.verl import EXTRA_KEY, TRAINER_NAME
 from agentcredit.integrations.verl.advantages import apply_to_dataproto
 from agentcredit.integrations.verl.fields import TEACHER_FIELD
@@ -65,8 +63,6 @@ logger = logging.getLogger(__name__)
 
 #: verl's name for the synchronous V1 mode, the one PPOTrainerSync (and so this trainer) runs.
 SYNC_MODE = "sync"
-#: Methods whose advantages need critic values.
-CRITIC_METHODS = frozenset(name for name, preset in PRESETS.items() if preset.needs_critic)
 
 
 def check_trainer_config(config: DictConfig) -> AgentCreditSettings:
@@ -84,9 +80,9 @@ def check_trainer_config(config: DictConfig) -> AgentCreditSettings:
         )
     enabled = config.critic.get("enable")
     has_critic = bool(enabled) if enabled is not None else config.algorithm.adv_estimator == "gae"
-    if settings.method in CRITIC_METHODS and not has_critic:
+    if settings.needs.critic != "none" and not has_critic:
         raise ValueError(f"agentcredit.method={settings.method} needs a critic: set critic.enable=True")
-    if settings.method == "gear":
+    if "teacher_logp" in settings.needs.signals:
         if (
             settings.gear.student_logprobs == "rollout"
             and not config.actor_rollout_ref.rollout.calculate_log_probs
@@ -94,7 +90,7 @@ def check_trainer_config(config: DictConfig) -> AgentCreditSettings:
             raise ValueError(
                 "agentcredit.gear.student_logprobs=rollout needs actor_rollout_ref.rollout.calculate_log_probs=True"
             )
-    if settings.method == "carl-segment":
+    if settings.needs.critic == "boundary":
         _check_carl_segment_loss(config, settings)
     _check_tree(config, settings)
     check_lagged_teacher(config, settings)
@@ -232,7 +228,7 @@ class AgentCreditTrainer(PPOTrainerSync):
         ``set_loss_fn`` hook, :mod:`.losses`): the critic regresses sigmoid(V) on R at the segment boundaries, and
         with ``segment_mean_loss`` the actor's entropy and KL terms get the segment-mean weights too. TIPS's lagged
         teacher gets the actor's weights (the initial policy, or the checkpoint resumed from)."""
-        if get_preset(self.agentcredit.method).estimator == "segment":
+        if self.agentcredit.needs.critic == "boundary":
             critic = omega_conf_to_dataclass(self.config.critic)
             self.critic_wg.set_loss_fn(partial(boundary_value_loss, config=critic))
             if self.agentcredit.carl_segment.segment_mean_loss:
@@ -376,8 +372,8 @@ class AgentCreditTrainer(PPOTrainerSync):
             fields.append("entropy")  # written by _compute_old_log_prob (not in bypass mode)
         if self.use_critic:
             fields.append("values")
-        if "anchors" in ESTIMATORS[get_preset(self.agentcredit.method).estimator].needs:
-            fields.append("responses")  # gigpo: a step's anchor state is the response tokens before it
+        if "anchors" in self.agentcredit.needs.step_inputs:
+            fields.append("responses")  # a step's anchor state is the response tokens before it
         if self.config.actor_rollout_ref.rollout.calculate_log_probs:
             fields.append("rollout_log_probs")
         if self._teacher_field:

@@ -1,5 +1,8 @@
 """GiGPO: group-in-group advantages, an episode-level group and step-level groups by anchor state.
 
+The whole method in one file (issue 37): the maths (:func:`gigpo_advantages`, pure), its settings, its needs
+and its estimate on the layout.
+
 Feng et al., *Group-in-Group Policy Optimization for LLM Agent Training* (NeurIPS 2025; verl-agent's
 ``algorithm.adv_estimator=gigpo``). For episode i of group g (the episodes of one prompt) with T_i steps and
 outcome reward R_i at its last step::
@@ -16,7 +19,7 @@ paper, and a group of one gets 0 (as every group estimator here, see :mod:`agent
 
 where s_{i,t} is the *anchor state* before step t: steps taken from the same state by episodes of one group form
 a step group. The caller chooses what a state is; the trainer uses the whole context before the step (see
-``agentcredit.train.advantages``), which one episode never visits twice.
+``agentcredit.train.advantages``: the ``anchors`` step input), which one episode never visits twice.
 ``scale=False`` is verl-agent's ``mode=mean_norm`` (the mean is subtracted, nothing is divided), on both levels.
 
 Both levels are :func:`~agentcredit.credit.grpo.grpo_advantages`, so a group of one, or a group whose returns are
@@ -27,14 +30,18 @@ The per-step returns only need R_i and T_i because every task here pays its rewa
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
+from typing import Literal
 
 import torch
+from pydantic import Field
 from torch import Tensor
 
 from agentcredit.credit._validate import finite_float, float_list
+from agentcredit.credit.estimators import EpisodeBatch, Estimate
 from agentcredit.credit.grpo import grpo_advantages
+from agentcredit.credit.methods.base import Method, Needs, Settings
 
-__all__ = ["gigpo_advantages"]
+__all__ = ["METHOD", "GigpoSettings", "gigpo_advantages"]
 
 
 def gigpo_advantages(
@@ -86,3 +93,51 @@ def gigpo_advantages(
         out.append(episode[i] + step_weight * step[k : k + len(steps)])
         k += len(steps)
     return out
+
+
+class GigpoSettings(Settings):
+    gamma: float = Field(
+        0.95, ge=0.0, le=1.0, description="Discount of the step returns (verl-agent algorithm.gamma: 0.95)."
+    )
+    step_weight: float = Field(
+        1.0, description="w: weight of the step-level advantage (step_advantage_w: 1.0)."
+    )
+    mode: Literal["mean_std_norm", "mean_norm"] = Field(
+        "mean_std_norm", description="Both levels divide by the group std (mean_std_norm) or only centre."
+    )
+    eps: float = Field(1e-6, gt=0.0, description="Added to the group std (verl-agent's epsilon: 1e-6).")
+
+
+def estimate(batch: EpisodeBatch, settings: GigpoSettings) -> Estimate:
+    anchors = [[s.anchor for s in ep.steps] for ep in batch.episodes]
+    steps = gigpo_advantages(
+        [ep.reward for ep in batch.episodes],
+        [ep.group for ep in batch.episodes],
+        anchors,
+        gamma=settings.gamma,
+        step_weight=settings.step_weight,
+        eps=settings.eps,
+        scale=settings.mode == "mean_std_norm",
+    )
+    sizes: dict[tuple[Hashable, Hashable], int] = {}
+    for ep, states in zip(batch.episodes, anchors, strict=True):
+        for anchor in states:
+            sizes[(ep.group, anchor)] = sizes.get((ep.group, anchor), 0) + 1
+    counts = list(sizes.values())
+    stats = {  # how often a step has company: with size 1 everywhere GiGPO is GRPO
+        "gigpo/step_groups": float(len(counts)),
+        "gigpo/grouped_step_fraction": sum(c for c in counts if c > 1) / max(sum(counts), 1),
+    }
+    adv = batch.paint_steps([v.tolist() for v in steps], batch.zeros())
+    return Estimate(adv, batch.trained_mask(), stats=stats)
+
+
+METHOD = Method(
+    name="gigpo",
+    section="gigpo",
+    settings=GigpoSettings,
+    needs=Needs(step_inputs=frozenset({"anchors"})),
+    source="GiGPO, Feng et al. 2025 (verl-agent gigpo)",
+    estimate=estimate,
+    estimator="gigpo",
+)

@@ -1,0 +1,280 @@
+"""A credit method as one object: its name, settings, needs, and the functions from the layout to advantages.
+
+A :class:`Method` is what both trainers read. The native trainer (:mod:`agentcredit.train.advantages`) and the
+verl adapter (:mod:`agentcredit.integrations.verl.advantages`) each lay their batch out as the neutral
+:class:`~agentcredit.credit.estimators.EpisodeBatch`, read the method's settings from their config block by its
+:attr:`Method.section` (:meth:`Method.settings_from`), fill the signals its :class:`Needs` name, and call one
+entry, :meth:`Method.advantages`. Nothing in either trainer names a method.
+
+A method either *estimates* (``estimate``: the layout to an :class:`~agentcredit.credit.estimators.Estimate`) or
+*modifies* another method's estimate: ``shape`` puts rewards on the steps before the estimate (TIPS), ``reweight``
+multiplies the estimate's advantages afterwards (GEAR). A modifier names the method it is published with
+(``base``: TIPS is PPO's GAE on shaped rewards) and composes with others the maths allows (:func:`compose`).
+
+Register your own with :func:`register_method` (``docs/adding-a-method.md``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from agentcredit.credit.estimators import EpisodeBatch, Estimate
+
+__all__ = [
+    "METHODS",
+    "Method",
+    "Needs",
+    "Settings",
+    "compose",
+    "get_method",
+    "method_for_parts",
+    "register_method",
+    "unregister_method",
+]
+
+
+class Settings(BaseModel):
+    """A method's settings: typed, with the paper's defaults, each field's description citing the paper's line.
+    Unknown keys are errors; a trainer's config block may extend the class with trainer-only fields."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class NoSettings(Settings):
+    """A method without settings of its own."""
+
+
+Critic = Literal["none", "token", "boundary"]
+#: The per-step inputs both layout builders fill when a method needs them (a Step's node, anchor, format_reward).
+STEP_INPUTS = frozenset({"tree", "anchors", "format_reward"})
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What a method reads besides rewards and the layout's steps; the trainers and the config validate against it.
+
+    * ``critic``: the value head its estimate reads (``token``: V before every token; ``boundary``: V at each
+      policy segment's first token, carl-segment §3.4); ``none`` for critic-free methods.
+    * ``critic_base``: a modifier that is only sound on an estimate with a critic (``why`` says why).
+    * ``rollout``: the ``rollout.strategy`` it needs (``None``: any).
+    * ``step_inputs``: per-step fields of the layout it reads: ``tree`` (the group's decision tree), ``anchors``
+      (the tokens before each step), ``format_reward`` (the protocol's formatting reward R_fm per step).
+    * ``signals``: per-batch signals the trainer computes for it: ``values`` (the critic), ``potentials`` (teacher
+      potentials per tool turn), ``alpha`` (the shaping scale of the batch), ``teacher_logp``, ``student_logp``,
+      ``entropy`` (per token).
+    * ``reward``: how the environment scores an episode: ``outcome`` (the task's metric and format bonus) or
+      ``judge`` (the method's own outcome judge, built from its settings' ``judge`` fields).
+    * ``loss_agg``: the ``policy_loss`` aggregation the method trains with.
+    """
+
+    critic: Critic = "none"
+    critic_base: bool = False
+    rollout: str | None = None
+    step_inputs: frozenset[str] = frozenset()
+    signals: frozenset[str] = frozenset()
+    reward: Literal["outcome", "judge"] = "outcome"
+    loss_agg: str = "token-mean"
+    why: str = ""
+
+    def __post_init__(self) -> None:
+        unknown = set(self.step_inputs) - STEP_INPUTS
+        if unknown:  # both layout builders fill exactly these; another name would be silently empty
+            raise ValueError(
+                f"unknown step input(s) {sorted(unknown)}; the layouts provide {sorted(STEP_INPUTS)}"
+            )
+
+    def __or__(self, other: Needs) -> Needs:
+        """A composition's needs: the estimating method's critic, rollout and loss, both parts' inputs."""
+        return Needs(
+            critic=self.critic,
+            critic_base=False,
+            rollout=self.rollout,
+            step_inputs=self.step_inputs | other.step_inputs,
+            signals=self.signals | other.signals,
+            reward="judge" if "judge" in (self.reward, other.reward) else "outcome",
+            loss_agg=self.loss_agg,
+        )
+
+
+Estimator = Callable[[EpisodeBatch, Any], Estimate]
+Shaper = Callable[[EpisodeBatch, Any], list[list[float]]]
+Reweighter = Callable[[EpisodeBatch, Estimate, Any], Estimate]
+
+
+@dataclass(frozen=True)
+class Method:
+    """One credit method.
+
+    ``name`` is the method's one name (presets, verl's ``agentcredit.method``, metrics, docs). ``section`` is the
+    config key of its settings in both trainers' blocks (``algorithm.<section>`` natively, ``agentcredit.<section>``
+    under verl); ``settings`` their class. An estimating method sets ``estimate`` and ``estimator`` (the value of the
+    native ``algorithm.estimator`` that selects it); a modifier sets ``shape`` or ``reweight``, ``modifier`` (the
+    native field that adds it: ``shaping`` or ``reweight``) and ``base`` (the method it is published on).
+    """
+
+    name: str
+    section: str
+    settings: type[Settings]
+    needs: Needs
+    source: str
+    estimate: Estimator | None = None
+    estimator: str | None = None
+    shape: Shaper | None = None
+    reweight: Reweighter | None = None
+    modifier: Literal["shaping", "reweight"] | None = None
+    base: str | None = None
+    composed_of: tuple[Method, ...] = field(default=(), repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.composed_of:
+            if (self.estimate is None) == (self.modifier is None):
+                raise ValueError(f"method {self.name!r} must either estimate or modify (shape / reweight)")
+            if self.modifier is not None and (self.shape is None) == (self.reweight is None):
+                raise ValueError(f"modifier {self.name!r} must set exactly one of shape and reweight")
+
+    @property
+    def parts(self) -> tuple[Method, ...]:
+        """The estimating method, then its modifiers in order."""
+        if self.composed_of:
+            return self.composed_of
+        if self.modifier is not None:
+            if self.base is None:
+                raise ValueError(f"modifier {self.name!r} has no base method; compose it with one")
+            return (get_method(self.base), self)
+        return (self,)
+
+    @property
+    def estimating(self) -> Method:
+        return self.parts[0]
+
+    @property
+    def all_needs(self) -> Needs:
+        """The needs of every part together (a single method's own)."""
+        needs = self.parts[0].needs
+        for part in self.parts[1:]:
+            needs = needs | part.needs
+        return replace(needs, loss_agg=self.needs.loss_agg)
+
+    def settings_from(self, block: Any) -> dict[str, Settings]:
+        """Each part's settings read from a trainer's config block: ``block.<section>``, its class's defaults
+        where the block has no such section (a method registered outside agentcredit)."""
+        out: dict[str, Settings] = {}
+        for part in self.parts:
+            value = getattr(block, part.section, None)
+            if value is None:
+                value = part.settings()
+            elif not isinstance(value, part.settings):
+                value = part.settings.model_validate(value)
+            out[part.section] = value
+        return out
+
+    def advantages(self, layout: EpisodeBatch, settings: Mapping[str, Settings]) -> Estimate:
+        """The one entry both trainers call: shaping, the estimate, then reweighting, each part with its settings."""
+        parts = self.parts
+        for part in parts[1:]:
+            if part.shape is not None:
+                layout.step_rewards = part.shape(layout, settings[part.section])
+        estimate = parts[0].estimate(layout, settings[parts[0].section])  # type: ignore[misc]
+        for part in parts[1:]:
+            if part.reweight is not None:
+                estimate = part.reweight(layout, estimate, settings[part.section])
+        return estimate
+
+
+_METHODS: dict[str, Method] = {}
+#: Every registered method by name (read-only; add with :func:`register_method`).
+METHODS: Mapping[str, Method] = MappingProxyType(_METHODS)
+
+
+def register_method(method: Method, *, replace_existing: bool = False) -> Method:
+    """Make ``method`` known to both trainers and the config, by its name; returns it (usable as a statement in
+    user code: ``register_method(Method(...))``). A name already taken is an error unless ``replace_existing``."""
+    if method.composed_of:
+        raise ValueError(f"{method.name!r} is a composition; register its parts")
+    if method.name in _METHODS and not replace_existing:
+        raise ValueError(f"a method called {method.name!r} is already registered")
+    taken = {m.estimator: m.name for m in _METHODS.values() if m.estimator and m.name != method.name}
+    if method.estimator is not None and method.estimator in taken:
+        raise ValueError(f"estimator {method.estimator!r} already selects method {taken[method.estimator]!r}")
+    _METHODS[method.name] = method
+    return method
+
+
+def unregister_method(name: str) -> Method:
+    """Forget the method called ``name`` (a method registered for a test or a notebook session); returns it."""
+    return _METHODS.pop(get_method(name).name)
+
+
+def get_method(name: str) -> Method:
+    """The method called ``name``; a ValueError listing the known names otherwise (never another method's)."""
+    try:
+        return _METHODS[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown credit method {name!r}; known methods: {', '.join(_METHODS)}") from None
+
+
+def compose(base: Method, *modifiers: Method) -> Method:
+    """``base``'s estimate under ``modifiers`` (each a shaping or reweighting method), checked against their
+    needs: a modifier that needs a critic-based estimate refuses one without a critic."""
+    if not modifiers:
+        return base
+    estimating = base.estimating
+    mods = [*base.parts[1:], *modifiers]
+    for mod in mods:
+        if mod.modifier is None:
+            raise ValueError(f"{mod.name!r} estimates; it cannot modify {estimating.name!r}")
+        if mod.needs.critic_base and estimating.needs.critic == "none":
+            with_critic = [m.estimator for m in _METHODS.values() if m.estimator and m.needs.critic != "none"]
+            raise ValueError(
+                f"{mod.modifier}={mod.name!r} needs a critic-based estimator ({' or '.join(map(repr, with_critic))}), "
+                f"not estimator={estimating.estimator!r}: {mod.needs.why}"
+            )
+    parts = (estimating, *mods)
+    needs = estimating.needs
+    for part in mods:
+        needs = needs | part.needs
+    return Method(
+        name="+".join(p.name for p in parts),
+        section=estimating.section,
+        settings=estimating.settings,
+        needs=needs,
+        source="; ".join(p.source for p in parts),
+        composed_of=parts,
+    )
+
+
+def method_for_parts(estimator: str, **modifiers: str) -> Method:
+    """The method the native config's parts name: the method whose ``estimator`` is ``estimator``, composed with
+    the modifier named by each ``field=value`` (``shaping="tips"``); ``"none"`` adds nothing."""
+    bases = [m for m in _METHODS.values() if m.estimator == estimator]
+    if not bases:
+        known = sorted(m.estimator for m in _METHODS.values() if m.estimator)
+        raise ValueError(
+            f"estimator={estimator!r} names no registered method; known estimators: {', '.join(known)}"
+        )
+    mods = []
+    for kind, value in modifiers.items():
+        if value == "none":
+            continue
+        mod = _METHODS.get(value)
+        if mod is None or mod.modifier != kind:
+            known = sorted(m.name for m in _METHODS.values() if m.modifier == kind)
+            raise ValueError(
+                f"{kind}={value!r} names no registered method; known: {', '.join(['none', *known])}"
+            )
+        mods.append(mod)
+    return compose(bases[0], *mods)
+
+
+def modifier_names(kind: str) -> list[str]:
+    """The registered modifiers of one kind (``shaping`` or ``reweight``)."""
+    return [m.name for m in _METHODS.values() if m.modifier == kind]
+
+
+def estimator_names() -> list[str]:
+    return [m.estimator for m in _METHODS.values() if m.estimator]

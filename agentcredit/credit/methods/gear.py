@@ -1,0 +1,165 @@
+"""GEAR: a per-token weight from the teacher-student divergence on top of the base advantage (Eqs. 2-6).
+
+A reweighting method: :func:`reweight` multiplies any estimate's advantages by GEAR's weight W_t, read off
+:func:`agentcredit.credit.gear.gear_details`. The teacher's log-probs (the same tokens under the
+ground-truth-conditioned context), the student's and its entropies are signals the trainer computes.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from pydantic import Field
+from torch import Tensor
+
+from agentcredit.credit.estimators import EpisodeBatch, Estimate
+from agentcredit.credit.gear import gear_advantages, gear_details
+from agentcredit.credit.methods.base import Method, Needs, Settings
+
+
+class GearSettings(Settings):
+    lambda_kl: float = Field(
+        0.1, ge=0.0, le=1.0, description="Normalised rKL threshold that opens a segment (paper: 0.1)."
+    )
+    lambda_h: float = Field(1.5, gt=0.0, description="Entropy multiplier that closes a segment (paper: 1.5).")
+    alpha: float = Field(0.2, ge=0.0, description="Modulation range (paper: 0.2).")
+    beta: float | None = Field(None, description="Offset; None = 1 - 0.5 alpha (paper: 0.9).")
+    template: str = Field(
+        "{user}\n\nHere is a reference solution:\n{ground_truth}\n\n"
+        "After understanding the reference solution, please try to solve this problem using your own approach below:",
+        description="Ground-truth-conditioned teacher prompt (gear.md §2.2, OPSD style); placeholders {user}, {ground_truth}.",
+    )
+    normalize: Literal["minmax", "clamp_max", "auto"] = Field(
+        "auto",
+        description="rKL to [0, 1] per trajectory (paper §4.1: no formula): minmax (literal), clamp_max, or auto = "
+        "minmax unless it triggers on > 20% of the tokens, then clamp_max (gear.md A3).",
+    )
+    reference: Literal["trajectory", "answer"] = Field(
+        "trajectory",
+        description="The teacher's ground truth: 'trajectory' = the task's scripted demonstration played through the "
+        "protocol and tools (paper §3.3: s_t* is built 'under a reference trajectory tau*'); 'answer' = the gold "
+        "answer only (a variant, not the paper's: the teacher then cannot disagree with a search step).",
+    )
+
+
+def gear_reweight(
+    batch: EpisodeBatch,
+    advantages: Tensor,
+    *,
+    lambda_kl: float = 0.1,
+    lambda_h: float = 1.5,
+    alpha: float = 0.2,
+    beta: float | None = None,
+    normalisation: str = "minmax",
+) -> Tensor:
+    """GEAR's weight W_t on top of any per-token advantage, along each episode's trained tokens (see
+    :func:`gear_reweight_stats`, which also returns the step's segmentation statistics)."""
+    return gear_reweight_stats(
+        batch,
+        advantages,
+        lambda_kl=lambda_kl,
+        lambda_h=lambda_h,
+        alpha=alpha,
+        beta=beta,
+        normalisation=normalisation,
+    )[0]
+
+
+def gear_reweight_stats(
+    batch: EpisodeBatch,
+    advantages: Tensor,
+    *,
+    lambda_kl: float = 0.1,
+    lambda_h: float = 1.5,
+    alpha: float = 0.2,
+    beta: float | None = None,
+    normalisation: str = "minmax",
+) -> tuple[Tensor, dict[str, float]]:
+    """GEAR's weight W_t on top of any per-token advantage, and the statistics that show whether it reweights.
+
+    GEAR's weight depends on the advantage only through its sign, so it is read off :func:`gear_details` at
+    A = +1 and A = -1 and applied token by token (for a constant A this is exactly ``gear_advantages(A, ...)``).
+
+    Statistics (spec gear.md §12.4 and A3), over the trained tokens of every episode with one:
+    ``gear/trigger_rate`` (share of tokens with r > lambda_KL, before propagation), ``gear/frac_in_segments``
+    (share inside a segment) and ``gear/clamp_max_share`` (share of episodes normalised with clamp_max, which
+    ``normalisation="auto"`` picks where min-max would trigger on more than 20% of the tokens). The paper
+    describes the spikes as sparse; a trigger rate near 1 means min-max has gone flat and W is one constant per
+    episode (GEAR becomes a scaled GRPO).
+    """
+    index = batch.token_index()
+    student, mask = batch.gather(batch.need("student_logp", "gear"), index)
+    teacher, _ = batch.gather(batch.need("teacher_logp", "gear").to(student.dtype), index)
+    entropy, _ = batch.gather(batch.need("entropy", "gear"), index)
+    a, _ = batch.gather(advantages, index)
+    out = torch.zeros_like(a)
+    kw = {
+        "lambda_kl": lambda_kl,
+        "lambda_h": lambda_h,
+        "alpha": alpha,
+        "beta": beta,
+        "normalisation": normalisation,
+    }
+    tokens = triggers = in_segments = 0.0
+    episodes = clamped = 0
+    for j in range(a.shape[0]):
+        # each sign's weight only where the episode has that sign (GRPO's A is one sign per episode); the A = +1
+        # pass always runs, since its segmentation statistics describe the episode whatever its sign
+        pos, neg = bool((a[j] > 0).any()), bool((a[j] < 0).any())
+        zero = torch.zeros_like(a[j])
+        details = gear_details(1.0, student[j], teacher[j], entropy[j], mask[j], **kw)
+        w_pos = details.advantages if pos else zero
+        w_neg = -gear_advantages(-1.0, student[j], teacher[j], entropy[j], mask[j], **kw) if neg else zero
+        out[j] = torch.where(a[j] > 0, w_pos, w_neg).to(a.dtype) * a[j]
+        n = float(mask[j].sum())
+        if n:
+            tokens += n
+            triggers += details.trigger_rate * n
+            in_segments += details.frac_in_segments * n
+            episodes += 1
+            clamped += details.normalisation == "clamp_max"
+    stats = {}
+    if tokens:
+        stats = {
+            "gear/trigger_rate": triggers / tokens,
+            "gear/frac_in_segments": in_segments / tokens,
+            "gear/clamp_max_share": clamped / episodes,
+        }
+    return batch.scatter(out, index), stats
+
+
+def reweight(batch: EpisodeBatch, estimate: Estimate, settings: GearSettings) -> Estimate:
+    """GEAR's weight on the estimate's advantages. Under a split min (PORTool App. B) each term is its own clipped
+    objective, so GEAR weighs each by its own sign and the total stays their sum; the segmentation statistics do
+    not depend on the sign, so the first term's describe the step."""
+    kw = {
+        "lambda_kl": settings.lambda_kl,
+        "lambda_h": settings.lambda_h,
+        "alpha": settings.alpha,
+        "beta": settings.beta,
+        "normalisation": settings.normalize,
+    }
+    if estimate.parts is None:
+        estimate.advantages, stats = gear_reweight_stats(batch, estimate.advantages, **kw)
+    else:
+        reweighted = [gear_reweight_stats(batch, part, **kw) for part in estimate.parts]
+        estimate.parts = tuple(adv for adv, _ in reweighted)
+        estimate.advantages = torch.stack(estimate.parts).sum(0)
+        stats = reweighted[0][1]
+    estimate.stats.update(stats)
+    return estimate
+
+
+METHOD = Method(
+    name="gear",
+    section="gear",
+    settings=GearSettings,
+    needs=Needs(
+        signals=frozenset({"teacher_logp", "student_logp", "entropy"}), loss_agg="seq-mean-token-mean"
+    ),
+    source="GEAR Eqs. 2-6",
+    reweight=reweight,
+    modifier="reweight",
+    base="grpo",
+)

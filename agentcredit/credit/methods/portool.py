@@ -1,0 +1,128 @@
+"""PORTool: step rewards on a tree of tool-call steps, trajectory plus fork advantages (Eqs. 1-3, Thm 3.1).
+
+The maths is :func:`agentcredit.credit.portool.portool_advantage_terms`. PORTool scores outcomes with its own
+judge (``needs.reward = "judge"``) and reads the protocol's formatting reward of every step.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from agentcredit.credit.estimators import (
+    EpisodeBatch,
+    Estimate,
+    episode_groups,
+    leaf_rewards,
+    outcome_part,
+)
+from agentcredit.credit.methods.base import Method, Needs, Settings
+from agentcredit.credit.portool import portool_advantage_terms
+
+
+class PortoolSettings(Settings):
+    gamma: float = Field(0.95, ge=0.0, le=1.0, description="Step-reward decay gamma (paper: 0.95).")
+    w1: float = Field(1.0, description="Weight of the trajectory-relative advantage (paper: 1).")
+    # paper: F(q) = {s_kt : |C(s_kt)| > 1, t in [T_k]} (portool.txt l. 536) starts at the first step, so the query
+    # is no fork; the spec's [R] 8.6 counts it (True). The paper wins over the spec.
+    root_is_fork: bool = Field(
+        False,
+        description="Count the root (the query) as a fork in N_forks and give first steps a fork term (paper: "
+        "False, its fork set starts at t = 1; True = portool.md 8.6's recommendation).",
+    )
+    # the paper's judge maps true / false / unable_to_answer to +1 / -1 / 0 (portool.txt l. 452-453) and is silent on
+    # an episode cut at the step cap without response_gen; portool.md 3.1 / 8.13 resolve it to -1
+    unfinished_reward: float = Field(
+        -1.0,
+        ge=-1.0,
+        le=1.0,
+        description="R_out of an episode cut at the step cap without an answer (paper: unstated; portool.md 8.13: "
+        "-1, configurable to 0).",
+    )
+    outcome_shift: float = Field(
+        0.0,
+        description="VARIANT, not PORTool (paper: 0): add this to R_out inside Eq. 2's decay; 1 maps {-1, 0, +1} to "
+        "{0, 1, 2}, so all-failing trees push nothing (preset portool-shifted-outcome).",
+    )
+    # App. B (portool.txt l. 1034-1044, remark l. 1142-1143): the token objective is the sum of a trajectory term
+    # and a fork term, each in its own clipped min, "not a single sum inside one min"; Theorem 3.1's
+    # J = J_GRPO_trj + J_GRPO_fork (l. 537) holds for that sum. portool.md 8.9 chose single_min; the paper wins.
+    combine: Literal["split_min", "single_min"] = Field(
+        "split_min",
+        description="split_min (paper, App. B): trajectory and fork terms each get their own clipped min; "
+        "single_min: one min on their sum (Eq. 1 with Eq. 3, portool.md 8.9).",
+    )
+
+
+def estimate(batch: EpisodeBatch, settings: PortoolSettings) -> Estimate:
+    """PORTool Eqs. 1-3 per query tree; with ``combine="split_min"`` (App. B, the default) the Estimate also
+    carries the trajectory and fork terms as two advantages, each clipped in its own min by the loss.
+
+    Statistics (per step, ``portool/*``): the share of trees with no correct trajectory (no R_out >= 1, the
+    judge's "true") and the share of the batch's |advantage| (summed over trained tokens, as the loss sees them)
+    that lies in those trees. In the PORTool study 13 of 16 step-1 trajectories were wrong, and in such trees
+    Eq. 2's decay on the -1 outcome plus the sibling z-score credited searching again: these show that regime.
+    """
+    per_step: list[list[float]] = [[] for _ in batch.episodes]
+    trj_step: list[list[float]] = [[] for _ in batch.episodes]
+    fork_step: list[list[float]] = [[] for _ in batch.episodes]
+    groups = episode_groups(batch)
+    failing_trees = 0
+    abs_all = abs_failing = 0.0
+    for group, members in groups.items():
+        tree = batch.tree(group, "portool")
+        lengths = [0] * len(tree.parents)
+        fmt = [0.0] * len(tree.parents)
+        for j in members:
+            for s in batch.episodes[j].steps:
+                lengths[s.node] = s.length
+                fmt[s.node] = s.format_reward + s.env_reward  # an environment's step reward is R_fm's peer
+        # the outcome alone: an environment's step rewards enter R_fm(v) above, so none counts twice
+        outcomes = leaf_rewards(batch, members, "portool", outcome_part)
+        terms = portool_advantage_terms(
+            list(tree.parents),
+            lengths,
+            outcomes,
+            fmt,
+            gamma=settings.gamma,
+            w1=settings.w1,
+            root_is_fork=settings.root_is_fork,
+            outcome_shift=settings.outcome_shift,
+        )
+        failing = max(outcomes.values()) < 1.0
+        failing_trees += failing
+        for j in members:
+            leaf = batch.episodes[j].steps[-1].node
+            per_step[j] = list(terms.advantages[leaf])
+            trj_step[j] = list(terms.trajectory_terms[leaf])
+            fork_step[j] = list(terms.fork_terms[leaf])
+            mass = sum(abs(a) * s.length for a, s in zip(per_step[j], batch.episodes[j].steps, strict=True))
+            abs_all += mass
+            abs_failing += mass if failing else 0.0
+    stats = {
+        "portool/failing_tree_frac": failing_trees / max(len(groups), 1),
+        # 0 when no token has an advantage (every tree uniform): nothing is pushed, from failing trees or not
+        "portool/failing_abs_adv_share": abs_failing / abs_all if abs_all > 0 else 0.0,
+    }
+    parts = None
+    if settings.combine == "split_min":
+        parts = (batch.paint_steps(trj_step, batch.zeros()), batch.paint_steps(fork_step, batch.zeros()))
+    adv = batch.paint_steps(per_step, batch.zeros())
+    return Estimate(adv, batch.trained_mask(), stats=stats, parts=parts)
+
+
+METHOD = Method(
+    name="portool",
+    section="portool",
+    settings=PortoolSettings,
+    needs=Needs(
+        rollout="portool",
+        step_inputs=frozenset({"tree", "format_reward"}),
+        reward="judge",
+        loss_agg="seq-mean-token-mean",
+    ),
+    source="PORTool Eqs. 1-3, Thm 3.1",
+    estimate=estimate,
+    estimator="portool",
+)

@@ -1,0 +1,111 @@
+"""TIPS: turn-level rewards from a teacher's potential Phi, then the base estimate (Eqs. 17-20, Table 10).
+
+A shaping method: :func:`tips_step_rewards` puts the turn rewards ``alpha [Phi(S_k) - Phi(S_{k-1})]`` (and the
+outcome minus ``alpha Phi(S_M)``) on the steps; the estimate (PPO's GAE as published, or carl-segment) reads them.
+The potentials and the batch's alpha are signals the trainer computes with a lagged teacher. The maths is
+:func:`agentcredit.credit.tips.tips_turn_rewards`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from agentcredit.credit.estimators import EpisodeBatch, outcome_part
+from agentcredit.credit.methods.base import Method, Needs, Settings
+from agentcredit.credit.tips import tips_turn_rewards
+
+
+class TipsSettings(Settings):
+    """TIPS's shaping settings: both trainers pass them to the same :func:`tips_step_rewards` and refresh their
+    teacher on the same schedule."""
+
+    alpha: float = Field(
+        0.2, ge=0.0, description="Shaping scale alpha (paper: fixed so E|alpha dPhi| ~ 0.2)."
+    )
+    alpha_mode: Literal["fixed", "batch_target"] = Field(
+        "fixed",
+        description="'fixed' (paper) or 'batch_target': per-batch alpha so mean |alpha dPhi| = target (code).",
+    )
+    target_mean_abs: float = Field(
+        0.11, gt=0.0, description="batch_target mode: target mean |alpha dPhi| (code: 0.11)."
+    )
+    no_tool_shaping: Literal["paper", "none"] = Field(
+        "paper", description="M = 0 episodes: the paper's -alpha Phi(S_0) correction, or none (code quirk)."
+    )
+    terminal_potential: Literal["zero", "hold"] = Field(
+        "zero", description="Phi(S_K) = 0 (Eq. 20) or the ablation that holds it."
+    )
+    refresh_every: int = Field(
+        200,
+        ge=1,
+        description=(
+            "Teacher = policy snapshot refreshed after every K-th update (paper: 200); K = 1: the current policy."
+        ),
+    )
+
+
+def tips_step_rewards(
+    batch: EpisodeBatch,
+    *,
+    alpha: float,
+    no_tool_shaping: str = "paper",
+    terminal_potential: str = "zero",
+) -> list[list[float]]:
+    """TIPS turn rewards per step: turn k's on the step that ends it, the final reward on the last step.
+
+    ``alpha [Phi(S_k) - Phi(S_{k-1})]`` for k = 1..M, then the outcome minus ``alpha Phi(S_M)`` (Eqs. 17-20).
+    Assign the result to ``batch.step_rewards``; GAE then reads it off the steps' last tokens and carl-segment
+    adds it to each segment's TD error.
+    """
+    out = []
+    for j, ep in enumerate(batch.episodes):
+        ends = ep.tool_turn_ends()
+        if ep.potentials is None:
+            raise ValueError(f"episode {j}: tips needs the teacher potentials Phi(S_0..S_M)")
+        if len(ep.potentials) != len(ends) + 1:
+            raise ValueError(
+                f"episode {j}: {len(ep.potentials)} potentials for {len(ends)} tool turns (needs M + 1)"
+            )
+        turn = tips_turn_rewards(
+            list(ep.potentials),
+            outcome_part(ep),
+            alpha=alpha,
+            no_tool_shaping=no_tool_shaping,  # type: ignore[arg-type]
+            terminal_potential=terminal_potential,  # type: ignore[arg-type]
+        )
+        batch.last_step(j, "tips")
+        rewards = [s.env_reward for s in ep.steps]
+        for step, r in zip(ends, turn[:-1], strict=True):
+            rewards[step] += r
+        rewards[-1] += turn[-1]
+        out.append(rewards)
+    return out
+
+
+def shape(batch: EpisodeBatch, settings: TipsSettings) -> list[list[float]]:
+    if batch.alpha is None:
+        raise ValueError("tips needs this batch's shaping scale alpha, and the trainer did not provide it")
+    return tips_step_rewards(
+        batch,
+        alpha=batch.alpha,
+        no_tool_shaping=settings.no_tool_shaping,
+        terminal_potential=settings.terminal_potential,
+    )
+
+
+METHOD = Method(
+    name="tips",
+    section="tips",
+    settings=TipsSettings,
+    needs=Needs(
+        critic_base=True,
+        signals=frozenset({"potentials", "alpha"}),
+        why="under group-normalised estimators the potential-based shaping cancels (tips.md §3.9)",
+    ),
+    source="TIPS Eqs. 17-20, Table 10",
+    shape=shape,
+    modifier="shaping",
+    base="ppo",
+)

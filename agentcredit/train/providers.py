@@ -1,0 +1,180 @@
+"""Signal providers: what computes a signal a method's :class:`~agentcredit.credit.Needs` names, with its own state.
+
+The trainer scores every batch with the pre-update weights (old log-probs, entropies, critic values: its own
+signals, :data:`TRAINER_SIGNALS`); any other signal a method needs comes from the provider that
+:data:`PROVIDERS` keys by it, made once per run by :func:`signal_providers`. A provider may hold state across steps
+(a lagged teacher model, the last batch's alpha) that the checkpoint saves, and frozen models the trainer keeps
+out of the update. The trainer itself never names a method: TIPS is the method whose needs say ``potentials``.
+
+* :class:`TeacherPotentials` — ``potentials`` and ``alpha``: TIPS's teacher potentials Phi(S) at each policy
+  segment's start, scored by a frozen copy of the policy refreshed every ``refresh_every`` updates, and the
+  batch's shaping scale (tips.md §3.7).
+* :class:`TeacherLogprobs` — ``teacher_logp``: GEAR's ground-truth-conditioned teacher log-probs of the student's
+  own tokens (gear.md §2.2), conditioned on a reference trajectory played once per example (paper §3.3).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from torch import nn
+
+from agentcredit.credit import Needs, Settings, tips_step_alpha, tips_teacher_refresh_due
+from agentcredit.models.loading import frozen_copy
+from agentcredit.rollout.tree import RolloutTree
+from agentcredit.tasks import Example
+from agentcredit.train.batch import TrainBatch
+from agentcredit.train.sft import ReferenceTrajectories
+from agentcredit.train.signals import Signals, gear_teacher_logprobs, tips_potential_terms
+
+if TYPE_CHECKING:
+    from agentcredit.train.trainer import Trainer
+
+__all__ = ["PROVIDERS", "TRAINER_SIGNALS", "SignalProvider", "signal_providers"]
+
+#: Signals the trainer's own scoring pass computes for every method.
+TRAINER_SIGNALS = frozenset({"values", "student_logp", "entropy"})
+
+
+class SignalProvider:
+    """Computes the signals in :attr:`provides` for every batch; override what applies."""
+
+    provides: ClassVar[frozenset[str]] = frozenset()
+
+    def __init__(self, trainer: Trainer, settings: Settings) -> None:
+        self.trainer = trainer
+        self.settings = settings
+
+    def fill(
+        self,
+        signals: Signals,
+        batch: TrainBatch,
+        trees: list[RolloutTree],
+        examples: Mapping[int, Example],
+        *,
+        temperature: float,
+        autocast: bool,
+    ) -> None:
+        raise NotImplementedError
+
+    def after_step(self, step: int) -> None:
+        """After the update of step ``step`` (1-based)."""
+
+    def frozen_models(self) -> list[nn.Module]:
+        return []
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        pass
+
+
+class TeacherPotentials(SignalProvider):
+    provides = frozenset({"potentials", "alpha"})
+
+    def __init__(self, trainer: Trainer, settings: Settings) -> None:
+        super().__init__(trainer, settings)
+        self.teacher = frozen_copy(trainer.model)
+        self.alpha: float = settings.alpha  # type: ignore[attr-defined]
+
+    def fill(self, signals, batch, trees, examples, *, temperature, autocast) -> None:
+        t, trainer = self.settings, self.trainer
+        answers = [examples[traj.tree].answers for traj in batch.trajectories]
+        encode = lambda text: trainer.tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+        signals.potential_split = tips_potential_terms(
+            self.teacher,
+            batch,
+            answers,
+            encode,
+            trainer.env.protocol.render_answer,
+            reduce="sum" if t.potential == "paper" else "mean",  # type: ignore[attr-defined]
+            scope=t.potential_scope,  # type: ignore[attr-defined]
+            autocast=autocast,
+            max_tokens=trainer.cfg.train.micro_batch_tokens,
+        )
+        signals.potentials = signals.potential_split.potentials
+        self.alpha = tips_step_alpha(
+            signals.potentials,
+            mode=t.alpha_mode,  # type: ignore[attr-defined]
+            alpha=t.alpha,  # type: ignore[attr-defined]
+            target_mean_abs=t.target_mean_abs,  # type: ignore[attr-defined]
+            previous=self.alpha,
+        )
+        signals.alpha = self.alpha
+
+    def after_step(self, step: int) -> None:
+        if tips_teacher_refresh_due(step, self.settings.refresh_every):  # type: ignore[attr-defined]
+            self.refresh()
+
+    def refresh(self) -> None:
+        """The teacher becomes a frozen copy of the current policy (between batches only)."""
+        self.teacher.load_state_dict(self.trainer.model.state_dict())
+
+    def frozen_models(self) -> list[nn.Module]:
+        return [self.teacher]
+
+    def state_dict(self) -> dict[str, Any]:  # the keys checkpoints have always had
+        return {"teacher": self.teacher.state_dict(), "tips_alpha": self.alpha}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if state.get("teacher") is not None:
+            self.teacher.load_state_dict(state["teacher"])
+        self.alpha = state.get("tips_alpha", self.alpha)
+
+
+class TeacherLogprobs(SignalProvider):
+    provides = frozenset({"teacher_logp"})
+
+    def __init__(self, trainer: Trainer, settings: Settings) -> None:
+        super().__init__(trainer, settings)
+        self.references: ReferenceTrajectories | None = None  # tau* per example, built on first use
+
+    def fill(self, signals, batch, trees, examples, *, temperature, autocast) -> None:
+        g, trainer = self.settings, self.trainer
+        references = None
+        if g.reference == "trajectory":  # type: ignore[attr-defined]  # tau*, played once per example (§3.3)
+            if self.references is None:
+                self.references = ReferenceTrajectories(
+                    trainer.env, trainer.tokenizer, trainer.cfg.protocol.name
+                )
+            references = {t: self.references(ex) for t, ex in examples.items()}
+        signals.teacher_logp = gear_teacher_logprobs(
+            trainer.model,
+            trainer.tokenizer,
+            trainer.env.protocol,
+            batch,
+            trees,
+            dict(examples),
+            g.template,  # type: ignore[attr-defined]
+            references=references,
+            temperature=temperature,
+            autocast=autocast,
+            max_tokens=trainer.cfg.train.micro_batch_tokens,
+        )
+
+
+#: The providers, each keyed by the signals it computes.
+PROVIDERS: tuple[type[SignalProvider], ...] = (TeacherPotentials, TeacherLogprobs)
+
+
+def signal_providers(
+    trainer: Trainer, needs: Needs, settings: Mapping[str, Settings]
+) -> list[SignalProvider]:
+    """One provider per group of needed signals the trainer does not compute itself, each given the settings of
+    the method part that needs it; a signal no provider computes is an error naming it."""
+    method = trainer.cfg.algorithm.method
+    wanted = set(needs.signals - TRAINER_SIGNALS)
+    out = []
+    for provider in PROVIDERS:
+        if not provider.provides & wanted:
+            continue
+        part = next(p for p in method.parts if provider.provides & p.needs.signals)
+        out.append(provider(trainer, settings[part.section]))
+        wanted -= provider.provides
+    if wanted:
+        raise ValueError(
+            f"{method.name} needs the signal(s) {sorted(wanted)}, which no signal provider computes"
+        )
+    return out

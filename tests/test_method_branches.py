@@ -1,0 +1,71 @@
+"""No code outside ``agentcredit/credit/methods/`` branches on a method's name (issue 37).
+
+A method is one object (:mod:`agentcredit.credit.methods`): the trainers, the verl adapter, the config and the
+environment read its :class:`~agentcredit.credit.Needs` and settings, so adding a method touches its method file,
+its preset and its tests. This test greps the package for a comparison of a method, estimator, shaping or reweight
+value with a registered method's name (``estimator == "portool"``, ``method in ("gae", "segment")``) and for a
+lookup keyed by one (``{...}[cfg.estimator]``). What is left is allow-listed below with the reason; the list only
+ever shrinks.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from agentcredit.credit import METHODS
+
+PACKAGE = Path(__file__).resolve().parents[1] / "agentcredit"
+NAMES = sorted({n for m in METHODS.values() for n in (m.name, m.estimator, m.section) if n})
+QUOTED = "|".join(re.escape(n) for n in NAMES)
+BRANCH = re.compile(
+    rf"\b(method|estimator|shaping|reweight|preset)\b[^#\n]*?(==|!=|\bin\b)\s*[\(\[\{{]?[^#\n]*?['\"]({QUOTED})['\"]"
+    rf"|['\"]({QUOTED})['\"]\s*(==|!=)[^#\n]*\b(method|estimator|shaping|reweight|preset)\b"
+    r"|\}\s*\[[\w.]*\b(estimator|method)\]"
+)
+
+#: path (relative to agentcredit/) -> (number of branching lines, why they stay)
+ALLOWED: dict[str, tuple[int, str]] = {
+    # reads old runs' saved config dicts (any version) to list their method's run settings in a report; keyed by
+    # the estimator / shaping values those files hold, not by a live Method
+    "eval/report.py": (1, "reports on saved config dicts of past runs"),
+}
+
+
+def branches() -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE).as_posix()
+        if rel.startswith("credit/methods/"):
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            code = line.split("#", 1)[0]
+            if BRANCH.search(code):
+                found.setdefault(rel, []).append(f"{number}: {line.strip()}")
+    return found
+
+
+def test_no_method_name_branch_outside_the_method_files():
+    found = branches()
+    unexpected = {p: lines for p, lines in found.items() if p not in ALLOWED}
+    assert not unexpected, f"branches on a method's name (read its Needs instead): {unexpected}"
+    for path, (count, why) in ALLOWED.items():
+        assert len(found.get(path, [])) <= count, (path, why, found.get(path))
+
+
+def test_the_grep_sees_a_branch():
+    """The pattern catches the forms it is for (so an empty result means something)."""
+    for line in (
+        'elif config.algorithm.estimator == "portool":',
+        'if a.estimator in ("gae", "segment") and r.strategy != "independent":',
+        'if settings.method == "carl-segment":',
+        'return {"grpo": {}, "gae": {}}[cfg.estimator]',
+        'if preset.shaping == "tips":',
+    ):
+        assert BRANCH.search(line), line
+    for line in (
+        'if rollout.strategy == "portool":',
+        'if needs.critic == "boundary":',
+        'if style == "tips":',
+    ):
+        assert not BRANCH.search(line), line
