@@ -169,7 +169,10 @@ def test_a_demonstration_whose_calls_end_the_episode_needs_no_answer_message():
     two = Example("b2", "How many nuts?", [], "bfcl:simple_python",
                   {"demo_calls": calls * 2, "episode_options": {"calls_end_episode": True}})  # fmt: skip
     (line,) = check_demo_calls([two], SCHEMAS, max_messages=1)
-    assert "need 2 assistant messages (2 tool turns, the last ending the episode)" in line and "capped at 1" in line
+    assert (
+        "need 2 assistant messages (2 tool turns, the last ending the episode)" in line
+        and "capped at 1" in line
+    )
 
 
 def test_sft_stops_on_a_bad_demo_call_before_loading_the_model(warehouse, tmp_path):
