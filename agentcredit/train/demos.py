@@ -202,7 +202,8 @@ def check_demo_calls(
     ``"<file> line <n>"``, :func:`agentcredit.tasks.registry.example_locations`), and how many other rows are bad.
 
     Returns warnings (not errors: the row is still valid) for demonstrations that need more assistant messages
-    (its turns + the answer) than ``max_messages``, the episode cap: SFT would cut them and drop them.
+    (its turns + the answer; its turns alone when ``episode_options.calls_end_episode``) than ``max_messages``,
+    the episode cap: SFT would cut them and drop them.
 
     An example that brings its own tools (``info["episode_options"]["schemas"]``, as BFCL's questions do) is
     checked against those instead of ``schemas``.
@@ -237,10 +238,17 @@ def check_demo_calls(
                 )
                 if error:
                     problems.append(f"{where}: {call}: {error}")
-        if max_messages is not None and len(turns) + 1 > max_messages:
+        # an episode its calls end (BFCL: the calls are the answer) has no answer message after them
+        ends = bool((example.info.get("episode_options") or {}).get("calls_end_episode"))
+        needed, parts = (
+            (len(turns), f"{len(turns)} tool turns, the last ending the episode")
+            if ends
+            else (len(turns) + 1, f"{len(turns)} tool turns and the answer")
+        )
+        if max_messages is not None and needed > max_messages:
             warnings.append(
-                f"{where}: its demo_calls need {len(turns) + 1} assistant messages ({len(turns)} tool turns and "
-                f"the answer) but an episode is capped at {max_messages} (the smaller of rollout.max_turns and "
+                f"{where}: its demo_calls need {needed} assistant messages ({parts}) "
+                f"but an episode is capped at {max_messages} (the smaller of rollout.max_turns and "
                 "protocol.options.max_segments): SFT cuts this demonstration and drops it, and RL episodes that "
                 "need as many are cut without an answer; raise the cap"
             )

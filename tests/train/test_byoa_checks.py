@@ -159,6 +159,22 @@ def test_a_demonstration_longer_than_the_episode_cap_is_warned_about():
     assert check_demo_calls([ex(calls)], SCHEMAS, max_messages=4) == []
 
 
+def test_a_demonstration_whose_calls_end_the_episode_needs_no_answer_message():
+    # regression: BFCL's questions (episode_options.calls_end_episode) are one message, the calls; the cap check
+    # counted an answer message after them and warned about every BFCL demonstration that SFT then kept
+    calls = [[{"name": "stock", "arguments": {"item": "nut"}}]]
+    ending = Example("b1", "How many nuts?", [], "bfcl:simple_python",
+                     {"demo_calls": calls, "episode_options": {"calls_end_episode": True}})  # fmt: skip
+    assert check_demo_calls([ending], SCHEMAS, max_messages=1) == []
+    two = Example("b2", "How many nuts?", [], "bfcl:simple_python",
+                  {"demo_calls": calls * 2, "episode_options": {"calls_end_episode": True}})  # fmt: skip
+    (line,) = check_demo_calls([two], SCHEMAS, max_messages=1)
+    assert (
+        "need 2 assistant messages (2 tool turns, the last ending the episode)" in line
+        and "capped at 1" in line
+    )
+
+
 def test_sft_stops_on_a_bad_demo_call_before_loading_the_model(warehouse, tmp_path):
     task = write_task(tmp_path / "train.jsonl", [[{"name": "stock", "arguments": {"itm": "nut"}}]])
     out = tmp_path / "sft"
