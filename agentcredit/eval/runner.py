@@ -110,7 +110,7 @@ def run_eval(
     from agentcredit.environment import build_environment, load_examples
     from agentcredit.eval.evaluate import critic_metrics, evaluate, rollout_caps, summary_file
     from agentcredit.eval.loading import load_for_eval
-    from agentcredit.tasks.bfcl import bfcl_eval, is_bfcl, leaderboard_metrics
+    from agentcredit.tasks.bfcl import summary_tables
 
     options = options or EvalOptions()
     start = time.perf_counter()
@@ -162,9 +162,7 @@ def run_eval(
     out_dir = Path(out_dir) if out_dir is not None else default_out_dir(model, cfg, split)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_jsonl(out_dir / "episodes.jsonl", records)
-    bfcl_fields = {}
-    if is_bfcl(cfg.task.name):  # the leaderboard's own column names, per category
-        bfcl_fields = {"leaderboard": leaderboard_metrics(summary), "bfcl_eval_version": bfcl_eval().version}
+    bfcl_fields = summary_tables(cfg.task.name, summary)  # BFCL: the leaderboard's own column names
     result = summary_file(
         summary,
         model=loaded.source,

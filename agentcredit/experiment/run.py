@@ -19,6 +19,7 @@ from agentcredit.experiment.locks import claim  # the studies' lock: one mechani
 from agentcredit.models.heads import initial_value_head
 from agentcredit.models.loading import load_base_model, load_policy
 from agentcredit.runtime import format_rss, peak_rss_gib
+from agentcredit.tasks.bfcl import summary_tables
 from agentcredit.train.rng import seed_everything
 from agentcredit.train.trainer import Trainer
 
@@ -240,6 +241,9 @@ def _train_in(config: Config, run_dir: Path, *, resume: bool, progress: bool, lo
             samples=1,
             temperature=0.0,
             seconds=time.perf_counter() - start,
+            **summary_tables(
+                config.task.name, summary
+            ),  # BFCL: the leaderboard's columns, as eval writes them
         )
         (run_dir / "eval_summary.json").write_text(json.dumps(final, indent=2))
         log("final evaluation: " + ", ".join(f"{k}={v:.3f}" for k, v in summary.items()))

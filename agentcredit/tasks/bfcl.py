@@ -362,6 +362,15 @@ def bfcl_reward(example: Example, answer: str | None) -> float:
     return 1.0 if verdict(example, answer)["valid"] else 0.0
 
 
+def summary_tables(task: str, summary: dict[str, float]) -> dict[str, Any]:
+    """The BFCL tables of a summary file (``eval.evaluate.summary_file``): the leaderboard's columns and the
+    checker's version for a ``bfcl:`` task, nothing otherwise. One place for ``agentcredit eval``'s summary.json
+    and ``train``'s eval_summary.json, so both carry them."""
+    if not is_bfcl(task):
+        return {}
+    return {"leaderboard": leaderboard_metrics(summary), "bfcl_eval_version": bfcl_eval().version}
+
+
 def leaderboard_metrics(summary: dict[str, float]) -> dict[str, float]:
     """``"<section> <column> (<category>)" -> accuracy`` for every category an evaluation summary holds (its
     ``<category>/accuracy`` keys), with the leaderboard's own column names."""

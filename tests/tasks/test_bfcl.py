@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 
@@ -80,6 +81,22 @@ def test_leaderboard_metrics_use_the_leaderboards_column_names():
         "Non-Live Irrelevance Detection (irrelevance)": 0.75,
         "Live Relevance Detection (live_relevance)": 0.5,
     }
+
+
+def test_summary_tables_are_empty_for_a_task_that_is_not_bfcl():
+    assert bfcl.summary_tables("arith-tools", {"accuracy": 0.5}) == {}
+
+
+@needs_bfcl
+def test_summary_tables_carry_the_leaderboard_and_checker_version_for_eval_and_train():
+    """Regression: train's eval_summary.json had ``leaderboard: null`` where `agentcredit eval` filled it in; both
+    now take their tables from this one function."""
+    tables = bfcl.summary_tables("bfcl:irrelevance", {"irrelevance/accuracy": 1.0})
+    assert tables["leaderboard"] == {"Non-Live Irrelevance Detection (irrelevance)": 1.0}
+    assert tables["bfcl_eval_version"] == bfcl.bfcl_eval().version
+    for module in ("eval/runner.py", "experiment/run.py"):
+        source = (Path(bfcl.__file__).parents[1] / module).read_text(encoding="utf-8")
+        assert "summary_tables(" in source, module
 
 
 def _episode(protocol: ChatToolProtocol, example: Example, message: str):
