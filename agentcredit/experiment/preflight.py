@@ -184,7 +184,9 @@ def _training_examples(cfg: Any, questions: int) -> list[Any]:
 
     split = cfg.task.split
     if split != "train":
-        raise ValueError(f"preconditions are measured on training questions; the start's task.split is {split!r}")
+        raise ValueError(
+            f"preconditions are measured on training questions; the start's task.split is {split!r}"
+        )
     return load_examples(cfg, split="train", limit=questions)
 
 
@@ -194,6 +196,9 @@ def _rates(trees: Sequence[Any], examples: Sequence[Any]) -> dict[str, float]:
         outcomes = list(tree.outcomes().values())
         out[example.id] = sum(1 for r in outcomes if r >= 1.0) / max(1, len(outcomes))
     return out
+
+
+_GAP_SAMPLES: dict[tuple, tuple[dict[str, int], dict[str, float], dict[str, float]]] = {}
 
 
 def measure_policy(study: Study, pre: PreconditionSpec, model_dir: Path) -> dict[str, Any]:
@@ -211,7 +216,13 @@ def measure_policy(study: Study, pre: PreconditionSpec, model_dir: Path) -> dict
         arm = next(a for a in spec.arms if a.name == pre.arm)
         cfg = load_config(
             arm.preset,
-            [*spec.set, *arm.set, f"model.name={model_dir}", f"method={arm.name}", f"train.seed={spec.seeds[0]}"],
+            [
+                *spec.set,
+                *arm.set,
+                f"model.name={model_dir}",
+                f"method={arm.name}",
+                f"train.seed={spec.seeds[0]}",
+            ],
         )
         examples = _training_examples(cfg, pre.questions)
         from agentcredit.train.trainer import Trainer
@@ -261,9 +272,15 @@ def measure_policy(study: Study, pre: PreconditionSpec, model_dir: Path) -> dict
 
         if pre.measure == "tool_gap":
             labels = spec.tier_samples or 5
-            counts = tier_counts(model, tokenizer, start, examples, labels, seed=4242)
-            no_tool = _rates(sampled("no_tool", 4243), examples)
-            tool = _rates(sampled("forced", 4244), examples)
+            # the Tier-1 and Tier-2 gaps of one study read the same samples: drawn once per process
+            memo = (str(model_dir), pre.questions, pre.samples, labels)
+            if memo not in _GAP_SAMPLES:
+                _GAP_SAMPLES[memo] = (
+                    tier_counts(model, tokenizer, start, examples, labels, seed=4242),
+                    _rates(sampled("no_tool", 4243), examples),
+                    _rates(sampled("forced", 4244), examples),
+                )
+            counts, no_tool, tool = _GAP_SAMPLES[memo]
             value, se, n = tool_gap(counts, no_tool, tool, pre.tier)
             ids = [q for q, c in counts.items() if (c >= 1) == (pre.tier == "tier2")]
             detail = {
@@ -379,6 +396,44 @@ def run_preflight(
         if (reason := refusal({**record, "power": []})) is not None:
             raise StudyError(f"{study.dir}: the arms do not start: {reason}; measured values in {path}")
 
+        def power_rows() -> list[dict[str, Any]]:
+            """Per claim, from the start's per-question greedy outcomes on its held-out set."""
+            cache = json.loads((study.start_dir / "heldout_start.json").read_text())
+            counts = cache.get("tier_counts", {})
+            rows_ = []
+            for c in spec.claims:
+                if c.source == "training" or c.direction == "lower_spread":
+                    continue
+                h = c.heldout or spec.heldout[0].name
+                episodes = [
+                    json.loads(line)
+                    for line in (study.start_dir / f"eval_{h}_episodes.jsonl").read_text().splitlines()
+                    if line.strip()
+                ]
+                values = per_question_values(episodes, c.metric, counts, strict_at=spec.tier_samples or 5)
+                rows_.append({"heldout": h, **claim_power(c, values, len(spec.seeds))})
+            return rows_
+
+        def time_arms(arms: list[Any]) -> None:
+            timing = record.setdefault("timing", {})
+            for arm in arms:
+                if arm.name not in timing:
+                    study.log(f"[preflight] timing one step of {arm.name}")
+                    timing[arm.name] = _timed_step(study, arm)
+                    save()
+
+        warm = spec.start.warmup
+        policy_only = [a for a in spec.arms if study.arm_start(a).name == "sft-model"]
+        if warm is None or warm.steps == 0:
+            # the warm-up leaves the policy as it is: the power and the critic-free arms' steps are measured
+            # before the warm-up is paid for
+            start_cfg = load_config(spec.start.preset, [*spec.set, *spec.start.set, f"model.name={sft_dir}"])
+            study.heldout_record(sft_dir, start_cfg)
+            record["power"] = power_rows()
+            save()
+            if time_steps:
+                time_arms(policy_only)
+
         start = study.build_start()
         for pre in spec.preconditions:
             if pre.measure == "warmup_gate":
@@ -394,22 +449,8 @@ def run_preflight(
                     },
                 )
         record["preconditions"] = rows
-
-        # power, from the start's per-question greedy outcomes on each claim's held-out set
         cache = json.loads((study.start_dir / "heldout_start.json").read_text())
-        counts = cache.get("tier_counts", {})
-        power = []
-        for c in spec.claims:
-            if c.source == "training" or c.direction == "lower_spread":
-                continue
-            h = c.heldout or spec.heldout[0].name
-            records = [
-                json.loads(line)
-                for line in (study.start_dir / f"eval_{h}_episodes.jsonl").read_text().splitlines()
-                if line.strip()
-            ]
-            values = per_question_values(records, c.metric, counts, strict_at=spec.tier_samples or 5)
-            power.append({"heldout": h, **claim_power(c, values, len(spec.seeds))})
+        power = power_rows()
         record["power"] = power
         save()
         for r in power:
@@ -421,13 +462,8 @@ def run_preflight(
 
         # budget: one timed step per arm
         if time_steps:
-            timing = record.get("timing", {})
-            for arm in spec.arms:
-                if arm.name not in timing:
-                    study.log(f"[preflight] timing one step of {arm.name}")
-                    timing[arm.name] = _timed_step(study, arm)
-                    record["timing"] = timing
-                    save()
+            time_arms(spec.arms)
+            timing = record["timing"]
             eval_seconds = float(cache.get("eval_seconds", math.nan))
             plan = planned_seconds(
                 {a: t["seconds"] for a, t in timing.items() if a in {x.name for x in spec.arms}},
@@ -447,7 +483,9 @@ def run_preflight(
                 "cpu_hours_to_decide": (
                     plan["total"] / 3600 * deciding / len(spec.seeds) if deciding else None
                 ),
-                "undecidable_claims": [r["claim"] for r in power if r.get("underpowered") and not r.get("seeds_needed")],
+                "undecidable_claims": [
+                    r["claim"] for r in power if r.get("underpowered") and not r.get("seeds_needed")
+                ],
             }
             study.log(
                 f"[preflight] planned: {record['budget']['planned_cpu_hours']:.1f} CPU hours for the arms "

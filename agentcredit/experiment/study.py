@@ -179,7 +179,8 @@ class PreconditionSpec(_Spec):
         "of the critic warm-up's gate (explained_variance, auc, sign_accuracy).",
     )
     tier: Literal["tier1", "tier2"] | None = Field(
-        None, description="tool_gap: the questions of this tier (no-tool samples of the start, paper's 1-of-n rule)."
+        None,
+        description="tool_gap: the questions of this tier (no-tool samples of the start, paper's 1-of-n rule).",
     )
     metric: str | None = Field(None, description="metric / warmup_gate: the key read.")
     arm: str | None = Field(None, description="group_success: the arm whose step-1 rollouts are measured.")
@@ -187,13 +188,17 @@ class PreconditionSpec(_Spec):
         None, description="metric: the prompt mode (default the config's own)."
     )
     questions: int = Field(48, ge=4, description="Training questions measured (never held-out ones).")
-    samples: int = Field(4, ge=1, description="Samples per question (and per prompt mode) at the training temperature.")
+    samples: int = Field(
+        4, ge=1, description="Samples per question (and per prompt mode) at the training temperature."
+    )
     op: Literal[">=", ">", "<=", "<"] = ">="
     threshold: float
 
     @model_validator(mode="after")
     def _fields(self) -> PreconditionSpec:
-        need = {"tool_gap": "tier", "group_success": "arm", "metric": "metric", "warmup_gate": "metric"}[self.measure]
+        need = {"tool_gap": "tier", "group_success": "arm", "metric": "metric", "warmup_gate": "metric"}[
+            self.measure
+        ]
         if getattr(self, need) is None:
             raise ValueError(f"precondition {self.name!r}: measure {self.measure} needs '{need}'")
         return self
@@ -213,7 +218,10 @@ class ClaimPower(_Spec):
     )
     seed_sd_source: str = Field("", description="Where seed_sd was measured.")
     rho: float = Field(
-        0.0, ge=0.0, le=1.0, description="Correlation of the two arms' values on one question (0: conservative)."
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description="Correlation of the two arms' values on one question (0: conservative).",
     )
 
 
@@ -302,7 +310,9 @@ class StudySpec(_Spec):
                 )
         for pre in self.preconditions:
             if pre.arm is not None and pre.arm not in arms:
-                raise ValueError(f"precondition {pre.name!r}: no arm named {pre.arm!r} (arms: {sorted(arms)})")
+                raise ValueError(
+                    f"precondition {pre.name!r}: no arm named {pre.arm!r} (arms: {sorted(arms)})"
+                )
             if pre.measure == "warmup_gate" and self.start.warmup is None:
                 raise ValueError(f"precondition {pre.name!r}: warmup_gate needs start.warmup")
         return self
@@ -394,6 +404,14 @@ def load_study(path: str | Path) -> StudySpec:
                 "set the protocol for every arm in the study's common 'set'"
             )
     return spec
+
+
+def no_success_share(trees: list[Any]) -> float:
+    """Share of a step's groups (one tree per question) in which no trajectory is correct (outcome >= 1): where
+    a group-relative method has nothing to prefer and PORTool's decayed -1 outcome favours searching (issue 32)."""
+    if not trees:
+        return math.nan
+    return sum(1 for t in trees if not any(r >= 1.0 for r in t.outcomes().values())) / len(trees)
 
 
 def _weights_digest(model_dir: Path) -> str:
@@ -622,7 +640,6 @@ class Study:
 
     def _build_start(self, summary_path: Path) -> dict[str, Any]:
         from agentcredit.experiment.run import run_warmup
-        from agentcredit.models.loading import load_base_model
 
         s = self.spec.start
         cfg = load_config(s.preset, [*self.spec.set, *s.set])
@@ -660,7 +677,27 @@ class Study:
                 )
             summary["warmup"]["allowed_failed"] = not summary["warmup"].get("passed")
         model_dir = self.start_model()
-        model, tokenizer = load_base_model(str(model_dir), start_cfg.model.dtype)
+        cached = self.heldout_record(model_dir, start_cfg)
+        summary["tiers"], summary["heldout"] = cached["tiers"], cached["heldout"]
+        summary["seconds"] = time.perf_counter() - started
+        summary["model"] = str(model_dir)
+        _write_json(summary_path, summary)
+        self.log(
+            "[start] held-out: "
+            + "; ".join(
+                f"{name}: accuracy {m['accuracy']:.3f}, tool-call rate {m['tool_call_rate']:.3f}"
+                for name, m in summary["heldout"].items()
+            )
+        )
+        return summary
+
+    def heldout_record(self, model_dir: Path, start_cfg: Any) -> dict[str, Any]:
+        """Tier labels (with their per-question counts) and the greedy held-out evaluation of the policy in
+        ``model_dir``, kept in ``start/heldout_start.json`` keyed by a digest of its weights: computed once per
+        policy. The preflight asks for it on the SFT model before the warm-up (the power analysis reads it); a
+        warm-up that trains only the value head leaves the policy's weights, and so this record, as they were."""
+        from agentcredit.models.loading import load_base_model
+
         sets = self.heldout_sets()
         # tier labels and the start's held-out metrics depend on the start policy's weights only (not on the
         # value head), so they are kept keyed by a digest of those weights and survive a redone head warm-up
@@ -672,10 +709,12 @@ class Study:
         if cached.get("weights") != weights:
             from agentcredit.train.warmup import labels_from_counts
 
+            model, tokenizer = load_base_model(str(model_dir), start_cfg.model.dtype)
             counts = self._tier_counts(model, tokenizer, start_cfg, sets)
             tiers = labels_from_counts(counts) if counts else {}
             began = time.perf_counter()
             evaluation = self._evaluate(model, tokenizer, start_cfg, sets, tiers)
+            del model
             fresh = {"weights": weights, "tiers": tiers, "heldout": evaluation}
             if counts:  # how many of tier_samples no-tool samples were right: the strict Tier-2 rule reads it
                 fresh["tier_counts"] = counts
@@ -690,18 +729,7 @@ class Study:
                 f"{model_dir}: the start's weights (digest {weights}) differ from the published start's "
                 f"({published}), from which the restored runs trained; run it anew in a new --out directory"
             )
-        summary["tiers"], summary["heldout"] = cached["tiers"], cached["heldout"]
-        summary["seconds"] = time.perf_counter() - started
-        summary["model"] = str(model_dir)
-        _write_json(summary_path, summary)
-        self.log(
-            "[start] held-out: "
-            + "; ".join(
-                f"{name}: accuracy {m['accuracy']:.3f}, tool-call rate {m['tool_call_rate']:.3f}"
-                for name, m in summary["heldout"].items()
-            )
-        )
-        return summary
+        return cached
 
     def _check_equivalent_rebuild(
         self, published: str, record: dict[str, Any], rebuilt: dict[str, Any]
@@ -850,6 +878,8 @@ class Study:
                 )
 
                 def on_step(tr, result):
+                    if tr.logger is not None and result.trees:  # the regime, step by step, for every method
+                        tr.logger.log(tr.step, {"study/no_success_groups": no_success_share(result.trees)})
                     evaluation(tr, result)
                     _write_json(
                         progress_path, {"step": tr.step, "seconds": spent + time.perf_counter() - began}

@@ -175,7 +175,7 @@ def tier_labels(
 
 
 def labels_from_counts(counts: dict[str, int], *, at_least: int = 1) -> dict[str, str]:
-    """"tier2" where at least ``at_least`` no-tool samples were correct (the paper's rule: 1 of 5, §4.1; a strict
+    """ "tier2" where at least ``at_least`` no-tool samples were correct (the paper's rule: 1 of 5, §4.1; a strict
     rule asks for all of them), else "tier1"."""
     return {qid: "tier2" if n >= at_least else "tier1" for qid, n in counts.items()}
 

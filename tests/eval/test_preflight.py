@@ -65,7 +65,9 @@ def test_an_unmet_regime_stops_before_the_warm_up_with_the_measured_values(tmp_p
     path = write(tmp_path / "s.yaml", preregistered())
     study = Study(load_study(path), tmp_path / "study", source=path, log=lambda _: None)
     study.prepare(resume=False)
-    with pytest.raises(StudyError, match="precondition\\(s\\) not met: tier 2 better without the tool: measured"):
+    with pytest.raises(
+        StudyError, match="precondition\\(s\\) not met: tier 2 better without the tool: measured"
+    ):
         study.run()
     record = json.loads((tmp_path / "study" / "preflight" / "preflight.json").read_text())
     assert [p["met"] for p in record["preconditions"]] == [False, False, False]
@@ -92,7 +94,8 @@ def test_the_override_measures_power_and_budget_and_stamps_every_verdict(tmp_pat
     assert rows["fewer calls"]["effect"] == pytest.approx(0.44) and rows["fewer calls"]["mde"] is not None
     assert not (out / "runs").exists()
     report = (out / "report" / "report.md").read_text()
-    assert "Preflight" in report and "MDE" in report and "planned" in report
+    assert "Preflight" in report and "MDE" in report and "Planned" in report
+    assert report.count("(regime not met)") == len(preregistered()["claims"])  # every verdict is stamped
     # without the override the same study refuses, exit 2, one line
     again = CliRunner().invoke(app, ["study", "--config", path, "--out", str(out), "--resume"])
     assert again.exit_code == 2 and "precondition(s) not met" in again.output
