@@ -931,6 +931,7 @@ class Study:
         report = self.dir / "report"
         pairs += [(f, dest / f.relative_to(report)) for f in sorted(report.rglob("*")) if f.is_file()]
         pairs += [(f, dest / "heldout" / f.name) for f in sorted((self.dir / "heldout").glob("*.jsonl"))]
+        pairs.append((self.dir / "preflight" / "preflight.json", dest / "preflight.json"))
         for name in (
             "summary.json",
             "heldout_start.json",

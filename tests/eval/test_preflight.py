@@ -96,6 +96,8 @@ def test_the_override_measures_power_and_budget_and_stamps_every_verdict(tmp_pat
     report = (out / "report" / "report.md").read_text()
     assert "Preflight" in report and "MDE" in report and "Planned" in report
     assert report.count("(regime not met)") == len(preregistered()["claims"])  # every verdict is stamped
+    published = Study(load_study(path), out, source=path).publish(tmp_path / "docs")
+    assert tmp_path / "docs" / "preflight.json" in published  # the measured regime goes with the report
     # without the override the same study refuses, exit 2, one line
     again = CliRunner().invoke(app, ["study", "--config", path, "--out", str(out), "--resume"])
     assert again.exit_code == 2 and "precondition(s) not met" in again.output
