@@ -305,7 +305,7 @@ def measure_policy(study: Study, pre: PreconditionSpec, model_dir: Path) -> dict
 
 
 def _pre_digest(pre: PreconditionSpec, weights: str) -> str:
-    from agentcredit.experiment.study import _digest
+    from agentcredit.experiment.common import _digest
 
     return _digest({"pre": pre.model_dump(mode="json"), "weights": weights})
 
@@ -341,7 +341,7 @@ def run_preflight(
     Written to ``<study>/preflight/preflight.json`` as it goes, so a stopped preflight resumes and the report can
     show what was measured even when the arms are refused.
     """
-    from agentcredit.experiment.study import StudyError, _weights_digest, _write_json
+    from agentcredit.experiment.common import StudyError, _weights_digest, _write_json
 
     folder = study.dir / "preflight"
     folder.mkdir(parents=True, exist_ok=True)

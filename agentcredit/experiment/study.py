@@ -32,10 +32,8 @@ start it trained from in ``start_weights``). Several invocations can share the w
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
-import os
 import shutil
 import time
 from collections.abc import Callable
@@ -47,14 +45,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serial
 
 from agentcredit.config import ConfigError, load_config, load_yaml_file
 from agentcredit.experiment.arms import claim_differences, resolved_protocol
+from agentcredit.experiment.common import StudyError, _digest, _weights_digest, _write_json  # noqa: F401
 from agentcredit.experiment.locks import claim
 from agentcredit.tasks import Example, load_task
 
 Log = Callable[[str], None]
-
-
-class StudyError(ValueError):
-    """A study file or study directory that cannot be used; the message says which and why."""
 
 
 class _Spec(BaseModel):
@@ -346,10 +341,6 @@ class StudySpec(_Spec):
         return _digest({**common, "arm": spec.model_dump(mode="json"), "seed": seed})
 
 
-def _digest(data: Any) -> str:
-    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
-
-
 def load_study(path: str | Path) -> StudySpec:
     path = Path(path)
     if not path.is_file():
@@ -412,26 +403,6 @@ def no_success_share(trees: list[Any]) -> float:
     if not trees:
         return math.nan
     return sum(1 for t in trees if not any(r >= 1.0 for r in t.outcomes().values())) / len(trees)
-
-
-def _weights_digest(model_dir: Path) -> str:
-    """A digest of a model directory's weight files (what a policy's behaviour depends on)."""
-    digest = hashlib.blake2b(digest_size=16)
-    files = sorted(model_dir.glob("*.safetensors")) + sorted(model_dir.glob("*.bin"))
-    if not files:
-        raise StudyError(f"{model_dir}: no weight files")
-    for path in files:
-        with open(path, "rb") as fh:
-            while chunk := fh.read(1 << 22):
-                digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _write_json(path: Path, data: Any) -> None:
-    """Atomic JSON write: a half-written file never looks like a finished one."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    tmp.replace(path)
 
 
 # ------------------------------------------------------------------------------------------------ the study
