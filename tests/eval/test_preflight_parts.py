@@ -137,3 +137,22 @@ def test_no_success_share_by_hand():
     # PORTool's -1 / 0 / +1 and EM's 0 / 1: a group counts as solved when one trajectory reaches 1
     assert no_success_share([Tree(-1, 0), Tree(1, -1), Tree(0, 0), Tree(1, 1)]) == 0.5
     assert math.isnan(no_success_share([]))
+
+
+def test_the_sft_demonstrations_see_a_clean_tool_where_the_studys_tool_can_fail(tmp_path, monkeypatch):
+    import agentcredit.experiment.run as run
+    from agentcredit.experiment.study import Study
+
+    seen = {}
+
+    def fake_sft(cfg, out_dir, **kw):
+        seen["options"] = dict(cfg.task.options)
+
+    monkeypatch.setattr(run, "run_sft", fake_sft)
+    study = Study(load_study("studies/arith-tool-can-hurt.yaml"), tmp_path, log=lambda _: None)
+    study.sft()
+    assert seen["options"]["tool_failure_rate"] == 0.0  # start.sft.set
+    common = load_study("studies/arith-tool-can-hurt.yaml").set[0]
+    assert (
+        "tool_failure_rate: 0.4" in common
+    )  # the start's measurements and every arm: the tool that can hurt
