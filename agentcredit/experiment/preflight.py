@@ -283,6 +283,8 @@ def measure_policy(study: Study, pre: PreconditionSpec, model_dir: Path) -> dict
             counts, no_tool, tool = _GAP_SAMPLES[memo]
             value, se, n = tool_gap(counts, no_tool, tool, pre.tier)
             ids = [q for q, c in counts.items() if (c >= 1) == (pre.tier == "tier2")]
+            strict = {q: (1 if c >= labels else 0) for q, c in counts.items()}  # all labelling samples right
+            strict_gap, strict_se, strict_n = tool_gap(strict, no_tool, tool, "tier2")
             detail = {
                 "tier_questions": n,
                 "of_questions": len(examples),
@@ -290,6 +292,12 @@ def measure_policy(study: Study, pre: PreconditionSpec, model_dir: Path) -> dict
                 "p_correct_no_tool": mean_se([no_tool[q] for q in ids])[0],
                 "p_correct_tool": mean_se([tool[q] for q in ids])[0],
                 "temperature": temperature,
+                # the same gap on the strict Tier 2 (every labelling sample right), for choosing a regime
+                "strict_tier2_gap": strict_gap,
+                "strict_tier2_se": strict_se,
+                "strict_tier2_questions": strict_n,
+                # per question: [labelling no-tool samples right, P(correct | no tool), P(correct | tool)]
+                "per_question": {q: [counts[q], no_tool[q], tool[q]] for q in counts},
             }
         else:  # metric
             from agentcredit.eval.evaluate import episode_records
