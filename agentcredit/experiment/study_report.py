@@ -349,7 +349,12 @@ def preflight_sections(
     )
     if unmet:
         text += f"**Regime not met** ({len(unmet)} of {len(pres)} preconditions): " + (
-            "the arms ran anyway (--allow-unmet-regime), so every verdict below is stamped 'regime not met'."
+            (
+                "the arms ran anyway (--allow-unmet-regime), so every verdict below is stamped 'regime not met'."
+                if any(finished.values())
+                else "the preflight went on past it (--allow-unmet-regime) and no arm has run; arms run so would "
+                "have every verdict stamped 'regime not met'."
+            )
             if overrides.get("regime")
             else "the study refuses to run its arms."
         )
@@ -365,7 +370,7 @@ def preflight_sections(
             extra = ", ".join(
                 f"{k} {_fmt(v) if isinstance(v, float) else v}"
                 for k, v in d.items()
-                if k not in ("gate",) and v is not None
+                if k not in ("gate", "per_question") and v is not None
             )
             rows.append(
                 [
