@@ -219,6 +219,26 @@ def study(
             "into a new --out; the start is rebuilt and must match the published start's weights.",
         ),
     ] = None,
+    preflight_only: Annotated[
+        bool,
+        typer.Option(
+            "--preflight-only",
+            help="Measure the preconditions, the power and the budget (a timed step per arm), then stop.",
+        ),
+    ] = False,
+    allow_unmet_regime: Annotated[
+        bool,
+        typer.Option(
+            "--allow-unmet-regime",
+            help="Run the arms although a precondition is not met; every verdict is stamped 'regime not met'.",
+        ),
+    ] = False,
+    allow_underpowered: Annotated[
+        bool,
+        typer.Option(
+            "--allow-underpowered", help="Run the arms although a claim's MDE exceeds the effect it tests."
+        ),
+    ] = False,
 ) -> None:
     """Compare methods from one shared start over seeds on fixed held-out sets; ends in a report with verdicts."""
     from agentcredit.experiment.study import Study, StudyError, load_study
@@ -236,7 +256,13 @@ def study(
                 restored = runner.restore(from_published)
                 typer.echo(f"restored {restored} ended runs from {from_published}")
             runner.prepare(resume=resume or from_published is not None)
-            result = runner.run(only=only, max_runs=max_runs)
+            result = runner.run(
+                only=only,
+                max_runs=max_runs,
+                preflight_only=preflight_only,
+                allow_unmet_regime=allow_unmet_regime,
+                allow_underpowered=allow_underpowered,
+            )
             typer.echo(f"report: {result['markdown']} and {result['html']}")
         if publish is not None:
             typer.echo(f"published {len(runner.publish(publish))} files to {publish}")

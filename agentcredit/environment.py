@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from agentcredit.config import Config
 from agentcredit.protocols import get_protocol
 from agentcredit.protocols.base import Protocol
-from agentcredit.tasks import Example, bfcl, load_task, task_corpus
+from agentcredit.tasks import Example, arith, bfcl, load_task, task_corpus
 from agentcredit.tasks.scoring import answer_reward
 from agentcredit.tools.base import ToolRuntime, ToolUnavailableError, UserCodeError
 
@@ -225,9 +225,14 @@ def build_tools(
         from agentcredit.tools.sandbox import check_available, python_tool
 
         check_available()  # preflight: print(1) in the sandbox, once per process
-        return ToolRuntime(
-            {"python": python_tool(retriever, timeout=t.sandbox_timeout)}, max_workers=t.max_workers
-        )
+        python = python_tool(retriever, timeout=t.sandbox_timeout)
+        options = config.task.options
+        if config.task.name == arith.TASK and options.get("tool_failure_rate", 0.0) > 0:
+            # the tool that can hurt: seeded failures, part of the environment (tasks.arith.tool_failure)
+            python = arith.failing_tool(
+                python, options["tool_failure_rate"], options.get("tool_failure_seed", 0)
+            )
+        return ToolRuntime({"python": python}, max_workers=t.max_workers)
     if protocol_name == "tags":
         if retriever is None:
             raise ValueError(

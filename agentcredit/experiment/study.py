@@ -32,10 +32,8 @@ start it trained from in ``start_weights``). Several invocations can share the w
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
-import os
 import shutil
 import time
 from collections.abc import Callable
@@ -47,14 +45,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serial
 
 from agentcredit.config import ConfigError, load_config, load_yaml_file
 from agentcredit.experiment.arms import claim_differences, resolved_protocol
+from agentcredit.experiment.common import StudyError, _digest, _weights_digest, _write_json  # noqa: F401
 from agentcredit.experiment.locks import claim
 from agentcredit.tasks import Example, load_task
 
 Log = Callable[[str], None]
-
-
-class StudyError(ValueError):
-    """A study file or study directory that cannot be used; the message says which and why."""
 
 
 class _Spec(BaseModel):
@@ -71,6 +66,19 @@ class SftSpec(_Spec):
         le=1.0,
         description="Demonstrations call the tool on this share of questions regardless of tier (None: by tier).",
     )
+    set: list[str] = Field(
+        default_factory=list,
+        description="Overrides for the SFT demonstrations only (e.g. a clean tool, task.options.tool_failure_rate=0, "
+        "where the study's environment has a tool that can fail: a demonstration must not teach ignoring it).",
+    )
+
+    @model_serializer(mode="wrap")
+    def _without_empty_set(self, handler: Any) -> dict[str, Any]:
+        # studies written before the field existed keep their start fingerprint
+        data = handler(self)
+        if not data.get("set"):
+            data.pop("set", None)
+        return data
 
 
 class WarmupSpec(_Spec):
@@ -153,6 +161,65 @@ class ArmSpec(_Spec):
     set: list[str] = Field(default_factory=list, description="Overrides for this arm only.")
 
 
+class PreconditionSpec(_Spec):
+    """A regime a claim needs, measured on the start policy with training questions before any arm runs."""
+
+    name: str = Field(..., description="The precondition in words.")
+    source: str = Field(..., min_length=1, description="The paper line that makes it the method's regime.")
+    measure: Literal["tool_gap", "group_success", "metric", "warmup_gate"] = Field(
+        ...,
+        description="tool_gap: P(correct | no-tool prompt) - P(correct | forced-tool prompt) on the training "
+        "questions of a tier; group_success: share of an arm's step-1 groups (trees) holding a correct trajectory; "
+        "metric: an eval summary key of sampled episodes (e.g. hop3/accuracy, easy/accuracy); warmup_gate: a key "
+        "of the critic warm-up's gate (explained_variance, auc, sign_accuracy).",
+    )
+    tier: Literal["tier1", "tier2"] | None = Field(
+        None,
+        description="tool_gap: the questions of this tier (no-tool samples of the start, paper's 1-of-n rule).",
+    )
+    metric: str | None = Field(None, description="metric / warmup_gate: the key read.")
+    arm: str | None = Field(None, description="group_success: the arm whose step-1 rollouts are measured.")
+    prompt: Literal["no_tool", "forced", "optional"] | None = Field(
+        None, description="metric: the prompt mode (default the config's own)."
+    )
+    questions: int = Field(48, ge=4, description="Training questions measured (never held-out ones).")
+    samples: int = Field(
+        4, ge=1, description="Samples per question (and per prompt mode) at the training temperature."
+    )
+    op: Literal[">=", ">", "<=", "<"] = ">="
+    threshold: float
+
+    @model_validator(mode="after")
+    def _fields(self) -> PreconditionSpec:
+        need = {"tool_gap": "tier", "group_success": "arm", "metric": "metric", "warmup_gate": "metric"}[
+            self.measure
+        ]
+        if getattr(self, need) is None:
+            raise ValueError(f"precondition {self.name!r}: measure {self.measure} needs '{need}'")
+        return self
+
+
+class PaperEffect(_Spec):
+    value: float = Field(..., description="The paper's effect in the claim's metric (arm - baseline).")
+    source: str = Field(..., min_length=1, description="Where the paper reports it (table / line).")
+
+
+class ClaimPower(_Spec):
+    seed_sd: float = Field(
+        0.0,
+        ge=0.0,
+        description="SD over seeds of the paired difference that is not question noise (e.g. from the first "
+        "round's runs); 0 gives the MDE of question noise alone, a lower bound.",
+    )
+    seed_sd_source: str = Field("", description="Where seed_sd was measured.")
+    rho: float = Field(
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description="Correlation of the two arms' values on one question (0: conservative).",
+    )
+
+
 class ClaimSpec(_Spec):
     name: str = Field(..., description="The claim in words.")
     metric: str = Field(
@@ -183,6 +250,12 @@ class ClaimSpec(_Spec):
         description="Config fields outside 'about' where the two arms knowingly differ: an override, listed in "
         "the report beside the claim as a difference the comparison does not isolate.",
     )
+    paper_effect: PaperEffect | None = Field(
+        None,
+        description="The paper's effect, cited: the power check compares the MDE with it (non-inferiority claims "
+        "with their margin).",
+    )
+    power: ClaimPower = Field(default_factory=ClaimPower)
 
 
 class StudySpec(_Spec):
@@ -201,6 +274,10 @@ class StudySpec(_Spec):
     steps: int = Field(..., ge=1)
     eval_every: int = Field(5, ge=0)
     claims: list[ClaimSpec] = Field(default_factory=list)
+    preconditions: list[PreconditionSpec] = Field(
+        default_factory=list,
+        description="Regimes measured on the start with training questions before any arm (preflight).",
+    )
 
     @model_validator(mode="after")
     def _names(self) -> StudySpec:
@@ -219,11 +296,26 @@ class StudySpec(_Spec):
                     raise ValueError(f"claim {stated.name!r}: no arm named {who!r} (arms: {sorted(arms)})")
             if stated.source == "training" and stated.heldout is not None:
                 raise ValueError(f"claim {stated.name!r}: a training-metric claim has no held-out set")
+            if stated.direction in ("higher", "lower") and stated.paper_effect is not None:
+                if stated.paper_effect.value == 0:
+                    raise ValueError(f"claim {stated.name!r}: paper_effect.value 0 is no effect to detect")
             if stated.heldout is not None and stated.heldout not in sets:
                 raise ValueError(
                     f"claim {stated.name!r}: no held-out set {stated.heldout!r} (sets: {sorted(sets)})"
                 )
+        for pre in self.preconditions:
+            if pre.arm is not None and pre.arm not in arms:
+                raise ValueError(
+                    f"precondition {pre.name!r}: no arm named {pre.arm!r} (arms: {sorted(arms)})"
+                )
+            if pre.measure == "warmup_gate" and self.start.warmup is None:
+                raise ValueError(f"precondition {pre.name!r}: warmup_gate needs start.warmup")
         return self
+
+    @property
+    def preregistered(self) -> bool:
+        """A study with preconditions or cited paper effects runs the preflight (regime, power, budget) first."""
+        return bool(self.preconditions) or any(c.paper_effect is not None for c in self.claims)
 
     def start_fingerprint(self) -> str:
         """What the shared start and the held-out sets depend on."""
@@ -231,7 +323,8 @@ class StudySpec(_Spec):
 
     def runs_fingerprint(self) -> str:
         """What the runs depend on (everything but the description and the claims, which only the report reads)."""
-        return _digest(self.model_dump(mode="json", exclude={"description", "claims"}))
+        # the preconditions only decide whether the arms may start, never what a run computes
+        return _digest(self.model_dump(mode="json", exclude={"description", "claims", "preconditions"}))
 
     def run_fingerprint(self, arm: str, seed: int) -> str | None:
         """What one run depends on: the start, the common settings, the budget and its own arm (None: no such arm).
@@ -246,10 +339,6 @@ class StudySpec(_Spec):
             mode="json", include={"set", "start", "heldout", "tier_samples", "steps", "eval_every"}
         )
         return _digest({**common, "arm": spec.model_dump(mode="json"), "seed": seed})
-
-
-def _digest(data: Any) -> str:
-    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def load_study(path: str | Path) -> StudySpec:
@@ -308,24 +397,12 @@ def load_study(path: str | Path) -> StudySpec:
     return spec
 
 
-def _weights_digest(model_dir: Path) -> str:
-    """A digest of a model directory's weight files (what a policy's behaviour depends on)."""
-    digest = hashlib.blake2b(digest_size=16)
-    files = sorted(model_dir.glob("*.safetensors")) + sorted(model_dir.glob("*.bin"))
-    if not files:
-        raise StudyError(f"{model_dir}: no weight files")
-    for path in files:
-        with open(path, "rb") as fh:
-            while chunk := fh.read(1 << 22):
-                digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _write_json(path: Path, data: Any) -> None:
-    """Atomic JSON write: a half-written file never looks like a finished one."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    tmp.replace(path)
+def no_success_share(trees: list[Any]) -> float:
+    """Share of a step's groups (one tree per question) in which no trajectory is correct (outcome >= 1): where
+    a group-relative method has nothing to prefer and PORTool's decayed -1 outcome favours searching (issue 32)."""
+    if not trees:
+        return math.nan
+    return sum(1 for t in trees if not any(r >= 1.0 for r in t.outcomes().values())) / len(trees)
 
 
 # ------------------------------------------------------------------------------------------------ the study
@@ -333,6 +410,9 @@ class Study:
     def __init__(self, spec: StudySpec, directory: str | Path, *, source: str = "", log: Log = print):
         self.spec, self.dir, self.log = spec, Path(directory), log
         self.source = source
+        # set by the preflight: the arms run although a precondition is not met (--allow-unmet-regime), which
+        # also lets critic arms start on a failed warm-up gate; the report stamps every verdict
+        self.override_regime = False
 
     # paths
     @property
@@ -507,26 +587,36 @@ class Study:
             if summary_path.is_file():
                 return json.loads(summary_path.read_text())
 
+    def sft(self) -> Path:
+        """The SFT model of the shared start (trained once; ``start.sft.set`` applies to its demonstrations)."""
+        from agentcredit.experiment.run import run_sft
+
+        s = self.spec.start
+        sft_dir = self.start_dir / "sft-model"
+        if (sft_dir / "sft_summary.json").is_file():
+            return sft_dir
+        # callers hold the start's lock (build_start) or the preflight's (preflight.run_preflight)
+        cfg = load_config(s.preset, [*self.spec.set, *s.set, *s.sft.set])
+        self.log(f"[start] SFT on {s.sft.examples} demonstrations (tool share {s.sft.tool_share})")
+        run_sft(
+            cfg,
+            sft_dir,
+            examples=s.sft.examples,
+            epochs=s.sft.epochs,
+            lr=s.sft.lr,
+            tool_share=s.sft.tool_share,
+            log=self.log,
+        )
+        return sft_dir
+
     def _build_start(self, summary_path: Path) -> dict[str, Any]:
-        from agentcredit.experiment.run import run_sft, run_warmup
-        from agentcredit.models.loading import load_base_model
+        from agentcredit.experiment.run import run_warmup
 
         s = self.spec.start
         cfg = load_config(s.preset, [*self.spec.set, *s.set])
         started = time.perf_counter()
         summary: dict[str, Any] = {}
-        sft_dir = self.start_dir / "sft-model"
-        if not (sft_dir / "sft_summary.json").is_file():
-            self.log(f"[start] SFT on {s.sft.examples} demonstrations (tool share {s.sft.tool_share})")
-            run_sft(
-                cfg,
-                sft_dir,
-                examples=s.sft.examples,
-                epochs=s.sft.epochs,
-                lr=s.sft.lr,
-                tool_share=s.sft.tool_share,
-                log=self.log,
-            )
+        sft_dir = self.sft()
         summary["sft"] = json.loads((sft_dir / "sft_summary.json").read_text())
         start_cfg = load_config(s.preset, [*self.spec.set, *s.set, f"model.name={sft_dir}"])
         if s.warmup is not None:
@@ -548,7 +638,7 @@ class Study:
                 )
                 run_warmup(start_cfg, warm_dir, questions=w.questions, settings=settings, log=self.log)
             summary["warmup"] = json.loads((warm_dir / "warmup_summary.json").read_text())
-            if not summary["warmup"].get("passed") and not w.allow_failed_gate:
+            if not summary["warmup"].get("passed") and not self._gate_allowed():
                 from agentcredit.train.warmup import gate_failures
 
                 raise StudyError(
@@ -558,28 +648,7 @@ class Study:
                 )
             summary["warmup"]["allowed_failed"] = not summary["warmup"].get("passed")
         model_dir = self.start_model()
-        model, tokenizer = load_base_model(str(model_dir), start_cfg.model.dtype)
-        sets = self.heldout_sets()
-        # tier labels and the start's held-out metrics depend on the start policy's weights only (not on the
-        # value head), so they are kept keyed by a digest of those weights and survive a redone head warm-up
-        cache = self.start_dir / "heldout_start.json"
-        weights = _weights_digest(model_dir)
-        cached = json.loads(cache.read_text()) if cache.is_file() else {}
-        published_file = self.start_dir / "published_weights"
-        published = published_file.read_text().strip() if published_file.is_file() else None
-        if cached.get("weights") != weights:
-            tiers = self._tier_labels(model, tokenizer, start_cfg, sets)
-            evaluation = self._evaluate(model, tokenizer, start_cfg, sets, tiers)
-            fresh = {"weights": weights, "tiers": tiers, "heldout": evaluation}
-            if published and published != weights:
-                fresh["equivalent_to"] = self._check_equivalent_rebuild(published, cached, fresh)
-            cached = fresh
-            _write_json(cache, cached)
-        elif published and published != weights and published not in cached.get("equivalent_to", []):
-            raise StudyError(
-                f"{model_dir}: the start's weights (digest {weights}) differ from the published start's "
-                f"({published}), from which the restored runs trained; run it anew in a new --out directory"
-            )
+        cached = self.heldout_record(model_dir, start_cfg)
         summary["tiers"], summary["heldout"] = cached["tiers"], cached["heldout"]
         summary["seconds"] = time.perf_counter() - started
         summary["model"] = str(model_dir)
@@ -592,6 +661,46 @@ class Study:
             )
         )
         return summary
+
+    def heldout_record(self, model_dir: Path, start_cfg: Any) -> dict[str, Any]:
+        """Tier labels (with their per-question counts) and the greedy held-out evaluation of the policy in
+        ``model_dir``, kept in ``start/heldout_start.json`` keyed by a digest of its weights: computed once per
+        policy. The preflight asks for it on the SFT model before the warm-up (the power analysis reads it); a
+        warm-up that trains only the value head leaves the policy's weights, and so this record, as they were."""
+        from agentcredit.models.loading import load_base_model
+
+        sets = self.heldout_sets()
+        # tier labels and the start's held-out metrics depend on the start policy's weights only (not on the
+        # value head), so they are kept keyed by a digest of those weights and survive a redone head warm-up
+        cache = self.start_dir / "heldout_start.json"
+        weights = _weights_digest(model_dir)
+        cached = json.loads(cache.read_text()) if cache.is_file() else {}
+        published_file = self.start_dir / "published_weights"
+        published = published_file.read_text().strip() if published_file.is_file() else None
+        if cached.get("weights") != weights:
+            from agentcredit.train.warmup import labels_from_counts
+
+            model, tokenizer = load_base_model(str(model_dir), start_cfg.model.dtype)
+            counts = self._tier_counts(model, tokenizer, start_cfg, sets)
+            tiers = labels_from_counts(counts) if counts else {}
+            began = time.perf_counter()
+            evaluation = self._evaluate(model, tokenizer, start_cfg, sets, tiers)
+            del model
+            fresh = {"weights": weights, "tiers": tiers, "heldout": evaluation}
+            if counts:  # how many of tier_samples no-tool samples were right: the strict Tier-2 rule reads it
+                fresh["tier_counts"] = counts
+            # one greedy evaluation of every held-out set: the unit of a study's planned evaluation time
+            fresh["eval_seconds"] = time.perf_counter() - began
+            if published and published != weights:
+                fresh["equivalent_to"] = self._check_equivalent_rebuild(published, cached, fresh)
+            cached = fresh
+            _write_json(cache, cached)
+        elif published and published != weights and published not in cached.get("equivalent_to", []):
+            raise StudyError(
+                f"{model_dir}: the start's weights (digest {weights}) differ from the published start's "
+                f"({published}), from which the restored runs trained; run it anew in a new --out directory"
+            )
+        return cached
 
     def _check_equivalent_rebuild(
         self, published: str, record: dict[str, Any], rebuilt: dict[str, Any]
@@ -626,16 +735,16 @@ class Study:
         )
         return [published, *record.get("equivalent_to", [])]
 
-    def _tier_labels(self, model, tokenizer, cfg, sets) -> dict[str, str]:
+    def _tier_counts(self, model, tokenizer, cfg, sets) -> dict[str, int]:
         if self.spec.tier_samples == 0:
             return {}
-        from agentcredit.train.warmup import tier_labels
+        from agentcredit.train.warmup import tier_counts
 
         examples = [e for exs in sets.values() for e in exs]
         self.log(
             f"[start] tier labels: {self.spec.tier_samples} no-tool samples for {len(examples)} held-out questions"
         )
-        return tier_labels(model, tokenizer, cfg, examples, self.spec.tier_samples, seed=12345)
+        return tier_counts(model, tokenizer, cfg, examples, self.spec.tier_samples, seed=12345)
 
     def _evaluate(self, model, tokenizer, cfg, sets, tiers) -> dict[str, dict[str, float]]:
         from agentcredit.environment import build_environment
@@ -699,7 +808,7 @@ class Study:
 
     def _gate_allowed(self) -> bool:
         warm = self.spec.start.warmup
-        return warm is not None and warm.allow_failed_gate
+        return warm is not None and (warm.allow_failed_gate or self.override_regime)
 
     def run_one(self, arm: ArmSpec, seed: int, start: dict[str, Any]) -> bool:
         """Train (or continue) one run; False if another invocation holds it."""
@@ -740,6 +849,8 @@ class Study:
                 )
 
                 def on_step(tr, result):
+                    if tr.logger is not None and result.trees:  # the regime, step by step, for every method
+                        tr.logger.log(tr.step, {"study/no_success_groups": no_success_share(result.trees)})
                     evaluation(tr, result)
                     _write_json(
                         progress_path, {"step": tr.step, "seconds": spent + time.perf_counter() - began}
@@ -791,6 +902,7 @@ class Study:
         report = self.dir / "report"
         pairs += [(f, dest / f.relative_to(report)) for f in sorted(report.rglob("*")) if f.is_file()]
         pairs += [(f, dest / "heldout" / f.name) for f in sorted((self.dir / "heldout").glob("*.jsonl"))]
+        pairs.append((self.dir / "preflight" / "preflight.json", dest / "preflight.json"))
         for name in (
             "summary.json",
             "heldout_start.json",
@@ -824,10 +936,33 @@ class Study:
                 written.append(target)
         return written
 
-    def run(self, *, only: list[str] | None = None, max_runs: int | None = None) -> dict[str, Any]:
-        """Build the start if needed, then every unfinished run this invocation can claim; then the report."""
+    def run(
+        self,
+        *,
+        only: list[str] | None = None,
+        max_runs: int | None = None,
+        preflight_only: bool = False,
+        allow_unmet_regime: bool = False,
+        allow_underpowered: bool = False,
+    ) -> dict[str, Any]:
+        """The preflight of a pre-registered study (preconditions, power, budget: it may refuse the arms), the
+        start if needed, then every unfinished run this invocation can claim; then the report."""
         from agentcredit.experiment.study_report import write_study_report
 
+        if self.spec.preregistered:
+            from agentcredit.experiment.preflight import run_preflight
+
+            try:
+                run_preflight(self, allow_unmet=allow_unmet_regime, allow_underpowered=allow_underpowered)
+            finally:  # the measured values reach the report even when the arms are refused
+                write_study_report(self, self.dir / "report")
+        elif preflight_only:
+            raise StudyError(
+                f"{self.source or self.dir}: --preflight-only needs a study with preconditions or paper effects"
+            )
+        if preflight_only:
+            paths = write_study_report(self, self.dir / "report")
+            return {"runs_done_now": 0, **{k: str(v) for k, v in paths.items()}}
         start = self.build_start()
         done = 0
         for arm, seed in self.runs():

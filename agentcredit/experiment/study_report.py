@@ -47,30 +47,10 @@ from agentcredit.eval.report import (
     phase_means,
     plot_calibration,
 )
+from agentcredit.experiment.power import t975  # noqa: F401  (the report's quantile; tests import it from here)
 
 if TYPE_CHECKING:
     from agentcredit.experiment.study import Study
-
-# t_{0.975, df} for df = 1..30; beyond 30 the normal quantile is within 2%.
-_T975 = (
-    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
-    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
-    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
-)  # fmt: skip
-
-
-def t975(df: float) -> float:
-    """The 0.975 quantile of Student's t with ``df`` >= 1 degrees of freedom.
-
-    Exact (3 decimals) at integer df <= 30, linear in between (fractional Welch df), and beyond 30
-    1.960 + 0.082 * 30 / df, which meets the table at 30 and the normal quantile at infinity (within 0.003).
-    """
-    if not df >= 1:
-        raise ValueError(f"t975: degrees of freedom must be >= 1, got {df}")
-    if df >= len(_T975):
-        return 1.960 + (_T975[-1] - 1.960) * len(_T975) / df
-    d = int(math.floor(df))
-    return _T975[d - 1] + (df - d) * (_T975[d] - _T975[d - 1])
 
 
 def mean_interval(values: list[float]) -> tuple[float, float, float]:
@@ -179,7 +159,7 @@ def metric_keys(study: Study) -> list[tuple[str, str]]:
     examples = [e for exs in study.heldout_sets().values() for e in exs]
     tiers = sorted({e.info.get("tier") for e in examples if e.info.get("tier")}, key=_tier_order)
     hops = [f"hop{h}" for h in sorted({e.info.get("hops") for e in examples if e.info.get("hops")})]
-    for tier in [*tiers, *hops, "tier1", "tier2"]:
+    for tier in [*tiers, *hops, "tier1", "tier2", STRICT]:
         keys += [
             (f"{tier}/accuracy", f"accuracy, {tier}"),
             (f"{tier}/tool_call_rate", f"tool-call rate, {tier}"),
@@ -199,6 +179,53 @@ def _tier_order(tier: str) -> int:
 
 def _values(finished: dict[int, dict[str, Any]], heldout: str, key: str) -> list[float]:
     return list(_values_by_seed(finished, heldout, key).values())
+
+
+STRICT = "tier2_strict"  # Tier 2 by a strict rule: every no-tool sample of the start right (issue 32)
+
+
+def _strict_finals(study: Study, finished: dict[str, dict[int, dict[str, Any]]]) -> None:
+    """Add ``tier2_strict/<metric>`` to each finished run's final summaries, computed from its final held-out
+    episodes and the start's per-question no-tool counts (the paper's rule is 1 of n; the strict one n of n)."""
+    from agentcredit.experiment.preflight import per_question_values
+
+    cache = study.start_dir / "heldout_start.json"
+    counts = json.loads(cache.read_text()).get("tier_counts") if cache.is_file() else None
+    if not counts:
+        return
+    at = study.spec.tier_samples
+    for arm, seeds in finished.items():
+        for seed, record in seeds.items():
+            for h in study.spec.heldout:
+                path = study.run_dir(arm, seed) / f"eval_{h.name}_episodes.jsonl"
+                if not path.is_file():
+                    continue
+                rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+                final = record["final"].setdefault(h.name, {})
+                for base in ("accuracy", "tool_call_rate", "tool_calls"):
+                    values = per_question_values(rows, f"{STRICT}/{base}", counts, strict_at=at)
+                    if values:
+                        final[f"{STRICT}/{base}"] = float(np.mean(values))
+
+
+def _strict_start(study: Study, start: dict[str, Any]) -> None:
+    """The same for the start's held-out evaluation (step 0)."""
+    from agentcredit.experiment.preflight import per_question_values
+
+    cache = study.start_dir / "heldout_start.json"
+    counts = json.loads(cache.read_text()).get("tier_counts") if cache.is_file() else None
+    if not counts:
+        return
+    for h in study.spec.heldout:
+        path = study.start_dir / f"eval_{h.name}_episodes.jsonl"
+        if not path.is_file():
+            continue
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        metrics = start.setdefault("heldout", {}).setdefault(h.name, {})
+        for base in ("accuracy", "tool_call_rate"):
+            values = per_question_values(rows, f"{STRICT}/{base}", counts, strict_at=study.spec.tier_samples)
+            if values:
+                metrics[f"{STRICT}/{base}"] = float(np.mean(values))
 
 
 def _values_by_seed(finished: dict[int, dict[str, Any]], heldout: str, key: str) -> dict[int, float]:
@@ -279,6 +306,166 @@ def plot_curves_with_bands(
     return path
 
 
+def plot_training_metric(runs: dict[str, list[RunData]], key: str, label: str, path: Path) -> Path:
+    """A training metric over steps: per arm the mean over seeds with its 95% band (runs that log it)."""
+    plt = _figure()
+    fig, ax = plt.subplots(figsize=(7, 4.5), constrained_layout=True)
+    for arm, arm_runs in runs.items():
+        series = [_eval_series(r, key) for r in arm_runs]
+        steps = sorted({s for ser in series for s in ser})
+        stats = [mean_interval([ser[s] for ser in series if s in ser]) for s in steps]
+        if steps:
+            line = ax.plot(steps, [m for m, _, _ in stats], label=arm)[0]
+            ax.fill_between(
+                steps,
+                [lo for _, lo, _ in stats],
+                [hi for _, _, hi in stats],
+                alpha=0.2,
+                color=line.get_color(),
+            )
+    ax.set_xlabel("training step")
+    ax.set_ylabel(label)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def preflight_sections(
+    study: Study, record: dict[str, Any], finished: dict[str, dict[int, dict[str, Any]]]
+) -> list[tuple[str, str, Any]]:
+    """The pre-arm phase as measured (agentcredit.experiment.preflight): the regime, the power, the budget."""
+    spec = study.spec
+    out: list[tuple[str, str, Any]] = []
+    pres = record.get("preconditions", [])
+    overrides = record.get("overrides", {})
+    unmet = [p for p in pres if p.get("met") is False]
+    load = record.get("load_average")
+    text = (
+        "Measured on the start policy with training questions (never held-out ones) before any arm ran"
+        + (f"; load average {load} when it finished" if load else "")
+        + ". "
+    )
+    if unmet:
+        text += f"**Regime not met** ({len(unmet)} of {len(pres)} preconditions): " + (
+            (
+                "the arms ran anyway (--allow-unmet-regime), so every verdict below is stamped 'regime not met'."
+                if any(finished.values())
+                else "the preflight went on past it (--allow-unmet-regime) and no arm has run; arms run so would "
+                "have every verdict stamped 'regime not met'."
+            )
+            if overrides.get("regime")
+            else "the study refuses to run its arms."
+        )
+    elif pres:
+        text += "Every precondition is met."
+    if not record.get("complete"):
+        text += " The preflight has not finished: what is shown is what it measured so far."
+    out.append(("Preflight: the regime, the power and the budget, before any arm", "text", text))
+    if pres:
+        rows = []
+        for p in pres:
+            d = p.get("detail", {})
+            extra = ", ".join(
+                f"{k} {_fmt(v) if isinstance(v, float) else v}"
+                for k, v in d.items()
+                if k not in ("gate", "per_question") and v is not None
+            )
+            rows.append(
+                [
+                    p["name"],
+                    f"{_fmt(p.get('value'))} (se {_fmt(p.get('se'))}, n={p.get('n')})",
+                    f"{p['op']} {p['threshold']}",
+                    "met" if p.get("met") else "**NOT MET**",
+                    extra,
+                    p.get("source", ""),
+                ]
+            )
+        out.append(
+            (
+                "Preconditions (training questions)",
+                "table",
+                (["precondition", "measured (se, n)", "needs", "", "measured how", "paper line"], rows),
+            )
+        )
+    power = record.get("power", [])
+    if power:
+        rows = [
+            [
+                r["claim"],
+                f"{r['metric']} ({r['heldout']})",
+                str(r["questions"]),
+                _fmt(r["sd_question"]),
+                str(r["seeds"]),
+                _fmt(r["seed_sd"]),
+                _fmt(r["mde"]),
+                (f"{r['effect_kind']} {_fmt(r['effect'])}" if r.get("effect") is not None else "–")
+                + (f" ({r['effect_source']})" if r.get("effect_source") else ""),
+                "–"
+                if r.get("underpowered") is None
+                else ("**MDE > effect**" if r["underpowered"] else "MDE <= effect"),
+                str(r.get("seeds_needed") or ("> 100" if r.get("underpowered") else "–")),
+            ]
+            for r in power
+        ]
+        out.append(
+            (
+                "Power: minimum detectable effect at 80% power (alpha 0.05, paired by seed; "
+                "agentcredit.experiment.power.paired_mde)",
+                "table",
+                (
+                    ["claim", "metric (set)", "questions", "SD per question (start)", "seeds", "seed SD",
+                     "MDE", "effect tested", "decidable", "seeds needed"],
+                    rows,
+                ),
+            )
+        )  # fmt: skip
+    budget = record.get("budget")
+    timing = record.get("timing", {})
+    if budget:
+        spent = {arm: sum(r.get("seconds", 0.0) for r in seeds.values()) for arm, seeds in finished.items()}
+        plan = budget["planned_seconds"]
+        rows = [
+            [
+                a.name,
+                _fmt(timing.get(a.name, {}).get("seconds"), 1),
+                _fmt(plan.get(a.name, math.nan) / 3600, 2),
+                _fmt(spent.get(a.name, 0.0) / 3600, 2),
+                f"{len(finished.get(a.name, {}))} of {len(spec.seeds)}",
+            ]
+            for a in spec.arms
+        ]
+        rows.append(["total", "", _fmt(plan["total"] / 3600, 2), _fmt(sum(spent.values()) / 3600, 2), ""])
+        text = (
+            f"Planned from one timed step per arm and one timed held-out evaluation of every set "
+            f"({_fmt(budget.get('eval_seconds'), 0)} s): seeds x (steps x step seconds + evaluations x evaluation "
+            f"seconds) = **{budget['planned_cpu_hours']:.1f} CPU hours** for {len(spec.arms)} arms x "
+            f"{budget['seeds']} seeds x {spec.steps} steps (one thread; critic-only warm-up steps priced as RL "
+            "steps)."
+        )
+        if budget.get("seeds_to_decide"):
+            text += (
+                f" The seeds that would decide every claim whose MDE can reach its effect: "
+                f"{budget['seeds_to_decide']}, about {budget['cpu_hours_to_decide']:.1f} CPU hours."
+            )
+        if budget.get("undecidable_claims"):
+            text += (
+                " Not decidable with these held-out sets at any number of seeds up to 100: "
+                + "; ".join(budget["undecidable_claims"])
+                + "."
+            )
+        out.append(("Budget: planned before the arms, spent so far", "text", text))
+        out.append(
+            (
+                "",
+                "table",
+                (["arm", "timed step (s)", "planned (CPU h)", "spent (h)", "runs finished"], rows),
+            )
+        )
+    return out
+
+
 def plot_training_reward(runs: dict[str, list[RunData]], path: Path) -> Path:
     plt = _figure()
     fig, ax = plt.subplots(figsize=(7, 4.5), constrained_layout=True)
@@ -319,6 +506,14 @@ def write_study_report(study: Study, out_dir: str | Path) -> dict[str, Path]:
         arm: [load_run(study.run_dir(arm, seed)) for seed in sorted(seeds)] for arm, seeds in finished.items()
     }
     keys = metric_keys(study)
+    _strict_finals(study, finished)
+    if start:
+        _strict_start(study, start)
+    from agentcredit.experiment.preflight import read_record
+
+    preflight = read_record(study)
+    unmet = [p for p in preflight.get("preconditions", []) if p.get("met") is False]
+    weak = {r["claim"]: r for r in preflight.get("power", []) if r.get("underpowered")}
     sections: list[tuple[str, str, Any]] = []  # (title, kind, payload): kind in text / table / image
 
     total_runs = len(study.runs())
@@ -334,6 +529,8 @@ def write_study_report(study: Study, out_dir: str | Path) -> dict[str, Path]:
         f"(start: {start.get('seconds', 0.0) / 3600:.2f} h). Report written {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}."
     )
     sections.append(("", "text", intro))
+    if preflight:
+        sections += preflight_sections(study, preflight, finished)
 
     # the start
     if start:
@@ -441,7 +638,13 @@ def write_study_report(study: Study, out_dir: str | Path) -> dict[str, Path]:
                     f"{c.baseline}: {_fmt_interval(mean_interval(b)) if b else '–'} (n={len(b)})",
                     paired_cell,
                     compared + _fmt_interval(welch),
-                    verdict(c.direction, iv, c.margin).upper(),
+                    verdict(c.direction, iv, c.margin).upper()
+                    + (" (regime not met)" if unmet else "")
+                    + (
+                        f" (underpowered: MDE {_fmt(weak[c.name]['mde'])} > {_fmt(weak[c.name]['effect'])})"
+                        if c.name in weak
+                        else ""
+                    ),
                 ]
             )
         sections.append(("Claims", "table", (header, rows)))
@@ -484,6 +687,14 @@ def write_study_report(study: Study, out_dir: str | Path) -> dict[str, Path]:
         )
 
     # plots
+    if runs and any("study/no_success_groups" in m for rs in runs.values() for r in rs for m in r.metrics):
+        path = plot_training_metric(
+            runs,
+            "study/no_success_groups",
+            "share of the step's groups without a correct trajectory",
+            plots / "no_success_groups.png",
+        )
+        sections.append(("Groups without a success, per training step (beside the curves)", "image", path))
     if runs:
         for i, h in enumerate(spec.heldout):
             prefix = "eval/" if i == 0 else f"eval_{h.name}/"

@@ -13,6 +13,12 @@ Phrasing: ``phrasing="seen"`` (the default, and the only one training may use) d
 and is allowed only for the test split, so a held-out evaluation can tell reading a question from recalling a
 training template.
 
+The tool can hurt (``tool_failure_rate`` > 0, a task option): the python tool's answer to a program is then
+replaced, with that probability, by an empty, garbled or off-by-one output (:func:`tool_failure`). The failure is
+part of the environment (carl-segment Table 16: useless tool output costs 2.5-7.5 EM; "unnecessary tools add
+risk"), not an infrastructure error: the model reads it like any answer. It is seeded by ``tool_failure_seed``
+and the program's text, so it is the same in every process, thread order and run.
+
 Generation is deterministic from ``(split, seed)`` in every process (seeds come from blake2b, not ``hash()``).
 Train and test never share an expression: the expression space is partitioned by a stable hash of the
 canonical expression, 20% of it reserved for ``test``, so any seed of ``train`` and any seed of ``test``
@@ -197,6 +203,8 @@ def generate(
     easy_fraction: float = 0.5,
     medium_fraction: float = 0.0,
     phrasing: str = "seen",
+    tool_failure_rate: float = 0.0,
+    tool_failure_seed: int = 0,
 ) -> list[Example]:
     """``n`` arithmetic questions, shuffled; same inputs, same output.
 
@@ -216,6 +224,7 @@ def generate(
         raise ValueError(
             f"{TASK}: easy_fraction + medium_fraction must be <= 1, got {easy_fraction} + {medium_fraction}"
         )
+    check_tool_failure(tool_failure_rate, tool_failure_seed)  # read by the environment's python tool
     if phrasing not in PHRASINGS:
         raise ValueError(f"{TASK}: phrasing must be one of {PHRASINGS}, got {phrasing!r}")
     if phrasing == "new" and split != "test":
@@ -257,3 +266,64 @@ def generate(
             )
         )
     return examples
+
+
+# ----------------------------------------------------------------------------------------------------
+# The tool that can hurt
+
+TOOL_FAILURE_MODES = ("empty", "garbled", "off_by_one")
+
+
+def check_tool_failure(rate: float, seed: int) -> None:
+    if not isinstance(rate, int | float) or not 0.0 <= rate <= 1.0:
+        raise ValueError(f"{TASK}: tool_failure_rate must be in [0, 1], got {rate!r}")
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise ValueError(f"{TASK}: tool_failure_seed must be an integer, got {seed!r}")
+
+
+def tool_failure(code: str, rate: float, seed: int) -> str | None:
+    """How the python tool fails on ``code`` (one of :data:`TOOL_FAILURE_MODES`), or None when it works.
+
+    A program fails with probability ``rate``: u = blake2b(seed, code) / 2^64 is uniform on [0, 1) and the tool
+    fails when u < rate; the mode is drawn from a second hash. The same program under the same seed always gets
+    the same answer, like a flaky service keyed by its request, whatever the process or thread order.
+    """
+    if rate <= 0.0:
+        return None
+    if stable_int(TASK, "tool-failure", seed, code) / 2**64 >= rate:
+        return None
+    return TOOL_FAILURE_MODES[stable_int(TASK, "tool-failure-mode", seed, code) % len(TOOL_FAILURE_MODES)]
+
+
+_GARBLE = str.maketrans("0123456789", "3074185296")  # d -> (7d + 3) mod 10: a bijection with no fixed digit
+
+
+def corrupt_output(output: str, mode: str, code: str, seed: int) -> str:
+    """The failed tool's text: ``empty`` -> "", ``garbled`` -> every digit d replaced by (7d + 3) mod 10,
+    ``off_by_one`` -> every integer moved by the same +1 or -1 (sign seeded by the program)."""
+    import re
+
+    if mode == "empty":
+        return ""
+    if mode == "garbled":
+        return output.translate(_GARBLE)
+    if mode == "off_by_one":
+        step = 1 if stable_int(TASK, "tool-failure-sign", seed, code) % 2 else -1
+        return re.sub(r"-?\d+", lambda m: str(int(m.group()) + step), output)
+    raise ValueError(f"{TASK}: unknown tool failure mode {mode!r}")
+
+
+def failing_tool(fn: Callable[[dict], str], rate: float, seed: int) -> Callable[[dict], str]:
+    """``fn`` (the python tool) with seeded failures (:func:`tool_failure`); an infrastructure failure or an
+    ERROR text of the tool itself passes through unchanged (a failure of the machine is never disguised)."""
+    check_tool_failure(rate, seed)
+
+    def python(arguments: dict) -> str:
+        output = fn(arguments)
+        code = arguments.get("code") if isinstance(arguments, dict) else None
+        if not isinstance(code, str) or type(output) is not str or output.startswith("ERROR:"):
+            return output
+        mode = tool_failure(code, rate, seed)
+        return output if mode is None else corrupt_output(output, mode, code, seed)
+
+    return python

@@ -170,6 +170,20 @@ def tier_labels(
     model: Any, tokenizer: Any, config: Config, examples: Sequence[Example], samples: int, seed: int
 ) -> dict[str, str]:
     """Tier 2 if any of ``samples`` no-tool rollouts (temperature 1) is correct, else Tier 1 (§4.1)."""
+    counts = tier_counts(model, tokenizer, config, examples, samples, seed)
+    return labels_from_counts(counts)
+
+
+def labels_from_counts(counts: dict[str, int], *, at_least: int = 1) -> dict[str, str]:
+    """ "tier2" where at least ``at_least`` no-tool samples were correct (the paper's rule: 1 of 5, §4.1; a strict
+    rule asks for all of them), else "tier1"."""
+    return {qid: "tier2" if n >= at_least else "tier1" for qid, n in counts.items()}
+
+
+def tier_counts(
+    model: Any, tokenizer: Any, config: Config, examples: Sequence[Example], samples: int, seed: int
+) -> dict[str, int]:
+    """Per question: how many of ``samples`` no-tool rollouts (temperature 1) are correct."""
     env = build_environment(_with_prompt(config, "no_tool"))
     try:
         trees = run_episodes(
@@ -187,11 +201,10 @@ def tier_labels(
     finally:
         env.close()
     raise_on_infra_failures(trees, "tier labelling")
-    labels = {}
-    for tree, example in zip(trees, examples, strict=True):
-        correct = any(r >= 1.0 for r in tree.outcomes().values())
-        labels[example.id] = "tier2" if correct else "tier1"
-    return labels
+    return {
+        example.id: sum(1 for r in tree.outcomes().values() if r >= 1.0)
+        for tree, example in zip(trees, examples, strict=True)
+    }
 
 
 def canonical(tree: RolloutTree, prompt_ids: list[int], prompt_text: str) -> RolloutTree:
