@@ -119,7 +119,8 @@ def seeds_needed(
     max_seeds: int = 100,
 ) -> int | None:
     """The fewest seeds (>= 3, the studies' floor) whose :func:`paired_mde` is <= ``|effect|``; None when even
-    ``max_seeds`` do not suffice (e.g. the question noise alone, at infinitely many seeds, still exceeds it)."""
+    ``max_seeds`` do not suffice (the MDE falls as 1/sqrt(S), so any effect > 0 is reached at some S; the cap says
+    when that S is beyond any budget this project would spend)."""
     effect = abs(effect)
     for s in range(3, max_seeds + 1):
         if paired_mde(sd_question, n_questions, s, seed_sd=seed_sd, rho=rho) <= effect:
