@@ -306,7 +306,9 @@ def plot_curves_with_bands(
     return path
 
 
-def plot_training_metric(runs: dict[str, list[RunData]], key: str, label: str, path: Path) -> Path:
+def plot_training_metric(
+    runs: dict[str, list[RunData]], key: str, label: str, path: Path, *, title: str | None = None
+) -> Path:
     """A training metric over steps: per arm the mean over seeds with its 95% band (runs that log it)."""
     plt = _figure()
     fig, ax = plt.subplots(figsize=(7, 4.5), constrained_layout=True)
@@ -325,6 +327,8 @@ def plot_training_metric(runs: dict[str, list[RunData]], key: str, label: str, p
             )
     ax.set_xlabel("training step")
     ax.set_ylabel(label)
+    if title:
+        ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()
     fig.savefig(path, dpi=110)
@@ -467,29 +471,13 @@ def preflight_sections(
 
 
 def plot_training_reward(runs: dict[str, list[RunData]], path: Path) -> Path:
-    plt = _figure()
-    fig, ax = plt.subplots(figsize=(7, 4.5), constrained_layout=True)
-    for arm, arm_runs in runs.items():
-        series = [_eval_series(r, "reward/mean") for r in arm_runs]
-        steps = sorted({s for ser in series for s in ser})
-        stats = [mean_interval([ser[s] for ser in series if s in ser]) for s in steps]
-        if steps:
-            line = ax.plot(steps, [m for m, _, _ in stats], label=arm)[0]
-            ax.fill_between(
-                steps,
-                [lo for _, lo, _ in stats],
-                [hi for _, _, hi in stats],
-                alpha=0.2,
-                color=line.get_color(),
-            )
-    ax.set_xlabel("training step")
-    ax.set_ylabel("mean reward of the step's rollouts")
-    ax.set_title("Training reward (sampled rollouts), mean over seeds with 95% band")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return plot_training_metric(
+        runs,
+        "reward/mean",
+        "mean reward of the step's rollouts",
+        path,
+        title="Training reward (sampled rollouts), mean over seeds with 95% band",
+    )
 
 
 # ------------------------------------------------------------------------------------------------ report
