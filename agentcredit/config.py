@@ -246,10 +246,6 @@ class TipsConfig(TipsSettings):
     """TIPS's shaping settings (:class:`agentcredit.credit.methods.tips.TipsSettings`, shared with verl's
     ``agentcredit.tips`` block) plus how the native trainer's teacher scores the potential."""
 
-    potential: Literal["paper", "code"] = Field(
-        "paper",
-        description="'paper': sum of answer log-probs, logsumexp over aliases; 'code': mean log-prob.",
-    )
     # Eq. 15-16 score p_teach(A | S), the answer A alone; the released code scores "<answer>A</answer>" (tips.md
     # §8 item 3), which is "full". "full" stays the default (the pinned runs and studies used it); answer_only is
     # the reading of Eq. 16 with the protocol's answer tag given, so Phi does not also score the format habit.

@@ -89,7 +89,7 @@ class TeacherPotentials(SignalProvider):
             answers,
             encode,
             trainer.env.protocol.render_answer,
-            reduce="sum" if t.potential == "paper" else "mean",  # type: ignore[attr-defined]
+            reduce=t.reduce,  # type: ignore[attr-defined]
             scope=t.potential_scope,  # type: ignore[attr-defined]
             autocast=autocast,
             max_tokens=trainer.cfg.train.micro_batch_tokens,

@@ -113,3 +113,19 @@ def test_a_config_from_before_the_method_sections_says_where_its_keys_moved():
     ) as e:
         load_config("ppo-arith-tools", ["algorithm.lam=0.95"])
     assert "\n" not in str(e.value)
+
+
+def test_tips_potential_is_one_option_spelt_the_same_in_both_trainers():
+    """Issue 37: the native `potential: paper|code` and verl's `reduce / aggregate` were two spellings of one
+    option; both blocks now take `potential` from the shared TipsSettings, and verl's old keys are refused."""
+    from pydantic import ValidationError
+
+    from agentcredit.config import TipsConfig
+    from agentcredit.integrations.verl.settings import TipsSettings as VerlTips
+
+    for settings in (TipsConfig, VerlTips):
+        assert settings().reduce == "sum"  # the paper's Eq. 15-16
+        assert settings(potential="code").reduce == "mean"  # the released code
+    for old_key in ("reduce", "aggregate"):
+        with pytest.raises(ValidationError, match=old_key):
+            VerlTips(**{old_key: "sum"})

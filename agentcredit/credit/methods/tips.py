@@ -44,6 +44,17 @@ class TipsSettings(Settings):
             "Teacher = policy snapshot refreshed after every K-th update (paper: 200); K = 1: the current policy."
         ),
     )
+    # One option for both trainers (verl's block used to spell it `reduce` / `aggregate`): the paper and the
+    # released code both take the logsumexp over aliases, they differ in how one alias's tokens are pooled.
+    potential: Literal["paper", "code"] = Field(
+        "paper",
+        description="'paper': sum of answer log-probs, logsumexp over aliases (Eq. 15-16); 'code': mean log-prob.",
+    )
+
+    @property
+    def reduce(self) -> Literal["sum", "mean"]:
+        """How one alias's token log-probs are pooled (:func:`agentcredit.credit.tips.tips_potential`)."""
+        return "sum" if self.potential == "paper" else "mean"
 
 
 def tips_step_rewards(

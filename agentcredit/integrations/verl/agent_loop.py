@@ -398,7 +398,6 @@ class AgentCreditAgentLoop(AgentLoopBase):
                 prompt_logprobs=self._tips_scorer(),
                 answer_template=t.answer_template,
                 reduce=t.reduce,
-                aggregate=t.aggregate,
                 max_aliases=t.max_aliases,
             )
         views_response = [

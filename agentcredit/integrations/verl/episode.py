@@ -531,7 +531,6 @@ async def answer_potentials(
     prompt_logprobs: PromptLogprobsFn,
     answer_template: str = "<answer>{answer}</answer>",
     reduce: str = "sum",
-    aggregate: str = "lse",
     max_aliases: int = 16,
 ) -> list[float]:
     """TIPS potentials Phi(S_k) = log sum_a p(answer a | S_k) at every boundary context (exact token ids)."""
@@ -545,10 +544,7 @@ async def answer_potentials(
 
     scored = await asyncio.gather(*(score(ctx, ans) for ctx in boundaries for ans in answers))
     n = len(answers)
-    return [
-        tips_potential(scored[k * n : (k + 1) * n], reduce=reduce, aggregate=aggregate)
-        for k in range(len(boundaries))
-    ]
+    return [tips_potential(scored[k * n : (k + 1) * n], reduce=reduce) for k in range(len(boundaries))]
 
 
 async def teacher_logprobs(

@@ -109,12 +109,6 @@ class TipsSettings(tips.TipsSettings):
     scores the potential and where it runs (:mod:`.teacher`).
     ``config/tips.yaml`` sets the Search-R1 run's values (batch_target alpha with the paper's 0.2 target)."""
 
-    reduce: Literal["sum", "mean"] = Field(
-        "sum", description="per-alias log-prob: sum (paper Eq. 16) or mean (code)."
-    )
-    aggregate: Literal["lse", "mean", "max"] = Field(
-        "lse", description="across aliases (paper and code: logsumexp)."
-    )
     answer_template: str = Field(
         "<answer>{answer}</answer>",
         description="continuation scored at each boundary (code: tags, no spaces).",
