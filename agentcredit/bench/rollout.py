@@ -393,6 +393,27 @@ def run_tree(
 # ------------------------------------------------------------------------------------------------ the benchmark
 
 
+def _run_header(
+    model_path: str, dtype: str, settings: BenchSettings, threads: int | None, **extra: Any
+) -> dict[str, Any]:
+    """What a benchmark run measured on (model, settings, threads, machine, load), after setting the threads."""
+    if threads is not None:
+        torch.set_num_threads(threads)
+    result: dict[str, Any] = {
+        "model": model_path,
+        "dtype": dtype,
+        "settings": {k: getattr(settings, k) for k in settings.__dataclass_fields__},
+        **extra,
+        "torch_threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "load_average_start": _load_average(),
+    }
+    result["settings"]["trees"] = list(settings.trees)
+    result["settings"]["overrides"] = list(settings.overrides)
+    return result
+
+
 def bench_rollout(
     model_path: str = "embedded",
     *,
@@ -406,19 +427,7 @@ def bench_rollout(
     from agentcredit.models.loading import load_base_model
 
     settings = settings or BenchSettings()
-    if threads is not None:
-        torch.set_num_threads(threads)
-    result: dict[str, Any] = {
-        "model": model_path,
-        "dtype": dtype,
-        "settings": {k: getattr(settings, k) for k in settings.__dataclass_fields__},
-        "torch_threads": torch.get_num_threads(),
-        "cpu_count": os.cpu_count(),
-        "platform": platform.platform(),
-        "load_average_start": _load_average(),
-    }
-    result["settings"]["trees"] = list(settings.trees)
-    result["settings"]["overrides"] = list(settings.overrides)
+    result = _run_header(model_path, dtype, settings, threads)
     model, tokenizer = load_base_model(model_path, dtype=dtype, seed=settings.seed)
     examples, env = build_task(settings.task, settings.prompts, settings.overrides)
     protocol, tools, reward = env.protocol, env.tools, env.reward
@@ -620,21 +629,9 @@ def bench_compare(
     from agentcredit.models.loading import load_base_model
 
     settings = settings or BenchSettings()
-    if threads is not None:
-        torch.set_num_threads(threads)
-    result: dict[str, Any] = {
-        "model": model_path,
-        "dtype": dtype,
-        "settings": {k: getattr(settings, k) for k in settings.__dataclass_fields__},
-        "sizes": [list(s) for s in sizes],
-        "repeats": repeats,
-        "torch_threads": torch.get_num_threads(),
-        "cpu_count": os.cpu_count(),
-        "platform": platform.platform(),
-        "load_average_start": _load_average(),
-    }
-    result["settings"]["trees"] = list(settings.trees)
-    result["settings"]["overrides"] = list(settings.overrides)
+    result = _run_header(
+        model_path, dtype, settings, threads, sizes=[list(s) for s in sizes], repeats=repeats
+    )
     peak = matmul_flops(torch.float32)
     result["fp32_matmul_peak_gflops"] = peak["best"] / 1e9
     model, tokenizer = load_base_model(model_path, dtype=dtype, seed=settings.seed)

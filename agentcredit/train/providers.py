@@ -15,6 +15,7 @@ out of the update. The trainer itself never names a method: TIPS is the method w
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -37,7 +38,7 @@ __all__ = ["PROVIDERS", "TRAINER_SIGNALS", "SignalProvider", "signal_providers"]
 TRAINER_SIGNALS = frozenset({"values", "student_logp", "entropy"})
 
 
-class SignalProvider:
+class SignalProvider(ABC):
     """Computes the signals in :attr:`provides` for every batch; override what applies."""
 
     provides: ClassVar[frozenset[str]] = frozenset()
@@ -46,6 +47,7 @@ class SignalProvider:
         self.trainer = trainer
         self.settings = settings
 
+    @abstractmethod
     def fill(
         self,
         signals: Signals,
@@ -56,9 +58,9 @@ class SignalProvider:
         temperature: float,
         autocast: bool,
     ) -> None:
-        raise NotImplementedError
+        """Put this provider's signals for ``batch`` into ``signals``."""
 
-    def after_step(self, step: int) -> None:
+    def after_step(self, step: int) -> None:  # noqa: B027 (an optional hook, not abstract)
         """After the update of step ``step`` (1-based)."""
 
     def frozen_models(self) -> list[nn.Module]:
@@ -67,8 +69,8 @@ class SignalProvider:
     def state_dict(self) -> dict[str, Any]:
         return {}
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        pass
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:  # noqa: B027 (an optional hook)
+        """Restore what :meth:`state_dict` saved (nothing, unless the provider keeps state)."""
 
 
 class TeacherPotentials(SignalProvider):
