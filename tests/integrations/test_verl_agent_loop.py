@@ -25,6 +25,7 @@ from verl.utils.dataset.rl_dataset import RLHFDataset  # noqa: E402
 from verl.workers.rollout.replica import TokenOutput  # noqa: E402
 
 import agentcredit.integrations.verl.agent_loop as agent_loop_module  # noqa: E402
+import agentcredit.integrations.verl.scoring as scoring_module  # noqa: E402
 from agentcredit.integrations.verl import AGENT_LOOP_NAME, config_dir  # noqa: E402
 from agentcredit.integrations.verl.fields import RowRecord  # noqa: E402
 from agentcredit.protocols import get_protocol  # noqa: E402
@@ -34,7 +35,10 @@ pytestmark = pytest.mark.verl
 
 
 class FakeServer:
-    """verl's LLMServerClient.generate signature; scripted completions; log p(token j) = -0.001 * j."""
+    """verl's LLMServerClient.generate signature; scripted completions; log p(token j) = -0.001 * j. Scoring requests
+    are answered as vLLM with an empty prefix cache answers them (``num_cached_tokens`` 0, every row computed); the
+    SGLang route's ``/generate`` is answered by :meth:`sglang_generate` (tests/integrations/test_verl_scoring.py
+    scripts the caches themselves)."""
 
     def __init__(self, tokenizer, texts):
         self.tok, self.texts = tokenizer, list(texts)
@@ -42,6 +46,7 @@ class FakeServer:
         self.request_ids: list[str] = []  # of the policy turns; teacher scoring requests in score_ids
         self.score_ids: list[str] = []
         self.score_params: list[dict] = []  # the sampling params of the teacher scoring requests
+        self.posts: list[tuple[str, dict]] = []  # SGLang's /generate calls: (url, payload)
 
     async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
         if "prompt_logprobs" in sampling_params:
@@ -49,7 +54,7 @@ class FakeServer:
             self.score_params.append(dict(sampling_params))
             self.scored.append(list(prompt_ids))
             lp = [[-0.001 * j] for j in range(1, len(prompt_ids))] + [[0.0]]
-            return TokenOutput(token_ids=[0], extra_fields={"prompt_logprobs": lp})
+            return TokenOutput(token_ids=[0], extra_fields={"prompt_logprobs": lp, "num_cached_tokens": 0})
         text = self.texts.pop(0)
         stops = sampling_params.get("stop") or []
         hits = [text.find(s) + len(s) for s in stops if s in text]
@@ -66,6 +71,20 @@ class FakeServer:
             extra_fields={"min_global_steps": 7, "max_global_steps": 8},
         )
 
+    async def _acquire_server(self, request_id, **extra):  # verl's LLMServerClient, for SGLang's own endpoint
+        self.score_ids.append(request_id)
+        return "10.0.0.7:30000", self
+
+    def _release_server(self, server_id, request_id=None):
+        pass
+
+    def sglang_generate(self, url, payload):
+        self.posts.append((url, payload))
+        ids, start = payload["input_ids"], payload["logprob_start_len"]
+        self.scored.append(list(ids))
+        entries = [[None if p == start else -0.001 * p, ids[p], None] for p in range(start, len(ids))]
+        return {"meta_info": {"input_token_logprobs": entries}}
+
 
 def _run_loop(tokenizer, method_config, server, overrides=(), tools=None, **sample):
     with initialize_config_dir(str(config_dir()), version_base=None):
@@ -74,6 +93,11 @@ def _run_loop(tokenizer, method_config, server, overrides=(), tools=None, **samp
     protocol = get_protocol(cfg.agentcredit.protocol, **cfg.agentcredit.protocol_options)
     messages = protocol.messages(protocol.new_episode(question))
     agent_loop_module._RUNTIMES.clear()
+
+    async def post(url, payload):
+        return server.sglang_generate(url, payload)
+
+    scoring_module._http_post, saved_post = post, scoring_module._http_post
     if tools is not None:  # the retrieval server is not running here: give the runtime a local search tool
         key = agent_loop_module.runtime_key(agent_loop_module.load_settings(cfg.agentcredit))
         agent_loop_module._RUNTIMES[key] = ToolRuntime(tools)
@@ -98,7 +122,10 @@ def _run_loop(tokenizer, method_config, server, overrides=(), tools=None, **samp
             **sample,
         )
 
-    return asyncio.run(main())
+    try:
+        return asyncio.run(main())
+    finally:
+        scoring_module._http_post = saved_post
 
 
 SEARCH = {"search": lambda a: f"Doc 1 Jane Doe wrote {a['query']}"}
@@ -207,27 +234,38 @@ def test_full_determinism_routes_by_priority_as_verls_tool_agent_loop(byte_token
     assert agent_loop_module.episode_request_id(True) != agent_loop_module.episode_request_id(True)
 
 
-#: What verl 0.9.1's SGLang server hands SGLang's ``SamplingParams`` from a scoring request: it pops ``max_tokens``
-#: (as max_new_tokens), ``logprobs`` and ``prompt_logprobs`` (as ``logprob_start_len``) and passes the rest through;
-#: SGLang's ``SamplingParams`` has ``temperature`` but no ``detokenize``, and raises on an unknown key.
-SGLANG_SCORING_KEYS = {"max_tokens", "temperature", "prompt_logprobs"}
-
-
 @pytest.mark.parametrize(("engine", "method"), [("sglang", "tips"), ("sglang", "gear"), ("vllm", "gear")])
-def test_scoring_requests_send_detokenize_to_vllm_only(byte_tokenizer, engine, method):
+def test_scoring_requests_fit_each_engine(byte_tokenizer, engine, method):
     """issue 36: every prompt-logprob request sent "detokenize": False, which SGLang's SamplingParams rejects, so
-    TIPS and GEAR scoring raised on SGLang. Now only vLLM gets it."""
+    TIPS and GEAR scoring raised on SGLang. Now vLLM gets a prompt-logprob request that reads the prefix cache
+    (with detokenize off), and SGLang a /generate request of its own with logprob_start_len at the scored span
+    (agentcredit/integrations/verl/scoring.py): no verl generate call carries SGLang a key it refuses."""
     turns = TIPS_TURNS if method == "tips" else ["<search>author of X</search>", "<answer>Jane Doe</answer>"]
     server = FakeServer(byte_tokenizer, turns)
     overrides = [f"actor_rollout_ref.rollout.name={engine}"]
     overrides += CURRENT_POLICY_TEACHER if method == "tips" else []
-    _run_loop(byte_tokenizer, method, server, overrides=overrides, tools=SEARCH)
-    assert server.score_params
-    for params in server.score_params:
-        if engine == "sglang":
-            assert set(params) <= SGLANG_SCORING_KEYS
-        else:
+    out = _run_loop(byte_tokenizer, method, server, overrides=overrides, tools=SEARCH)
+    if engine == "sglang":
+        assert server.score_params == [] and server.posts
+        for url, payload in server.posts:
+            assert url == "http://10.0.0.7:30000/generate"
+            assert payload["return_logprob"] is True and 1 <= payload["logprob_start_len"] < len(
+                payload["input_ids"]
+            )
+            assert set(payload["sampling_params"]) == {"max_new_tokens", "temperature"}
+    else:
+        assert server.score_params and server.posts == []
+        for params in server.score_params:
             assert params["detokenize"] is False and params["prompt_logprobs"] == 0
+            assert params["skip_reading_prefix_cache"] is False
+    # the same numbers on either engine: log p(token j) = -0.001 * j of the teacher sequence
+    if method == "gear":
+        rec = RowRecord.model_validate(out.extra_fields["agentcredit"])
+        (scored,) = server.scored
+        n = len(out.response_ids)
+        assert rec.teacher_logprobs == pytest.approx(
+            [-0.001 * j for j in range(len(scored) - n, len(scored))]
+        )
 
 
 def test_a_tool_that_cannot_run_ends_the_episode_unseen_and_untrained(byte_tokenizer):

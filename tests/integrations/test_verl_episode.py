@@ -220,8 +220,8 @@ def test_answer_potentials_sum_and_logsumexp(byte_tokenizer):
     """Phi(S) = logsumexp_a sum_j log p(z_j): hand-computed with a scorer that gives every token -0.1 * position."""
     tok = byte_tokenizer
 
-    async def prompt_logprobs(ids):
-        return [-0.01 * (j + 1) for j in range(len(ids) - 1)]
+    async def score(context, continuation):  # log p(token at position p) = -0.01 * p
+        return [-0.01 * p for p in range(len(context), len(context) + len(continuation))]
 
     ctx0, ctx1 = [1, 2, 3], [1, 2, 3, 4, 5]
     phis = asyncio.run(
@@ -229,7 +229,7 @@ def test_answer_potentials_sum_and_logsumexp(byte_tokenizer):
             [ctx0, ctx1],
             ["ab", "ab ", "c"],
             tokenizer=tok,
-            prompt_logprobs=prompt_logprobs,
+            score=score,
             answer_template="{answer}",
         )
     )
@@ -245,11 +245,16 @@ def test_answer_potentials_sum_and_logsumexp(byte_tokenizer):
 
 
 def test_teacher_logprobs_align_with_response_tokens():
-    async def prompt_logprobs(ids):
-        return [float(-t) for t in ids[1:]]  # log p(token) = -token id
+    calls = []
 
-    out = asyncio.run(teacher_logprobs([9, 9, 9, 9], [[1, 2, 3], []], prompt_logprobs=prompt_logprobs))
+    async def score(context, continuation):
+        calls.append((context, continuation))
+        return [float(-t) for t in continuation]  # log p(token) = -token id
+
+    out = asyncio.run(teacher_logprobs([9, 9, 9, 9], [[1, 2, 3], []], score=score))
     assert out == [[-1.0, -2.0, -3.0], []]
+    # the context is the teacher prompt; an empty response costs no call
+    assert calls == [([9, 9, 9, 9], [1, 2, 3])]
 
 
 def test_rows_become_verl_agent_loop_outputs(byte_tokenizer):

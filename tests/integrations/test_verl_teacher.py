@@ -36,7 +36,8 @@ LAGGED = ["agentcredit.tips.refresh_every=2", "agentcredit.tips.teacher_replicas
 
 @ray.remote
 class TeacherServer:
-    """A teacher replica's server: log p(token j) = -0.001 * j * (1 + s), s = the actor step it was last sent."""
+    """A teacher replica's server: log p(token j) = -0.001 * j * (1 + s), s = the actor step it was last sent; it
+    answers as vLLM with nothing of the sequence cached (``num_cached_tokens`` 0: every row computed)."""
 
     def __init__(self):
         self.step: int | None = None
@@ -52,7 +53,7 @@ class TeacherServer:
         assert sampling_params["prompt_logprobs"] == 0 and self.step is not None
         self.scored += 1
         lp = [[-0.001 * j * (1 + self.step)] for j in range(1, len(prompt_ids))] + [[0.0]]
-        return TokenOutput(token_ids=[0], extra_fields={"prompt_logprobs": lp})
+        return TokenOutput(token_ids=[0], extra_fields={"prompt_logprobs": lp, "num_cached_tokens": 0})
 
 
 class TeacherReplica:

@@ -19,7 +19,6 @@ import json
 import logging
 import random
 import time
-from functools import partial
 from typing import Any
 from uuid import uuid4
 
@@ -37,6 +36,7 @@ from agentcredit.integrations.verl.episode import (
     run_tree,
     teacher_logprobs,
 )
+from agentcredit.integrations.verl.scoring import TeacherScorer
 from agentcredit.integrations.verl.settings import AgentCreditSettings, load_settings
 from agentcredit.integrations.verl.teacher import TEACHER_ROUTER, teacher_client, wants_lagged_teacher
 from agentcredit.integrations.verl.tools import build_runtime
@@ -55,7 +55,6 @@ __all__ = [
     "episode_request_id",
     "sample_fields",
     "score_request_id",
-    "scoring_params",
     "teacher_messages",
 ]
 
@@ -191,25 +190,12 @@ def branch_request_id(episode_id: str, branch: int | None, full_determinism: boo
     return f"{episode_id}-branch{branch}" if full_determinism and branch is not None else episode_id
 
 
-def scoring_params(engine: str) -> dict[str, Any]:
-    """Sampling parameters of a prompt-logprob request (TIPS's and GEAR's teacher scoring) for the rollout engine.
-
-    Both verl servers read vLLM's ``prompt_logprobs`` (verl's SGLang server turns it into ``logprob_start_len``);
-    ``detokenize`` is a field of vLLM's ``SamplingParams`` only: verl's SGLang server passes the remaining keys to
-    SGLang's ``SamplingParams``, which has no such field and raises, so it is sent to vLLM alone."""
-    params: dict[str, Any] = {"max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 0}
-    if engine == "vllm":
-        params["detokenize"] = False  # the scored ids are never turned back into text
-    return params
-
-
 def score_request_id(episode_id: str, index: int, full_determinism: bool) -> str:
     """The id of the episode's ``index``-th teacher scoring request. They run concurrently: under full
     determinism verl hands the id to vLLM unchanged, so each gets its own; otherwise they share the episode's
-    (verl gives vLLM a fresh id per call) and land on the episode's replica. That does not make them cache hits:
-    vLLM skips reading the prefix cache for a request with ``prompt_logprobs`` (it needs the log-probs of every
-    prompt position), so each scoring call is a full prefill (docs/scaling-out-with-verl.md, "Teacher scoring
-    cost")."""
+    (verl gives vLLM a fresh id per call) and land on the episode's replica, whose prefix cache holds the episode's
+    contexts; :class:`~agentcredit.integrations.verl.scoring.TeacherScorer` reads them from there
+    (docs/scaling-out-with-verl.md, "Teacher scoring cost")."""
     return f"{episode_id}-score{index}" if full_determinism else episode_id
 
 
@@ -251,28 +237,29 @@ class AgentCreditAgentLoop(AgentLoopBase):
             steps = [int(kwargs["global_steps"])]
         return {"min_global_steps": min(steps), "max_global_steps": max(steps)} if steps else {}
 
-    async def _prompt_logprobs(self, ids: list[int], server: Any = None) -> list[float]:
-        """log p(ids[t] | ids[:t]) for t >= 1, scored by ``server`` (default: the rollout server)."""
-        params = scoring_params(self.engine)
-        request_id = score_request_id(self._request_id, self._n_scores, self.full_determinism)
-        self._n_scores += 1
-        server = server or self.server_manager
-        out = await server.generate(request_id=request_id, prompt_ids=ids, sampling_params=params)
-        raw = out.extra_fields.get("prompt_logprobs")
-        if raw is None or len(raw) < len(ids) - 1:
-            raise ValueError(
-                "the rollout server returned no prompt_logprobs; TIPS and GEAR need vLLM or SGLang"
-            )
-        return [float(entry[0]) for entry in raw[: len(ids) - 1]]
+    def _scorer(self, server: Any = None) -> TeacherScorer:
+        """Teacher scoring on ``server`` (default: the rollout server) with the rollout's engine, reading the
+        episode's contexts from the prefix cache (:mod:`.scoring`); the calls carry the episode's routing id."""
 
-    def _tips_scorer(self):
+        def request_id() -> str:
+            rid = score_request_id(self._request_id, self._n_scores, self.full_determinism)
+            self._n_scores += 1
+            return rid
+
+        # SGLang's own request id: unique per call; under full determinism the routing id already is
+        def sglang_rid(routing: str) -> str:
+            return routing if self.full_determinism else uuid4().hex
+
+        return TeacherScorer(server or self.server_manager, self.engine, request_id, rid=sglang_rid)
+
+    def _tips_scorer(self) -> TeacherScorer:
         """Where TIPS's teacher scores the potentials: the lagged teacher's replicas (:mod:`.teacher`) when it lags
         the policy, else the rollout server, which serves the current policy."""
         if not wants_lagged_teacher(self.settings):
-            return self._prompt_logprobs
+            return self._scorer()
         if TEACHER_ROUTER not in _TEACHERS:
             _TEACHERS[TEACHER_ROUTER] = teacher_client(self.config)
-        return partial(self._prompt_logprobs, server=_TEACHERS[TEACHER_ROUTER])
+        return self._scorer(_TEACHERS[TEACHER_ROUTER])
 
     async def run(
         self, sampling_params: dict[str, Any], **kwargs: Any
@@ -395,7 +382,7 @@ class AgentCreditAgentLoop(AgentLoopBase):
                 episode.boundaries,
                 golds,
                 tokenizer=self.tokenizer,
-                prompt_logprobs=self._tips_scorer(),
+                score=self._tips_scorer(),
                 answer_template=t.answer_template,
                 reduce=t.reduce,
                 max_aliases=t.max_aliases,
@@ -408,9 +395,7 @@ class AgentCreditAgentLoop(AgentLoopBase):
             t_prompt = await loop.run_in_executor(
                 None, lambda: self.continuous_token_builder.build_initial_tokens(t_messages)
             )
-            teacher = await teacher_logprobs(
-                list(t_prompt), views_response, prompt_logprobs=self._prompt_logprobs
-            )
+            teacher = await teacher_logprobs(list(t_prompt), views_response, score=self._scorer())
 
         rows = episode_rows(
             episode,

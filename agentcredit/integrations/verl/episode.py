@@ -13,8 +13,9 @@ strings the server may also run past the end: the tokens after the first confirm
 them is exact, not an approximation: each kept token was sampled from the same conditional distribution it
 would have been sampled from had generation stopped there.
 
-Teacher scores. :func:`answer_potentials` (TIPS) and :func:`teacher_logprobs` (GEAR) ask the same server for
-prompt log-probs of a token sequence, the call verl's own on-policy-distillation teacher uses.
+Teacher scores. :func:`answer_potentials` (TIPS) and :func:`teacher_logprobs` (GEAR) ask a scorer for the
+log-probs of a continuation after a context (:mod:`agentcredit.integrations.verl.scoring`: verl's inference
+server, reading the context from its prefix cache).
 """
 
 from __future__ import annotations
@@ -58,8 +59,9 @@ class Generation:
 #: ``generate(context_ids, sampling_params, branch) -> Generation``; ``branch`` is the index of the job in its tree
 #: (None for a single episode), so concurrent branches can carry request ids of their own where ids must differ.
 GenerateFn = Callable[[list[int], dict[str, Any], int | None], Awaitable[Generation]]
-#: ``prompt_logprobs(ids) -> lp`` with ``lp[j] = log p(ids[j + 1] | ids[: j + 1])``, ``len(ids) - 1`` values.
-PromptLogprobsFn = Callable[[list[int]], Awaitable[list[float]]]
+#: ``score(context, continuation) -> lp`` with ``lp[i] = log p(continuation[i] | context + continuation[:i])``
+#: (:data:`agentcredit.integrations.verl.scoring.ContinuationScoreFn`).
+ScoreFn = Callable[[list[int], list[int]], Awaitable[list[float]]]
 #: ``run_tools(calls) -> results`` in call order.
 # the calls' results, or a per-episode environment's whole step (results, done, reward)
 RunToolsFn = Callable[[list[ToolCall]], Awaitable[list[ToolResult] | StepOutcome]]
@@ -528,7 +530,7 @@ async def answer_potentials(
     golds: Sequence[str],
     *,
     tokenizer: Any,
-    prompt_logprobs: PromptLogprobsFn,
+    score: ScoreFn,
     answer_template: str = "<answer>{answer}</answer>",
     reduce: str = "sum",
     max_aliases: int = 16,
@@ -539,23 +541,22 @@ async def answer_potentials(
         raise ValueError("answer_potentials: the question has no non-empty gold answer to score")
     answers = [tokenizer.encode(answer_template.format(answer=a), add_special_tokens=False) for a in aliases]
 
-    async def score(ctx: list[int], ans: list[int]) -> list[float]:
-        return continuation_logprobs(await prompt_logprobs(ctx + ans), len(ctx), len(ans))
-
-    scored = await asyncio.gather(*(score(ctx, ans) for ctx in boundaries for ans in answers))
+    scored = await asyncio.gather(*(score(list(ctx), ans) for ctx in boundaries for ans in answers))
     n = len(answers)
     return [tips_potential(scored[k * n : (k + 1) * n], reduce=reduce) for k in range(len(boundaries))]
 
 
 async def teacher_logprobs(
-    teacher_prompt_ids: list[int], responses: Sequence[list[int]], *, prompt_logprobs: PromptLogprobsFn
+    teacher_prompt_ids: list[int], responses: Sequence[list[int]], *, score: ScoreFn
 ) -> list[list[float]]:
-    """GEAR: log p(a_t | answer-conditioned prompt, a_<t) for every token of every response (teacher-forced)."""
+    """GEAR: log p(a_t | ground-truth-conditioned prompt, a_<t) for every token of every response (teacher-forced)."""
 
     async def one(response: list[int]) -> list[float]:
         if not response:
             return []
-        lp = await prompt_logprobs(teacher_prompt_ids + response)
-        return continuation_logprobs(lp, len(teacher_prompt_ids), len(response))
+        lp = await score(list(teacher_prompt_ids), list(response))
+        if len(lp) != len(response):
+            raise ValueError(f"teacher scoring returned {len(lp)} log-probs for {len(response)} tokens")
+        return lp
 
     return list(await asyncio.gather(*(one(r) for r in responses)))
