@@ -651,16 +651,14 @@ def test_an_episode_whose_tool_could_not_run_is_left_out_of_the_group():
     assert res.metrics["agentcredit/episodes"] == 2.0
 
 
-def test_verl_gear_refuses_the_reference_trajectory_it_does_not_build():
-    """issue 31: the native trainer conditions GEAR's teacher on tau*; verl's agent loop still inserts the answer
-    alone, so its settings accept only reference: answer rather than silently running the variant."""
-    from pydantic import ValidationError
-
+def test_verl_gear_defaults_to_the_reference_trajectory_as_the_native_trainer():
+    """issue 36 (after issue 31): verl's agent loop builds tau* with the native trainer's function, so verl's GEAR
+    settings are the native section's: reference trajectory by default (GEAR §3.3, seed line 72), answer a variant."""
+    from agentcredit.credit.methods.gear import GearSettings as NativeGearSettings
     from agentcredit.integrations.verl.settings import GearSettings
 
-    assert GearSettings().reference == "answer"
-    with pytest.raises(ValidationError, match="reference"):
-        GearSettings(reference="trajectory")
+    assert GearSettings().reference == "trajectory" == NativeGearSettings().reference
+    assert GearSettings(reference="answer").reference == "answer"
 
 
 def test_an_unknown_method_is_an_error_not_another_methods_parameters():

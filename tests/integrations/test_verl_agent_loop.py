@@ -8,6 +8,7 @@ tokenizer a real (byte-level) one, the protocols, tools, scorer and credit recor
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 
@@ -86,21 +87,39 @@ class FakeServer:
         return {"meta_info": {"input_token_logprobs": entries}}
 
 
-def _run_loop(tokenizer, method_config, server, overrides=(), tools=None, **sample):
+#: the example's info as prepare-data writes it (JSON): one hop, so GEAR's tau* searches "author of X" and answers
+EXAMPLE_INFO = json.dumps({"supporting_titles": ["author of X"]})
+
+
+def _run_loop(
+    tokenizer,
+    method_config,
+    server,
+    overrides=(),
+    tools=None,
+    example_info=EXAMPLE_INFO,
+    question="who wrote X",
+    answers=("Jane Doe", "J. Doe"),
+    runtime=None,
+    **sample,
+):
+    """Run the registered agent loop on one row; ``tools`` (a dict) or ``runtime`` (a ToolRuntime) replace the
+    worker's tools."""
     with initialize_config_dir(str(config_dir()), version_base=None):
         cfg = compose(method_config, overrides=["data.max_response_length=400", *overrides])
-    question, answers = "who wrote X", ["Jane Doe", "J. Doe"]
+    answers = list(answers)
     protocol = get_protocol(cfg.agentcredit.protocol, **cfg.agentcredit.protocol_options)
     messages = protocol.messages(protocol.new_episode(question))
     agent_loop_module._RUNTIMES.clear()
+    agent_loop_module._REFERENCES.clear()
 
     async def post(url, payload):
         return server.sglang_generate(url, payload)
 
     scoring_module._http_post, saved_post = post, scoring_module._http_post
-    if tools is not None:  # the retrieval server is not running here: give the runtime a local search tool
+    if tools is not None or runtime is not None:  # no retrieval server here: give the worker local tools
         key = agent_loop_module.runtime_key(agent_loop_module.load_settings(cfg.agentcredit))
-        agent_loop_module._RUNTIMES[key] = ToolRuntime(tools)
+        agent_loop_module._RUNTIMES[key] = runtime if runtime is not None else ToolRuntime(tools)
 
     async def main():
         loop = hydra.utils.instantiate(
@@ -117,7 +136,7 @@ def _run_loop(tokenizer, method_config, server, overrides=(), tools=None, **samp
         return await loop.run(
             {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True},
             raw_prompt=messages,
-            extra_info={"question": question, "answers": answers, "index": 0},
+            extra_info={"question": question, "answers": answers, "index": 0, "example_info": example_info},
             reward_model={"style": "rule", "ground_truth": answers},
             **sample,
         )
@@ -184,9 +203,53 @@ def test_gear_loop_records_teacher_logprobs_per_response_token(byte_tokenizer):
     rec = RowRecord.model_validate(out.extra_fields["agentcredit"])
     assert len(rec.teacher_logprobs) == len(out.response_ids)
     (scored,) = server.scored
-    # the teacher sequence is the answer-conditioned prompt followed by exactly the student's response tokens
+    # the teacher sequence is the ground-truth-conditioned prompt followed by exactly the student's response tokens
     assert scored[-len(out.response_ids) :] == out.response_ids
-    assert "Here is a reference solution:\nJane Doe" in byte_tokenizer.decode(scored)
+    # the ground truth is tau* (GEAR §3.3): the task's demonstration played through the worker's search tool
+    teacher_prompt = byte_tokenizer.decode(scored[: -len(out.response_ids)])
+    assert (
+        "Here is a reference solution:\n<think>I need information about author of X.</think>"
+        in teacher_prompt
+    )
+    assert (
+        "<search>author of X</search>" in teacher_prompt
+        and "Doc 1 Jane Doe wrote author of X" in teacher_prompt
+    )
+    assert "<answer>Jane Doe</answer>\n\nAfter understanding the reference solution" in teacher_prompt
+
+
+def test_gear_answer_variant_renders_the_answer_as_the_native_trainer(byte_tokenizer):
+    server = FakeServer(byte_tokenizer, ["<search>author of X</search>", "<answer>Jane Doe</answer>"])
+    out = _run_loop(byte_tokenizer, "gear", server, ["agentcredit.gear.reference=answer"], tools=SEARCH)
+    (scored,) = server.scored
+    teacher_prompt = byte_tokenizer.decode(scored[: -len(out.response_ids)])
+    # gear_ground_truth: the protocol's rendering of the first gold answer, no demonstration
+    assert "Here is a reference solution:\n<answer>Jane Doe</answer>\n\nAfter" in teacher_prompt
+    assert "<search>author of X</search>" not in teacher_prompt
+
+
+def test_gear_reference_needs_the_examples_info(byte_tokenizer):
+    """Without the example's info the demonstration would answer directly (a tau* with no search): refused."""
+    server = FakeServer(byte_tokenizer, ["<search>author of X</search>", "<answer>Jane Doe</answer>"])
+    with pytest.raises(ValueError, match="prepare-data.*agentcredit.gear.reference=answer"):
+        _run_loop(byte_tokenizer, "gear", server, tools=SEARCH, example_info=None)
+
+
+def test_gear_reference_whose_tool_cannot_run_leaves_the_episode_out(byte_tokenizer):
+    """tau* is played through the worker's tools; a search that cannot run there is an infrastructure failure of
+    the episode (as its own would be): not scored by the teacher, nothing trained."""
+    from agentcredit.tools.base import unavailable
+
+    def search(a):
+        if a["query"] == "author of X":  # the demonstration's hop, not the student's query
+            return unavailable("search failed (http://retriever:8000/retrieve, timeout 30 s): timed out")
+        return f"Doc 1 Jane Doe wrote {a['query']}"
+
+    server = FakeServer(byte_tokenizer, ["<search>who wrote X</search>", "<answer>Jane Doe</answer>"])
+    out = _run_loop(byte_tokenizer, "gear", server, tools={"search": search})
+    rec = RowRecord.model_validate(out.extra_fields["agentcredit"])
+    assert server.scored == [] and sum(out.response_mask) == 0
+    assert len(rec.infra_failures) == 1 and rec.infra_failures[0].startswith("GEAR's reference trajectory:")
 
 
 def test_carl_segment_loop_returns_one_output_per_view(byte_tokenizer):

@@ -62,6 +62,27 @@ def test_prepare_data_round_trips_through_verls_dataset(tmp_path, byte_tokenizer
     assert messages == proto.messages(proto.new_episode("who wrote X"))
 
 
+def test_the_examples_info_reaches_the_agent_loops_example(tmp_path):
+    """GEAR's tau* on verl plays the task's demonstration, which reads the example's info (kb-multihop's chain):
+    prepare-data writes it as JSON (rows' info dicts differ in shape) and the agent loop's Example has it back."""
+    from agentcredit.integrations.verl.agent_loop import _example
+    from agentcredit.tasks import load_task
+
+    rc = main(
+        ["prepare-data", "--train", "kb-multihop:train", "--val", "", "--out", str(tmp_path), "--limit", "3"]
+    )
+    assert rc == 0
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(tmp_path / "train.parquet").to_pylist()
+    examples = load_task("kb-multihop", split="train", limit=3, seed=0)
+    for row, example in zip(rows, examples, strict=True):
+        extra = row["extra_info"]
+        got = _example({**row, "extra_info": extra}, extra["question"], list(extra["answers"]))
+        assert got.info["chain"] == example.info["chain"] and got.task == "kb-multihop"
+        assert {k: got.info[k] for k in example.info} == example.info
+
+
 def test_prepare_data_rejects_questions_without_answers(tmp_path):
     questions = tmp_path / "qa.jsonl"
     questions.write_text('{"id": "a", "question": "q", "answers": []}\n')

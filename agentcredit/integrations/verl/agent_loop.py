@@ -24,7 +24,13 @@ from uuid import uuid4
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 
-from agentcredit.environment import UserReward, WeightedReward, environment_schemas, user_reward
+from agentcredit.environment import (
+    Environment,
+    UserReward,
+    WeightedReward,
+    environment_schemas,
+    user_reward,
+)
 from agentcredit.integrations.verl import AGENT_LOOP_NAME, EXTRA_KEY
 from agentcredit.integrations.verl.episode import (
     Episode,
@@ -45,8 +51,10 @@ from agentcredit.rollout.engine import episode_reward
 from agentcredit.rollout.strategies import from_rollout_config
 from agentcredit.tasks import Example
 from agentcredit.tasks.scoring import answer_reward, outcome_with_abstention
-from agentcredit.tools.base import ToolCall, ToolResult, ToolRuntime
+from agentcredit.tools.base import ToolCall, ToolResult, ToolRuntime, ToolUnavailableError
 from agentcredit.tools.episodes import EpisodeSession, StepOutcome
+from agentcredit.train.sft import ReferenceTrajectories
+from agentcredit.train.signals import gear_ground_truth, gear_teacher_prompt
 
 __all__ = [
     "AgentCreditAgentLoop",
@@ -55,7 +63,7 @@ __all__ = [
     "episode_request_id",
     "sample_fields",
     "score_request_id",
-    "teacher_messages",
+    "gear_teacher_prompt_ids",
 ]
 
 logger = logging.getLogger(__name__)
@@ -129,9 +137,13 @@ def _user_reward(spec: str | list[str], weights: list[float] | None = None) -> U
 
 
 def _example(kwargs: dict[str, Any], question: str, golds: list[str]) -> Example:
-    """The dataset row as the :class:`~agentcredit.tasks.Example` a user reward reads: ``extra_info`` as its info,
-    and ``reward_model.ground_truth`` (what verl reward functions receive) as ``info["ground_truth"]``."""
-    info = {k: v for k, v in dict(kwargs.get("extra_info") or {}).items() if k not in ("question", "answers")}
+    """The dataset row as the :class:`~agentcredit.tasks.Example` a user reward (and GEAR's reference trajectory)
+    reads: the example's info (``extra_info.example_info``, JSON) and ``extra_info`` as its info, and
+    ``reward_model.ground_truth`` (what verl reward functions receive) as ``info["ground_truth"]``."""
+    extra = dict(kwargs.get("extra_info") or {})
+    # the example's own info as prepare-data wrote it (JSON), under the row's index/split/id/metric
+    info = json.loads(extra["example_info"]) if isinstance(extra.get("example_info"), str) else {}
+    info.update({k: v for k, v in extra.items() if k not in ("question", "answers", "example_info")})
     truth = (kwargs.get("reward_model") or {}).get("ground_truth")
     if truth is not None:
         info["ground_truth"] = (
@@ -146,16 +158,48 @@ def _example(kwargs: dict[str, Any], question: str, golds: list[str]) -> Example
     )
 
 
-def teacher_messages(
-    messages: list[dict[str, Any]], ground_truth: str, template: str
-) -> list[dict[str, Any]]:
-    """GEAR's answer-conditioned prompt: the last user message rewritten with ``template`` (gear.md §2.2)."""
-    out = [dict(m) for m in messages]
-    for m in reversed(out):
-        if m.get("role") == "user":
-            m["content"] = template.format(user=m["content"], ground_truth=ground_truth)
-            return out
-    raise ValueError("GEAR needs a user message to put the reference answer in; the prompt has none")
+#: GEAR's reference trajectories per worker process and tool configuration (each example played once, kept).
+_REFERENCES: dict[str, ReferenceTrajectories] = {}
+
+
+def gear_references(settings: AgentCreditSettings, protocol: Any, tokenizer: Any) -> ReferenceTrajectories:
+    """The native trainer's :class:`~agentcredit.train.sft.ReferenceTrajectories` on this worker: the task's
+    scripted demonstration played through the worker's own protocol and tools (:func:`_runtime`), so tau* reads
+    exactly as on the native trainer (the same function builds it)."""
+    key = runtime_key(settings)
+    if key not in _REFERENCES:
+        env = Environment(
+            protocol=protocol,
+            tools=_runtime(settings),
+            # the demonstration is scored as an episode is; tau* is its text, whatever the score
+            reward=lambda example, answer: episode_outcome(settings, answer, list(example.answers)),
+            corpus=None,
+        )
+        try:
+            _REFERENCES[key] = ReferenceTrajectories(env, tokenizer, settings.protocol)
+        except ValueError as exc:
+            raise ValueError(
+                str(exc).replace("algorithm.gear.reference=answer", "agentcredit.gear.reference=answer")
+            ) from None
+    return _REFERENCES[key]
+
+
+def gear_teacher_prompt_ids(
+    settings: AgentCreditSettings, protocol: Any, tokenizer: Any, example: Example, prompt_text: str
+) -> list[int]:
+    """GEAR's teacher prompt as the native trainer builds it (:func:`agentcredit.train.signals.gear_teacher_logprobs`):
+    the student's prompt text with :func:`~agentcredit.train.signals.gear_ground_truth` inserted by
+    :func:`~agentcredit.train.signals.gear_teacher_prompt` and the template, tokenized without special tokens. The
+    ground truth is tau* (``agentcredit.gear.reference: trajectory``, the paper's §3.3) or the rendered gold answer
+    (``answer``, a variant), after the example's worked solution when it has one."""
+    reference = None
+    if settings.gear.reference == "trajectory":
+        reference = gear_references(settings, protocol, tokenizer)(example)
+    truth = gear_ground_truth(protocol, example, reference)
+    text = gear_teacher_prompt(
+        protocol, tokenizer, example.question, truth, settings.gear.template, student_prompt=prompt_text
+    )
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 def episode_outcome(settings: AgentCreditSettings, answer: str | None, golds: list[str]) -> float:
@@ -334,7 +378,7 @@ class AgentCreditAgentLoop(AgentLoopBase):
         outputs = []
         for episode in episodes:
             outputs += await self._outputs(
-                episode, prompt_ids, messages, golds, example, kwargs, timing, tree_id, forks
+                episode, prompt_ids, golds, example, kwargs, timing, tree_id, forks, protocol, prompt_text
             )
         return outputs[0] if len(outputs) == 1 else outputs
 
@@ -342,16 +386,39 @@ class AgentCreditAgentLoop(AgentLoopBase):
         self,
         episode: Episode,
         prompt_ids: list[int],
-        messages: list[dict[str, Any]],
         golds: list[str],
         example: Example,
         kwargs: dict[str, Any],
         timing: dict[str, float],
         tree_id: str | None,
         forks: dict[int, int] | None,
+        protocol: Any,
+        prompt_text: str,
     ) -> list[AgentLoopOutput]:
         """verl's outputs of one episode (one per training view), scored, with the method's teacher signals."""
         s, loop = self.settings, asyncio.get_running_loop()
+        t_prompt = None
+        if "teacher_logp" in s.needs.signals and s.gear.reference == "trajectory":
+            if not isinstance((kwargs.get("extra_info") or {}).get("example_info"), str):
+                raise ValueError(
+                    "GEAR's reference trajectory is the task's scripted demonstration, which reads the example's "
+                    "info, and this row has none: write the data with `python -m agentcredit.integrations.verl "
+                    "prepare-data` (extra_info.example_info), or set agentcredit.gear.reference=answer"
+                )
+        if "teacher_logp" in s.needs.signals and not episode.infra_failures:
+            try:  # GEAR's teacher prompt; tau* plays the task's demonstration through the worker's tools
+                t_prompt = await loop.run_in_executor(
+                    None,
+                    lambda: gear_teacher_prompt_ids(s, protocol, self.tokenizer, example, prompt_text),
+                )
+            except ToolUnavailableError as exc:  # as an episode whose own tool could not run: left out
+                # a tree's credit needs every leaf: the whole session fails (verl pads)
+                if tree_id is not None:
+                    raise ToolUnavailableError(
+                        f"infrastructure failure in a tree rollout, so the prompt's session is dropped: GEAR's "
+                        f"reference trajectory: {exc}"
+                    ) from None
+                episode.infra_failures.append(f"GEAR's reference trajectory: {exc}")
         if episode.infra_failures:  # a tool could not run: not scored, no teacher calls, nothing trained
             rows = episode_rows(episode, 0.0, format_reward_key=s.portool.format_reward_key)
             logger.warning(
@@ -390,12 +457,8 @@ class AgentCreditAgentLoop(AgentLoopBase):
         views_response = [
             view.token_ids[len(prompt_ids) :] for view in episode.tree.training_views(episode.leaf)
         ]
-        if "teacher_logp" in s.needs.signals:
-            t_messages = teacher_messages(messages, golds[0], s.gear.template)
-            t_prompt = await loop.run_in_executor(
-                None, lambda: self.continuous_token_builder.build_initial_tokens(t_messages)
-            )
-            teacher = await teacher_logprobs(list(t_prompt), views_response, score=self._scorer())
+        if t_prompt is not None:
+            teacher = await teacher_logprobs(t_prompt, views_response, score=self._scorer())
 
         rows = episode_rows(
             episode,

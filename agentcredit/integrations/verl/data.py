@@ -7,7 +7,8 @@ One row per question, the columns verl's ``RLHFDataset`` reads:
 * ``data_source``, ``ability``, ``reward_model`` (``{"style": "rule", "ground_truth": [aliases]}``, for verl's
   reward tooling and logs);
 * ``extra_info``: ``index``, ``split``, ``id``, ``question``, ``answers``, ``metric`` (the agent loop scores the
-  answer with agentcredit's scorer from these);
+  answer with agentcredit's scorer from these), and ``example_info``, the example's own ``info`` as JSON (the task's
+  scripted demonstration reads it: GEAR's reference trajectory tau* on verl, as on the native trainer);
 * ``agent_name``: ``agentcredit_agent``, so rows select agentcredit's agent loop whatever the default is.
 
 Search-R1's training set is NQ + HotpotQA train (about 170k questions); any split agentcredit's loaders know,
@@ -17,6 +18,7 @@ or a JSONL file (``jsonl:<path>``, e.g. Search-R1's ``nq_hotpotqa_train`` export
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -63,6 +65,8 @@ def verl_row(
             "question": example.question,
             "answers": list(example.answers),
             "metric": example.metric,
+            # one JSON string, not a struct: the rows' info dicts differ in shape, and parquet columns may not
+            "example_info": json.dumps(example.info, sort_keys=True, default=str),
         },
         "agent_name": AGENT_LOOP_NAME,
     }

@@ -128,15 +128,8 @@ class TipsSettings(tips.TipsSettings):
 
 class GearSettings(gear.GearSettings):
     """The native ``algorithm.gear`` section (GEAR's settings and teacher template are defined once, in
-    :class:`agentcredit.credit.methods.gear.GearSettings`), plus where verl reads the student's log-probs."""
-
-    reference: Literal["answer"] = Field(
-        "answer",
-        description=(
-            "the teacher's ground truth: verl's agent loop conditions it on the gold answer only (a variant, not the "
-            "paper's reference trajectory tau*, which the native trainer's 'trajectory' renders; not yet on verl)."
-        ),
-    )
+    :class:`agentcredit.credit.methods.gear.GearSettings`: ``reference: trajectory``, the paper's tau*, by default,
+    built on the worker as on the native trainer), plus where verl reads the student's log-probs."""
 
     student_logprobs: Literal["rollout", "old"] = Field(
         "rollout",
