@@ -125,7 +125,7 @@ def episode_batch(
     needs = cfg.method.all_needs
     views = [step_tree(tree) for tree in trees] if "tree" in needs.step_inputs else []
     episodes = []
-    for j, traj in enumerate(batch.trajectories):
+    for traj in batch.trajectories:
         tree = trees[traj.tree]
         anchors = anchor_states(tree, traj.policy_nodes) if "anchors" in needs.step_inputs else None
         steps = []
@@ -143,13 +143,20 @@ def episode_batch(
                     env_reward=float(tree.segment(node).info.get("env_reward", 0.0)),
                 )
             )
-        potentials = None
-        if "potentials" in needs.signals:
-            if signals.potentials is None or len(signals.potentials[j]) != len(steps):
+        episodes.append(Episode(traj.tree, traj.reward, tuple(steps)))
+    layout_signals = {
+        "values": signals.values,
+        "student_logp": batch.old_logp,
+        "teacher_logp": signals.teacher_logp,
+        "entropy": signals.entropy,
+        "alpha": signals.alpha,
+    }
+    if "potentials" in needs.signals:
+        for j, ep in enumerate(episodes):
+            if signals.potentials is None or len(signals.potentials[j]) != len(ep.steps):
                 got = "no" if signals.potentials is None else len(signals.potentials[j])
-                raise ValueError(f"trajectory {j}: {got} potentials for {len(steps)} policy segments")
-            potentials = tuple(signals.potentials[j])
-        episodes.append(Episode(traj.tree, traj.reward, tuple(steps), potentials=potentials))
+                raise ValueError(f"trajectory {j}: {got} potentials for {len(ep.steps)} policy segments")
+        layout_signals["potentials"] = [tuple(p) for p in signals.potentials]
     trees_by_group = {}
     for t, (tree, view) in enumerate(zip(trees, views, strict=False)):
         counts: dict[int, int] = {}
@@ -166,11 +173,7 @@ def episode_batch(
         shape=tuple(batch.input_ids.shape),
         episodes=episodes,
         trees=trees_by_group,
-        values=signals.values,
-        student_logp=batch.old_logp,
-        teacher_logp=signals.teacher_logp,
-        entropy=signals.entropy,
-        alpha=signals.alpha,
+        signals={name: value for name, value in layout_signals.items() if value is not None},
     )
 
 

@@ -175,8 +175,7 @@ def _episode_batch(
                 f"episode {ep.episode_id}: {method.name} needs the teacher potentials in extra_fields['{EXTRA_KEY}'] "
                 f"(the agent loop computes them when agentcredit.method={method.name})"
             )
-        potentials = None if record.potentials is None else tuple(record.potentials)
-        out.append(LayoutEpisode(ep.uid, record.outcome, tuple(steps), tuple(record.tool_turns), potentials))
+        out.append(LayoutEpisode(ep.uid, record.outcome, tuple(steps), tuple(record.tool_turns)))
     trees = {}
     if "tree" in needs.step_inputs:  # a tree rollout's episodes share the steps they share; else chains
         keys = [
@@ -194,7 +193,10 @@ def _episode_batch(
                     key = None if node == 0 else (r.tree_id, node)
                     group[key] = group.get(key, 0) + c
         out, trees = chain_trees(out, keys, forks or None)
-    return EpisodeBatch(shape=shape, episodes=out, trees=trees, dtype=dtype)
+    signals = {}
+    if "potentials" in needs.signals:
+        signals["potentials"] = [tuple(ep.record.potentials) for ep in episodes]
+    return EpisodeBatch(shape=shape, episodes=out, trees=trees, signals=signals, dtype=dtype)
 
 
 def compute_advantages(
@@ -270,29 +272,29 @@ def compute_advantages(
     )
     parts = method.settings_from(settings)
     if "values" in needs.signals:
-        layout.values = need("values", values)
+        layout.signals["values"] = need("values", values)
         if needs.critic == "boundary":
             # verl's critic model outputs the head's value, which the trainer's boundary loss
             # (losses.boundary_value_loss) trains through the same V as the method reads
-            layout.values = carl_segment.critic_values(layout.values)
+            layout.signals["values"] = carl_segment.critic_values(layout.signals["values"])
     alpha = None
     if "alpha" in needs.signals:
         alpha, tips_metrics = _tips_alpha(episodes, _settings_needing(method, parts, "alpha"), previous_alpha)
         metrics.update(tips_metrics)
-        layout.alpha = alpha
+        layout.signals["alpha"] = alpha
     if "teacher_logp" in needs.signals:
         rollout = _settings_needing(method, parts, "teacher_logp").student_logprobs == "rollout"
-        layout.student_logp = need(
+        student = need(
             "rollout_log_probs" if rollout else "old_log_probs",
             rollout_log_probs if rollout else old_log_probs,
         )
-        layout.entropy = need("entropy", entropy)
+        layout.signals["student_logp"] = student
+        layout.signals["entropy"] = need("entropy", entropy)
         if teacher_logprobs is not None:  # the trainer's tensor field (TEACHER_FIELD)
-            layout.teacher_logp = _fit_width(teacher_logprobs, response_mask.shape[1]).to(
-                layout.student_logp.dtype
-            )
+            teacher = _fit_width(teacher_logprobs, response_mask.shape[1]).to(student.dtype)
         else:  # the records' lists (a batch the trainer did not lay out)
-            layout.teacher_logp = _teacher_logprobs(records, response_mask.shape, layout.student_logp.dtype)
+            teacher = _teacher_logprobs(records, response_mask.shape, student.dtype)
+        layout.signals["teacher_logp"] = teacher
     estimate = method.advantages(layout, parts)
     metrics.update({f"agentcredit/{k.replace('/', '_')}": v for k, v in estimate.stats.items()})
     # verl trains every token of the response mask: an action outside the update set (carl-critical) gets 0
