@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from agentcredit.credit._tree import DecisionTree
 from agentcredit.credit._validate import finite_where
 
 __all__ = [
@@ -70,14 +71,6 @@ class Episode:
 
     def tool_turn_ends(self) -> tuple[int, ...]:
         return tuple(range(len(self.steps) - 1)) if self.turn_ends is None else self.turn_ends
-
-
-@dataclass(frozen=True)
-class DecisionTree:
-    """A group's steps as a tree: ``parents[i]`` is the parent of node i, -1 for node 0 (the prompt)."""
-
-    parents: tuple[int, ...]
-    fork_counts: Mapping[int, int] | None = None  # carl-critical's forked_parent rule: forks per node
 
 
 def outcome_part(ep: Episode) -> float:
