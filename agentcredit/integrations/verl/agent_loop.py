@@ -28,7 +28,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetr
 from agentcredit.environment import UserReward, WeightedReward, environment_schemas, user_reward
 from agentcredit.integrations.verl import AGENT_LOOP_NAME, EXTRA_KEY
 from agentcredit.integrations.verl.episode import (
-    Episode,
+    EpisodeResult,
     Generation,
     TreeRunner,
     answer_potentials,
@@ -353,7 +353,7 @@ class AgentCreditAgentLoop(AgentLoopBase):
 
     async def _outputs(
         self,
-        episode: Episode,
+        episode: EpisodeResult,
         prompt_ids: list[int],
         messages: list[dict[str, Any]],
         golds: list[str],
@@ -427,7 +427,7 @@ class AgentCreditAgentLoop(AgentLoopBase):
         self,
         row: Any,
         prompt_ids: list[int],
-        episode: Episode,
+        episode: EpisodeResult,
         outcome: float,
         accuracy: float,
         timing: dict[str, float],
