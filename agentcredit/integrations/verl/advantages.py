@@ -193,7 +193,7 @@ def _episode_batch(
                     key = None if node == 0 else (r.tree_id, node)
                     group[key] = group.get(key, 0) + c
         out, trees = chain_trees(out, keys, forks or None)
-    signals = {}
+    signals: dict[str, Any] = {}
     if "potentials" in needs.signals:
         signals["potentials"] = [tuple(ep.record.potentials) for ep in episodes]
     return EpisodeBatch(shape=shape, episodes=out, trees=trees, signals=signals, dtype=dtype)
