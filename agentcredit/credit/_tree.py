@@ -1,12 +1,15 @@
-"""Parent-pointer trees for the tree-based estimators (private; carl-critical and portool share it).
+"""The decision tree of a group of episodes: the one tree type of the credit layer (private module; the type is
+public as :class:`agentcredit.credit.DecisionTree`).
 
 The encoding is the one :attr:`agentcredit.rollout.tree.RolloutTree.parents` produces: ``parents[i]`` is the
 parent of node ``i`` and ``-1`` marks the root, which must be node 0 (the prompt / question state). Every other
-node is the state reached by one action (one segment). Leaves are the non-root nodes without children.
+node is the state reached by one action (one step). Leaves are the non-root nodes without children.
 
 :func:`parse_tree` checks the encoding once (a single root at index 0, parents in range, no cycle, at least one
-action) and returns the derived structure (children, depths, a parents-first order, leaves, root-to-leaf
-paths, leaves under each node) so the estimators never walk a malformed tree.
+action) and returns the tree with its derived structure (children, depths, a parents-first order, leaves,
+root-to-leaf paths, leaves under each node), so the estimators never walk a malformed tree. A tree built
+directly (the layout builders' ``DecisionTree(parents, fork_counts)``) runs the same checks the first time its
+structure is read.
 """
 
 from __future__ import annotations
@@ -18,14 +21,51 @@ from torch import Tensor
 
 from agentcredit.credit._validate import as_int, finite_float, float_list
 
+_Structure = tuple[
+    tuple[tuple[int, ...], ...],  # children
+    tuple[int, ...],  # depth
+    tuple[int, ...],  # order: breadth-first from the root, every parent before its children
+    tuple[int, ...],  # leaves, in node-id order
+]
+
 
 @dataclass(frozen=True)
-class Tree:
+class DecisionTree:
+    """A group's steps as a tree: ``parents[i]`` is the parent of node i, -1 for node 0 (the prompt).
+
+    Episodes that share a tree prefix share its nodes; independent episodes are chains under the prompt.
+    ``fork_counts``: the times each node was forked (carl-critical's ``forked_parent`` rule), None when unknown.
+    """
+
     parents: tuple[int, ...]
-    children: tuple[tuple[int, ...], ...]
-    depth: tuple[int, ...]
-    order: tuple[int, ...]  # breadth-first from the root: every parent before its children
-    leaves: tuple[int, ...]  # in node-id order
+    fork_counts: Mapping[int, int] | None = None
+
+    @property
+    def _structure(self) -> _Structure:
+        """Children, depths, order and leaves: checked and derived on the first read, then kept."""
+        derived = self.__dict__.get("_derived")
+        if derived is None:
+            derived = _derive(_parent_list(self.parents, "parents"), "parents")
+            object.__setattr__(self, "_derived", derived)  # a cache, not a field: frozen for its fields only
+        return derived
+
+    @property
+    def children(self) -> tuple[tuple[int, ...], ...]:
+        return self._structure[0]
+
+    @property
+    def depth(self) -> tuple[int, ...]:
+        return self._structure[1]
+
+    @property
+    def order(self) -> tuple[int, ...]:
+        """Breadth-first from the root: every parent before its children."""
+        return self._structure[2]
+
+    @property
+    def leaves(self) -> tuple[int, ...]:
+        """The non-root nodes without children, in node-id order."""
+        return self._structure[3]
 
     def __len__(self) -> int:
         return len(self.parents)
@@ -51,8 +91,18 @@ class Tree:
         return under
 
 
-def parse_tree(parents: Sequence[int] | Tensor, name: str = "parents") -> Tree:
+def parse_tree(parents: Sequence[int] | Tensor, name: str = "parents") -> DecisionTree:
     """Validate a parent-pointer array and derive the tree structure (ValueError naming ``name``)."""
+    par = _parent_list(parents, name)
+    structure = _derive(par, name)
+    tree = DecisionTree(tuple(par))
+    object.__setattr__(
+        tree, "_derived", structure
+    )  # checked under ``name``, so the tree need not check again
+    return tree
+
+
+def _parent_list(parents: Sequence[int] | Tensor, name: str) -> list[int]:
     if isinstance(parents, Tensor):
         if parents.dim() != 1 or parents.is_floating_point() or parents.dtype.is_complex:
             raise ValueError(
@@ -64,7 +114,11 @@ def parse_tree(parents: Sequence[int] | Tensor, name: str = "parents") -> Tree:
     n = len(parents)
     if n < 2:
         raise ValueError(f"{name} must hold the root (node 0) and at least one action node, got {n} node(s)")
-    par = [as_int(p, f"{name}[{i}]") for i, p in enumerate(parents)]
+    return [as_int(p, f"{name}[{i}]") for i, p in enumerate(parents)]
+
+
+def _derive(par: list[int], name: str) -> _Structure:
+    n = len(par)
     if par[0] != -1:
         raise ValueError(f"{name}[0] must be -1: node 0 is the root (the prompt), got {par[0]}")
     roots = [i for i, p in enumerate(par) if p == -1]
@@ -98,16 +152,10 @@ def parse_tree(parents: Sequence[int] | Tensor, name: str = "parents") -> Tree:
             f"{' -> '.join(map(str, cycle + [cycle[0]]))} (each arrow points to the parent)"
         )
     leaves = tuple(i for i in range(1, n) if not children[i])
-    return Tree(
-        parents=tuple(par),
-        children=tuple(tuple(c) for c in children),
-        depth=tuple(depth),
-        order=tuple(order),
-        leaves=leaves,
-    )
+    return tuple(tuple(c) for c in children), tuple(depth), tuple(order), leaves
 
 
-def leaf_values(tree: Tree, values: Mapping[int, float], name: str) -> dict[int, float]:
+def leaf_values(tree: DecisionTree, values: Mapping[int, float], name: str) -> dict[int, float]:
     """Check that ``values`` maps exactly the leaves of ``tree`` to finite floats.
 
     A leaf without a value, or a value on a node that is not a leaf, is a ValueError: silently ignoring either
@@ -131,7 +179,7 @@ def leaf_values(tree: Tree, values: Mapping[int, float], name: str) -> dict[int,
     return out
 
 
-def node_floats(tree: Tree, values: Sequence[float] | Tensor, name: str) -> list[float]:
+def node_floats(tree: DecisionTree, values: Sequence[float] | Tensor, name: str) -> list[float]:
     """One finite float per node (the root's entry is kept but not used by the estimators)."""
     out = float_list(values, name)
     if len(out) != len(tree):

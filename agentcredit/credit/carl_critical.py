@@ -36,7 +36,7 @@ from typing import Literal
 from torch import Tensor
 
 from agentcredit.credit._stats import mean, zscore
-from agentcredit.credit._tree import Tree, leaf_values, parse_tree
+from agentcredit.credit._tree import DecisionTree, leaf_values, parse_tree
 from agentcredit.credit._validate import as_int, choice, finite_float
 
 __all__ = ["critical_action_advantages", "critical_action_outcome_advantages", "UPDATE_RULES"]
@@ -45,7 +45,7 @@ UpdateRule = Literal["multi_child", "forked_parent", "inherit"]
 UPDATE_RULES: tuple[str, ...] = ("multi_child", "forked_parent", "inherit")
 
 
-def _values(tree: Tree, rewards: dict[int, float]) -> list[float]:
+def _values(tree: DecisionTree, rewards: dict[int, float]) -> list[float]:
     values = [0.0] * len(tree)
     for node in reversed(tree.order):  # children before parents (Algorithm 2, post-order)
         kids = tree.children[node]
@@ -53,7 +53,7 @@ def _values(tree: Tree, rewards: dict[int, float]) -> list[float]:
     return values
 
 
-def _fork_counts(tree: Tree, fork_counts: Mapping[int, int] | Sequence[int] | None) -> list[int]:
+def _fork_counts(tree: DecisionTree, fork_counts: Mapping[int, int] | Sequence[int] | None) -> list[int]:
     if fork_counts is None:
         raise ValueError(
             'rule="forked_parent" needs fork_counts: how often each state was selected for forking in phase 2'
@@ -111,7 +111,7 @@ def critical_action_advantages(
 
 
 def _advantages(
-    tree: Tree,
+    tree: DecisionTree,
     rewards: dict[int, float],
     rule: str,
     fork_counts: Mapping[int, int] | Sequence[int] | None,

@@ -18,10 +18,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 from torch import Tensor
 
+from agentcredit.credit._tree import DecisionTree
 from agentcredit.credit._validate import finite_where
 
 __all__ = [
@@ -63,21 +65,12 @@ class Episode:
     group: Hashable
     reward: float
     steps: tuple[Step, ...]
-    # TIPS: the steps that end tool turns k = 1..M; None = every step but the last (each is followed by a tool
-    # output in the native protocols)
+    # the steps that end tool turns k = 1..M (a tool output follows each); None = every step but the last (each is
+    # followed by a tool output in the native protocols)
     turn_ends: tuple[int, ...] | None = None
-    potentials: tuple[float, ...] | None = None  # TIPS: Phi(S_0), ..., Phi(S_M)
 
     def tool_turn_ends(self) -> tuple[int, ...]:
         return tuple(range(len(self.steps) - 1)) if self.turn_ends is None else self.turn_ends
-
-
-@dataclass(frozen=True)
-class DecisionTree:
-    """A group's steps as a tree: ``parents[i]`` is the parent of node i, -1 for node 0 (the prompt)."""
-
-    parents: tuple[int, ...]
-    fork_counts: Mapping[int, int] | None = None  # carl-critical's forked_parent rule: forks per node
 
 
 def outcome_part(ep: Episode) -> float:
@@ -88,20 +81,22 @@ def outcome_part(ep: Episode) -> float:
 
 @dataclass
 class EpisodeBatch:
-    """A batch of episodes and the per-token signals the estimators may read (``[N, L]``, None = absent)."""
+    """A batch of episodes, their groups' decision trees, and the signals the method's
+    :class:`~agentcredit.credit.methods.Needs` name.
+
+    ``signals`` is keyed by the signal's name in ``Needs.signals``: a per-token tensor ``[N, L]`` (``values``: V
+    of the state before the token; ``student_logp``, ``teacher_logp``, ``entropy``), one entry per episode
+    (``potentials``: TIPS's Phi(S_0), ..., Phi(S_M)) or one value for the batch (``alpha``: TIPS's shaping
+    scale). A method reads them with :meth:`need` (per token), :meth:`per_episode` or :meth:`signal`; the layout
+    itself grows no field for a method's data.
+    """
 
     shape: tuple[int, int]
     episodes: list[Episode]
     trees: Mapping[Hashable, DecisionTree] = field(default_factory=dict)
-    values: Tensor | None = None  # V(state before token)
-    student_logp: Tensor | None = None  # GEAR: the sampled tokens' log-probs
-    teacher_logp: Tensor | None = (
-        None  # GEAR: the same tokens' log-probs under the answer-conditioned context
-    )
-    entropy: Tensor | None = None  # GEAR: the student's entropy
+    signals: dict[str, Any] = field(default_factory=dict)
     # per episode, per step: the reward placed on the step's last token; None = the outcome on the last step
     step_rewards: list[list[float]] | None = None
-    alpha: float | None = None  # a shaping method's scale for this batch (TIPS)
     dtype: torch.dtype = torch.float32
 
     def __post_init__(self) -> None:
@@ -114,16 +109,30 @@ class EpisodeBatch:
                         f"outside the batch's {n_rows} rows x {length} tokens (or the span is empty)"
                     )
 
+    def signal(self, name: str, method: str) -> Any:
+        """The signal ``name``; a ValueError naming the method when the trainer did not provide it."""
+        value = self.signals.get(name)
+        if value is None:
+            raise ValueError(f"{method} needs the signal `{name}`, and the trainer did not provide it")
+        return value
+
     def need(self, name: str, method: str) -> Tensor:
         """The per-token signal ``name``, checked: present, ``[N, L]``, finite on every trained token (the error
         names the batch position)."""
-        tensor = getattr(self, name)
+        tensor = self.signals.get(name)
         if tensor is None:
             raise ValueError(f"{method} needs `{name}` per token, and the trainer did not provide it")
         if tuple(tensor.shape) != tuple(self.shape):
             raise ValueError(f"`{name}` has shape {tuple(tensor.shape)}, expected {tuple(self.shape)}")
         finite_where(tensor, name, self.trained_mask())
         return tensor
+
+    def per_episode(self, name: str, method: str) -> Sequence[Any]:
+        """The per-episode signal ``name``, checked: present, one entry per episode."""
+        values = self.signal(name, method)
+        if len(values) != len(self.episodes):
+            raise ValueError(f"`{name}` has {len(values)} entries for {len(self.episodes)} episodes")
+        return values
 
     def last_step(self, j: int, method: str) -> Step:
         """Episode j's last step; a ValueError naming it when it has none (an empty first generation)."""

@@ -216,7 +216,7 @@ class _TreeRun:
     plan: Plan
     states: dict[int, _NodeState] = field(default_factory=dict)
     blocks: dict[int, Any] = field(default_factory=dict)  # node -> cache block (prefix store)
-    parked: dict[int, list[_Episode]] = field(default_factory=lambda: defaultdict(list))
+    parked: dict[int, list[_JobRun]] = field(default_factory=lambda: defaultdict(list))
     batch: list[Job] = field(default_factory=list)
     results: list[JobResult | None] = field(default_factory=list)
     outstanding: int = 0
@@ -226,7 +226,10 @@ class _TreeRun:
 
 
 @dataclass
-class _Episode:
+class _JobRun:
+    """One job in flight (an episode being generated from its start node): its sequence, the segment it is
+    sampling, and its tool step; the engine's bookkeeping, finished into its tree's :class:`RolloutTree`."""
+
     run: _TreeRun
     job: Job
     slot: int  # index of the job in its batch
@@ -239,7 +242,7 @@ class _Episode:
     pending: list[int] = field(default_factory=list)
     pending_prefill: int = 0
     logits: torch.Tensor | None = None
-    clones: list[_Episode] = field(default_factory=list)  # jobs waiting for this sequence's first logits
+    clones: list[_JobRun] = field(default_factory=list)  # jobs waiting for this sequence's first logits
     seg_ids: list[int] = field(default_factory=list)
     seg_logprobs: list[float] = field(default_factory=list)
     seg_entropies: list[float] = field(default_factory=list)
@@ -258,7 +261,7 @@ def _seed(*parts: object) -> int:
     return int.from_bytes(digest, "big") & ((1 << 63) - 1)
 
 
-def _close_quietly(ep: _Episode) -> None:
+def _close_quietly(ep: _JobRun) -> None:
     """Close an episode's environment while another error (or none) is what matters."""
     env, ep.env = ep.env, None
     if env is not None:
@@ -408,8 +411,8 @@ class RolloutEngine:
         self._reward_fn = reward_fn
         self._on_tree_done = on_tree_done
         self._store = strategy.needs_prefix_store and self.config.reuse_prefix
-        self._queue: deque[list[_Episode]] = deque()
-        self._live: list[_Episode] = []  # episodes holding a sequence (decoding, waiting, pending, parked)
+        self._queue: deque[list[_JobRun]] = deque()
+        self._live: list[_JobRun] = []  # episodes holding a sequence (decoding, waiting, pending, parked)
         extras = extra or [None] * len(prompts)
         runs = [self._new_run(i, ids[i], item, strategy, extras[i]) for i, item in enumerate(prompts)]
         self._shared_ids = self._shared_prefix([run.tree.segment(0).token_ids for run in runs])
@@ -512,7 +515,7 @@ class RolloutEngine:
         run.outstanding = len(jobs)
         self._start_jobs(run)
 
-    def _job_done(self, ep: _Episode, finished: bool) -> None:
+    def _job_done(self, ep: _JobRun, finished: bool) -> None:
         run = ep.run
         run.results[ep.slot] = JobResult(ep.job, list(ep.added), ep.node, finished)
         run.outstanding -= 1
@@ -565,7 +568,7 @@ class RolloutEngine:
                 self._release(ep)
         run.parked.clear()
 
-    def _new_episode(self, run: _TreeRun, slot: int) -> _Episode:
+    def _new_episode(self, run: _TreeRun, slot: int) -> _JobRun:
         job = run.batch[slot]
         snap = run.states[job.node]
         rng = None
@@ -573,7 +576,7 @@ class RolloutEngine:
             rng = torch.Generator().manual_seed(_seed(self._seed, "job", run.prompt_id, run.jobs_started))
         run.jobs_started += 1
         self.stats.jobs += 1
-        return _Episode(
+        return _JobRun(
             run=run,
             job=job,
             slot=slot,
@@ -585,7 +588,7 @@ class RolloutEngine:
             layout=[],
         )
 
-    def _take_over(self, ep: _Episode, parked: _Episode) -> None:
+    def _take_over(self, ep: _JobRun, parked: _JobRun) -> None:
         """``ep`` continues a paused episode's sequence (same context, logits ready)."""
         ep.seq, ep.layout, ep.logits = parked.seq, list(parked.layout), parked.logits
         ep.transient_start = parked.transient_start
@@ -593,14 +596,14 @@ class RolloutEngine:
         self._live.remove(parked)
         self._live.append(ep)
 
-    def _clone(self, leader: _Episode, ep: _Episode) -> None:
+    def _clone(self, leader: _JobRun, ep: _JobRun) -> None:
         ep.seq = self.backend.fork(leader.seq)
         ep.layout, ep.logits = list(leader.layout), leader.logits
         ep.transient_start = leader.transient_start
         self.stats.forks += 1
         self._live.append(ep)
 
-    def _job_ready(self, eps: list[_Episode]) -> None:
+    def _job_ready(self, eps: list[_JobRun]) -> None:
         for ep in eps:
             self._begin_segment(ep)
 
@@ -608,7 +611,7 @@ class RolloutEngine:
         """Give queued job groups a sequence while fewer than ``max_batch`` are in flight."""
         # a leader's clones get their sequences only after its prefill, but they are in flight from admission
         in_flight = len(self._live) + sum(len(ep.clones) for ep in self._live)
-        admitted: list[_Episode] = []
+        admitted: list[_JobRun] = []
         while self._queue:
             group = self._queue[0]
             if not force and (self._live or admitted) and in_flight + len(group) > self.config.max_batch:
@@ -624,7 +627,7 @@ class RolloutEngine:
             self._build_sequence(leader)
             self._live.append(leader)
 
-    def _build_sequence(self, ep: _Episode) -> None:
+    def _build_sequence(self, ep: _JobRun) -> None:
         """A sequence holding the context of ``ep.node``, from stored node caches where possible."""
         tree = ep.run.tree
         nodes = self._visible(tree, ep.node)
@@ -690,7 +693,7 @@ class RolloutEngine:
             self._after_feed(ep)
         return True
 
-    def _after_feed(self, ep: _Episode) -> None:
+    def _after_feed(self, ep: _JobRun) -> None:
         """The episode's next-token logits are ready: start its jobs' segments, or park it."""
         if ep.clones:  # a fresh sequence shared by several jobs: copy it (logits included) for each
             clones, ep.clones = ep.clones, []
@@ -702,7 +705,7 @@ class RolloutEngine:
         elif ep.seg_budget == 0:  # not mid-segment: a new segment starts here
             self._begin_segment(ep)
 
-    def _save_blocks(self, ep: _Episode) -> None:
+    def _save_blocks(self, ep: _JobRun) -> None:
         length = self.backend.length(ep.seq)
         for node, start, end in ep.layout:
             if end <= length and node not in ep.run.blocks:
@@ -722,7 +725,7 @@ class RolloutEngine:
         return True
 
     # ------------------------------------------------------------------ segments
-    def _begin_segment(self, ep: _Episode) -> None:
+    def _begin_segment(self, ep: _JobRun) -> None:
         """Set the token budget of the next policy segment (the logits for its first token are ready)."""
         ep.turn = None
         budget = self.protocol.max_new_tokens(ep.state, self.config.max_segment_tokens)
@@ -735,7 +738,7 @@ class RolloutEngine:
         ep.seg_budget = budget
         ep.seg_ids, ep.seg_logprobs, ep.seg_entropies = [], [], []
 
-    def _on_token(self, ep: _Episode, token: int, logprob: float, entropy: float) -> None:
+    def _on_token(self, ep: _JobRun, token: int, logprob: float, entropy: float) -> None:
         ep.seg_ids.append(token)
         ep.seg_logprobs.append(logprob)
         ep.seg_entropies.append(entropy)
@@ -754,7 +757,7 @@ class RolloutEngine:
             return
         self._end_segment(ep, text, finish)
 
-    def _end_segment(self, ep: _Episode, text: str, finish: str) -> None:
+    def _end_segment(self, ep: _JobRun, text: str, finish: str) -> None:
         protocol, tree = self.protocol, ep.run.tree
         turn = protocol.read_segment(ep.state, text, finish)  # type: ignore[arg-type]
         protocol.record(ep.state, turn, text)
@@ -801,7 +804,7 @@ class RolloutEngine:
         else:
             self._observe(ep, [])
 
-    def _episode_end(self, ep: _Episode, turn: Turn) -> str | None:
+    def _episode_end(self, ep: _JobRun, turn: Turn) -> str | None:
         max_turns = min(self.max_turns, ep.job.max_turns or self.max_turns)
         if turn.done:
             return "done"
@@ -837,7 +840,7 @@ class RolloutEngine:
                 self._observe(ep, results)
 
     def _environment_step(
-        self, ep: _Episode, calls: list[ToolCall], replay: list[tuple[list[ToolCall], list[str]]] | None
+        self, ep: _JobRun, calls: list[ToolCall], replay: list[tuple[list[ToolCall], list[str]]] | None
     ) -> StepOutcome:
         """One tool step in the episode's own environment (a tool thread). A job that starts mid-episode (a tree
         branch) opens a fresh one and replays the recorded calls before the branch (agentcredit.tools.episodes)."""
@@ -846,7 +849,7 @@ class RolloutEngine:
             ep.env.replay(replay or [])
         return ep.env.step(calls)
 
-    def _observe(self, ep: _Episode, results: list[ToolResult]) -> None:
+    def _observe(self, ep: _JobRun, results: list[ToolResult]) -> None:
         turn, tree = ep.turn, ep.run.tree
         assert turn is not None
         observation = self.protocol.observation(ep.state, turn, results)
@@ -880,12 +883,12 @@ class RolloutEngine:
         if ep.job.max_steps is not None and ep.steps >= ep.job.max_steps:
             ep.pause = True  # parked once the pending tokens are in (its logits ready for whoever continues)
 
-    def _park(self, ep: _Episode) -> None:
+    def _park(self, ep: _JobRun) -> None:
         ep.pause = False
         ep.run.parked[ep.node].append(ep)
         self._job_done(ep, finished=False)
 
-    def _finish_episode(self, ep: _Episode, reason: str) -> None:
+    def _finish_episode(self, ep: _JobRun, reason: str) -> None:
         tree, turn = ep.run.tree, ep.turn
         answer = turn.answer if (turn is not None and turn.done) else None
         reward = episode_reward(self._reward_fn, ep.run.example, answer, tree, ep.node, self.tokenizer)
@@ -906,7 +909,7 @@ class RolloutEngine:
         self._release(ep)
         self._job_done(ep, finished=True)
 
-    def _release(self, ep: _Episode) -> None:
+    def _release(self, ep: _JobRun) -> None:
         if ep in self._live:
             self._live.remove(ep)
             self.backend.release(ep.seq)

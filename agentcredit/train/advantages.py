@@ -4,7 +4,7 @@ This module only *lays out* data: it turns the rollout trees and the batch into 
 (:func:`episode_batch`) and calls the one entry the verl adapter calls too,
 ``method.advantages(layout, method.settings_from(config.algorithm))``, for the method ``config.algorithm``'s parts
 name; then the native trainer's own whitening and statistics. What is native is the layout: a tree's policy
-segments become steps whose node ids are their :func:`step_tree` nodes, so shared prefixes share a node, and a
+segments become steps whose node ids are their :func:`decision_tree` nodes, so shared prefixes share a node, and a
 step's anchor (step input ``anchors``) is every token before it on the tree path (:func:`anchor_states`). What the layout holds
 follows the method's :class:`~agentcredit.credit.methods.Needs`, never its name.
 """
@@ -12,7 +12,6 @@ follows the method's :class:`~agentcredit.credit.methods.Needs`, never its name.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 
@@ -28,37 +27,34 @@ Advantages = Estimate
 
 
 # ------------------------------------------------------------------------------------------ layout
-@dataclass
-class StepTree:
-    """A rollout tree seen as decisions: node 0 = the question, node i = the state after policy segment
-    ``policy_node[i]`` and its observation (carl-critical's action tree, PORTool's step tree)."""
+def decision_tree(tree: RolloutTree) -> tuple[DecisionTree, list[int]]:
+    """A rollout tree seen as decisions (carl-critical's action tree, PORTool's step tree): node 0 = the question,
+    node i = the state after the i-th policy segment (in node-id order) and its observation.
 
-    parents: list[int]
-    policy_node: list[int]  # tree node id of each step (-1 for the root)
-    step_of: dict[int, int]  # any tree node -> the step whose state it belongs to (0 = the question)
-    step_of_leaf: dict[int, int]  # tree leaf -> step node
-    leaf_rewards: dict[int, float]  # step node -> reward, for step leaves
-
-
-def step_tree(tree: RolloutTree) -> StepTree:
-    step_of = {0: 0}
-    parents, policy_node = [-1], [-1]
+    Returns the :class:`~agentcredit.credit.DecisionTree` (its fork counts from the strategy's
+    ``info["fork_counts"]``, counted per state node: a policy segment or the observation after it) and
+    ``step_of``: for every rollout-tree node, the decision node whose state it belongs to (0 = the question;
+    observations belong to the step that caused them).
+    """
+    step_of = [0]
+    parents = [-1]
     for node in range(1, len(tree)):
         parent_step = step_of[tree.parent(node)]
         if tree.segment(node).role == "policy":
-            step_of[node] = len(parents)
+            step_of.append(len(parents))
             parents.append(parent_step)
-            policy_node.append(node)
         else:  # observations belong to the step that caused them
-            step_of[node] = parent_step
-    rewards = tree.rewards()
-    step_of_leaf = {leaf: step_of[leaf] for leaf in rewards}
-    leaf_rewards: dict[int, float] = {}
-    for leaf, step in step_of_leaf.items():
-        if step == 0:
+            step_of.append(parent_step)
+    for leaf in tree.rewards():
+        if step_of[leaf] == 0:
             raise ValueError(f"tree leaf {leaf} has no policy segment on its path")
-        leaf_rewards[step] = rewards[leaf]
-    return StepTree(parents, policy_node, step_of, step_of_leaf, leaf_rewards)
+    counts: dict[int, int] = {}
+    for node, c in tree.info.get("fork_counts", {}).items():
+        if not 0 <= int(node) < len(tree):
+            raise ValueError(f"info['fork_counts'] names node {node}, which the tree does not have")
+        step = step_of[int(node)]
+        counts[step] = counts.get(step, 0) + int(c)
+    return DecisionTree(tuple(parents), counts), step_of
 
 
 def tips_stats(potentials: list[list[float]], alpha: float) -> dict[str, float]:
@@ -123,9 +119,9 @@ def episode_batch(
 ) -> EpisodeBatch:
     """The batch's trajectories in the neutral layout: one episode per trajectory, grouped by tree."""
     needs = cfg.method.all_needs
-    views = [step_tree(tree) for tree in trees] if "tree" in needs.step_inputs else []
+    decisions = [decision_tree(tree) for tree in trees] if "tree" in needs.step_inputs else []
     episodes = []
-    for j, traj in enumerate(batch.trajectories):
+    for traj in batch.trajectories:
         tree = trees[traj.tree]
         anchors = anchor_states(tree, traj.policy_nodes) if "anchors" in needs.step_inputs else None
         steps = []
@@ -137,40 +133,31 @@ def episode_batch(
                     row,
                     first,
                     last + 1,
-                    node=views[traj.tree].step_of[node] if views else 0,
+                    node=decisions[traj.tree][1][node] if decisions else 0,
                     anchor=anchors[k] if anchors is not None else (),
                     format_reward=float(tree.segment(node).info.get("format_reward", 0.0)),
                     env_reward=float(tree.segment(node).info.get("env_reward", 0.0)),
                 )
             )
-        potentials = None
-        if "potentials" in needs.signals:
-            if signals.potentials is None or len(signals.potentials[j]) != len(steps):
+        episodes.append(Episode(traj.tree, traj.reward, tuple(steps)))
+    layout_signals = {
+        "values": signals.values,
+        "student_logp": batch.old_logp,
+        "teacher_logp": signals.teacher_logp,
+        "entropy": signals.entropy,
+        "alpha": signals.alpha,
+    }
+    if "potentials" in needs.signals:
+        for j, ep in enumerate(episodes):
+            if signals.potentials is None or len(signals.potentials[j]) != len(ep.steps):
                 got = "no" if signals.potentials is None else len(signals.potentials[j])
-                raise ValueError(f"trajectory {j}: {got} potentials for {len(steps)} policy segments")
-            potentials = tuple(signals.potentials[j])
-        episodes.append(Episode(traj.tree, traj.reward, tuple(steps), potentials=potentials))
-    trees_by_group = {}
-    for t, (tree, view) in enumerate(zip(trees, views, strict=False)):
-        counts: dict[int, int] = {}
-        # the strategy counts forks per state node (a policy segment or the observation after it)
-        for node, c in tree.info.get("fork_counts", {}).items():
-            if int(node) not in view.step_of:
-                raise ValueError(
-                    f"tree {t}: info['fork_counts'] names node {node}, which the tree does not have"
-                )
-            step = view.step_of[int(node)]
-            counts[step] = counts.get(step, 0) + int(c)
-        trees_by_group[t] = DecisionTree(tuple(view.parents), counts)
+                raise ValueError(f"trajectory {j}: {got} potentials for {len(ep.steps)} policy segments")
+        layout_signals["potentials"] = [tuple(p) for p in signals.potentials]
     return EpisodeBatch(
         shape=tuple(batch.input_ids.shape),
         episodes=episodes,
-        trees=trees_by_group,
-        values=signals.values,
-        student_logp=batch.old_logp,
-        teacher_logp=signals.teacher_logp,
-        entropy=signals.entropy,
-        alpha=signals.alpha,
+        trees={t: tree for t, (tree, _) in enumerate(decisions)},
+        signals={name: value for name, value in layout_signals.items() if value is not None},
     )
 
 

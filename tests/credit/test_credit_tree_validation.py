@@ -61,3 +61,19 @@ def test_tensor_and_numpy_like_parents():
     assert adv == [0.0, 0.5, -0.5] and values[0] == 0.5
     with pytest.raises(ValueError, match="1-D integer"):
         critical_action_advantages(torch.tensor([-1.0, 0.0]), {1: 1.0})
+
+
+def test_a_decision_tree_built_directly_is_checked_when_its_structure_is_read():
+    """issue 37: one tree type for the credit layer. The layout's DecisionTree is the tree the estimators walk: built
+    directly (as the layout builders do) it runs parse_tree's checks on the first read of its structure."""
+    from agentcredit.credit import DecisionTree
+    from agentcredit.credit._tree import parse_tree
+
+    tree = DecisionTree((-1, 0, 1, 1, 0), {1: 2})
+    assert tree.children == ((1, 4), (2, 3), (), (), ())
+    assert tree.depth == (0, 1, 2, 2, 1) and tree.order == (0, 1, 4, 2, 3) and tree.leaves == (2, 3, 4)
+    assert tree.path(3) == [1, 3] and tree.leaves_under()[1] == [2, 3]
+    bad = DecisionTree((-1, 0, 3, 2))  # building never raises; reading the structure does
+    with pytest.raises(ValueError, match="cycle not connected to the root: 2 -> 3 -> 2"):
+        _ = bad.children
+    assert isinstance(parse_tree(torch.tensor([-1, 0, 0]), "p"), DecisionTree)

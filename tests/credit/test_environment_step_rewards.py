@@ -26,14 +26,18 @@ def test_each_step_reward_is_on_its_step_and_the_outcome_on_the_last():
 
 def test_gae_sees_the_reward_where_the_environment_paid_it():
     ep = Episode("q", 1.5, (Step(0, 0, 2, env_reward=0.5), Step(0, 3, 5)))
-    est = estimate("ppo", EpisodeBatch((1, 5), [ep], values=torch.zeros(1, 5)), gamma=1.0, lam=1.0)
+    est = estimate(
+        "ppo", EpisodeBatch((1, 5), [ep], signals={"values": torch.zeros(1, 5)}), gamma=1.0, lam=1.0
+    )
     # V = 0, gamma = lam = 1: each token's advantage is the reward still to come: 1.5 on step 1, 1.0 on step 2
     torch.testing.assert_close(est.advantages, torch.tensor([[1.5, 1.5, 0.0, 1.0, 1.0]]))
 
 
 def test_carl_segment_targets_the_reward_still_to_come_at_each_boundary():
     ep = Episode("q", 1.5, (Step(0, 0, 2, env_reward=0.5), Step(0, 3, 5)))
-    est = estimate("carl-segment", EpisodeBatch((1, 5), [ep], values=torch.zeros(1, 5)), lam=1.0, gamma=1.0)
+    est = estimate(
+        "carl-segment", EpisodeBatch((1, 5), [ep], signals={"values": torch.zeros(1, 5)}), lam=1.0, gamma=1.0
+    )
     # Monte-Carlo targets at the boundaries (columns 0 and 3): 1.5 then 1.0; lam = 1, V = 0: A = returns
     assert est.returns[0, 0] == 1.5 and est.returns[0, 3] == 1.0
     torch.testing.assert_close(est.advantages, torch.tensor([[1.5, 1.5, 0.0, 1.0, 1.0]]))
@@ -42,8 +46,10 @@ def test_carl_segment_targets_the_reward_still_to_come_at_each_boundary():
 def test_tips_adds_its_turn_rewards_to_the_environments():
     # alpha 0.5, Phi = (-4, -2): turn 1's reward 1.0, plus the environment's 0.5 on that step; the outcome is
     # 1.5 - 0.5 = 1.0, minus alpha * Phi(S_1) = -1: 2.0 on the last step
-    ep = Episode("q", 1.5, (Step(0, 0, 1, env_reward=0.5), Step(0, 2, 3)), potentials=(-4.0, -2.0))
-    assert tips_step_rewards(EpisodeBatch((1, 3), [ep]), alpha=0.5) == [[1.5, 2.0]]
+    ep = Episode("q", 1.5, (Step(0, 0, 1, env_reward=0.5), Step(0, 2, 3)))
+    assert tips_step_rewards(
+        EpisodeBatch((1, 3), [ep], signals={"potentials": [(-4.0, -2.0)]}), alpha=0.5
+    ) == [[1.5, 2.0]]
 
 
 rewards = st.floats(-2, 2, allow_nan=False).map(lambda x: round(x, 3))

@@ -46,7 +46,7 @@ def test_chain_trees_keep_every_field_of_a_step_and_an_episode():
     import dataclasses
 
     step = Step(0, 0, 2, anchor=(7, 8), format_reward=0.25, env_reward=0.5)
-    ep = Episode("a", 1.0, (step,), turn_ends=(), potentials=(-1.0,))
+    ep = Episode("a", 1.0, (step,), turn_ends=())
     [out], _ = chain_trees([ep])
     assert out.steps[0] == dataclasses.replace(step, node=1)
     assert out == dataclasses.replace(ep, steps=(dataclasses.replace(step, node=1),))
@@ -81,15 +81,16 @@ def test_chain_trees_share_the_steps_a_rollout_tree_shares():
 
 def test_tips_step_rewards_put_turn_rewards_on_the_steps_that_end_turns():
     # alpha = 0.5, Phi = (-4, -2, -1), R = 1: turns 0.5 * 2 = 1.0 and 0.5 * 1 = 0.5; final 1 - 0.5 * (-1) = 1.5
-    ep = Episode("q", 1.0, (Step(0, 0, 1), Step(0, 2, 3), Step(0, 4, 5)), potentials=(-4.0, -2.0, -1.0))
-    batch = EpisodeBatch((1, 5), [ep])
+    ep = Episode("q", 1.0, (Step(0, 0, 1), Step(0, 2, 3), Step(0, 4, 5)))
+    batch = EpisodeBatch((1, 5), [ep], signals={"potentials": [(-4.0, -2.0, -1.0)]})
     assert tips_step_rewards(batch, alpha=0.5) == [[1.0, 0.5, 1.5]]
     # verl names the turn ends; a turn that ends on the last step adds to the final reward there
-    ep = Episode("q", 1.0, (Step(0, 0, 1), Step(0, 2, 3)), turn_ends=(1,), potentials=(-4.0, -2.0))
-    assert tips_step_rewards(EpisodeBatch((1, 3), [ep]), alpha=0.5) == [[0.0, 1.0 + 2.0]]
+    ep = Episode("q", 1.0, (Step(0, 0, 1), Step(0, 2, 3)), turn_ends=(1,))
+    batch = EpisodeBatch((1, 3), [ep], signals={"potentials": [(-4.0, -2.0)]})
+    assert tips_step_rewards(batch, alpha=0.5) == [[0.0, 1.0 + 2.0]]
     with pytest.raises(ValueError, match="episode 0: 2 potentials for 2 tool turns"):
-        ep = Episode("q", 1.0, (Step(0, 0, 1), Step(0, 2, 3), Step(0, 4, 5)), potentials=(-4.0, -2.0))
-        tips_step_rewards(EpisodeBatch((1, 5), [ep]), alpha=0.5)
+        ep = Episode("q", 1.0, (Step(0, 0, 1), Step(0, 2, 3), Step(0, 4, 5)))
+        tips_step_rewards(EpisodeBatch((1, 5), [ep], signals={"potentials": [(-4.0, -2.0)]}), alpha=0.5)
 
 
 def test_gae_runs_along_an_episode_spread_over_two_rows():
@@ -98,7 +99,7 @@ def test_gae_runs_along_an_episode_spread_over_two_rows():
     values = torch.zeros(2, 5)
     values[0, 1:3] = 0.5
     values[1, 2:4] = 0.2
-    est = estimate("ppo", EpisodeBatch((2, 5), [ep], values=values), gamma=1.0, lam=1.0)
+    est = estimate("ppo", EpisodeBatch((2, 5), [ep], signals={"values": values}), gamma=1.0, lam=1.0)
     # gamma = lam = 1: A_t = R - V_t along [0.5, 0.5, 0.2, 0.2]; returns R
     expected = torch.zeros(2, 5)
     expected[0, 1:3] = 0.5
@@ -129,10 +130,12 @@ def test_gear_with_alpha_zero_leaves_the_advantage_unchanged():
     ep = Episode("q", 1.0, (Step(0, 0, 3),))
     adv = torch.tensor([[0.7, 0.7, 0.7, 0.0]])
     rand = torch.rand(1, 4)
-    batch = EpisodeBatch((1, 4), [ep], student_logp=-rand, teacher_logp=-2 * rand, entropy=rand)
+    batch = EpisodeBatch(
+        (1, 4), [ep], signals={"student_logp": -rand, "teacher_logp": -2 * rand, "entropy": rand}
+    )
     torch.testing.assert_close(gear_reweight(batch, adv, alpha=0.0), adv)
     with pytest.raises(ValueError, match="gear needs `entropy`"):
-        gear_reweight(EpisodeBatch((1, 4), [ep], student_logp=-rand, teacher_logp=-rand), adv)
+        gear_reweight(EpisodeBatch((1, 4), [ep], signals={"student_logp": -rand, "teacher_logp": -rand}), adv)
 
 
 def test_missing_signals_are_named():
@@ -142,7 +145,7 @@ def test_missing_signals_are_named():
     with pytest.raises(ValueError, match="portool needs the decision tree of group 'q'"):
         estimate("portool", EpisodeBatch((1, 2), [ep]))
     with pytest.raises(ValueError, match=r"`values` has shape \(1, 3\), expected \(1, 2\)"):
-        estimate("ppo", EpisodeBatch((1, 2), [ep], values=torch.zeros(1, 3)))
+        estimate("ppo", EpisodeBatch((1, 2), [ep], signals={"values": torch.zeros(1, 3)}))
 
 
 @st.composite
@@ -161,7 +164,7 @@ def layouts(draw):
         reward = draw(st.sampled_from([0.0, 1.0]))
         episodes.append(Episode(draw(st.sampled_from("ab")), reward, tuple(steps)))
     episodes, trees = chain_trees(episodes)
-    return EpisodeBatch((n, width), episodes, trees=trees, values=torch.zeros(n, width))
+    return EpisodeBatch((n, width), episodes, trees=trees, signals={"values": torch.zeros(n, width)})
 
 
 @settings(max_examples=60, deadline=None)
@@ -190,7 +193,7 @@ def test_grpo_entry_is_grpo_advantages_on_every_step(batch):
 def test_an_episode_without_steps_still_counts_in_its_group_and_is_named_where_it_cannot():
     # the agent loop can end an episode whose first generation was empty: no step, but an outcome
     eps = [Episode("q", 1.0, (Step(0, 0, 2),)), Episode("q", 0.0, ())]
-    batch = EpisodeBatch((2, 3), eps, values=torch.zeros(2, 3))
+    batch = EpisodeBatch((2, 3), eps, signals={"values": torch.zeros(2, 3)})
     est = estimate("grpo", batch, eps=1e-6, scale=False)
     assert est.advantages[0, :2].tolist() == [0.5, 0.5]  # R - mean(1, 0): the empty episode is in the mean
     assert batch.token_index()[1][0].numel() == 0
@@ -210,6 +213,6 @@ def test_bad_layouts_and_non_finite_signals_name_the_batch_position():
     values = torch.zeros(2, 5)
     values[1, 3] = float("nan")
     batch = EpisodeBatch((2, 5), [Episode("q", 1.0, (Step(0, 0, 2),)), Episode("q", 0.0, (Step(1, 2, 4),))])
-    batch.values = values
+    batch.signals["values"] = values
     with pytest.raises(ValueError, match=r"values\[\(1, 3\)\] = nan"):
         estimate("ppo", batch)

@@ -81,7 +81,9 @@ def test_step_statistics_by_hand():
     student[1] = torch.tensor(SPARSE)
     eps = [Episode("a", 1.0, (Step(0, 0, 5),)), Episode("b", 0.0, (Step(1, 0, 10),))]
     batch = EpisodeBatch(
-        (2, 10), eps, student_logp=student, teacher_logp=torch.zeros(2, 10), entropy=torch.ones(2, 10)
+        (2, 10),
+        eps,
+        signals={"student_logp": student, "teacher_logp": torch.zeros(2, 10), "entropy": torch.ones(2, 10)},
     )
     adv = torch.zeros(2, 10)
     adv[0, :5], adv[1] = 1.0, -1.0

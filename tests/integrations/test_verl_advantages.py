@@ -37,7 +37,7 @@ from agentcredit.credit import (  # noqa: E402
 )
 from agentcredit.credit.methods import BUILT_IN  # noqa: E402
 from agentcredit.integrations.verl.advantages import apply_to_dataproto  # noqa: E402
-from agentcredit.integrations.verl.episode import Episode, episode_rows  # noqa: E402
+from agentcredit.integrations.verl.episode import EpisodeResult, episode_rows  # noqa: E402
 from agentcredit.integrations.verl.settings import load_settings  # noqa: E402
 from agentcredit.integrations.verl.trainer import fields_to_dataproto  # noqa: E402
 from agentcredit.rollout.tree import RolloutTree, Segment  # noqa: E402
@@ -85,7 +85,7 @@ def _views_by_hand(ep: Ep) -> list[tuple[list[int], list[tuple[int, int, int]]]]
     return out
 
 
-def _tree(ep: Ep, rng: torch.Generator) -> Episode:
+def _tree(ep: Ep, rng: torch.Generator) -> EpisodeResult:
     tree = RolloutTree(Segment(list(range(100, 100 + PROMPT_LEN)), role="prompt"))
     node = 0
     for role, kind, n, transient in ep.segs:
@@ -101,7 +101,7 @@ def _tree(ep: Ep, rng: torch.Generator) -> Episode:
             if ep.fmt is not None:
                 tree.segment(i).info["format_reward"] = ep.fmt[k]
             k += 1
-    return Episode(tree, node, "ans", PROMPT_LEN)
+    return EpisodeResult(tree, node, "ans", PROMPT_LEN)
 
 
 @dataclass

@@ -35,7 +35,7 @@ class SegmentRecord:
 
 
 @dataclass
-class Episode:
+class PlayedEpisode:
     state: EpisodeState
     segments: list[SegmentRecord]
     context: list[tuple[str, str, bool]]  # (role, text, transient) pieces of the final context, in order
@@ -70,7 +70,7 @@ def run_episode(
     pieces: Callable[[str], Iterable[str]] | None = None,
     default_budget: int = 10_000,
     tokenizer: Any = None,
-) -> Episode:
+) -> PlayedEpisode:
     """Run one episode with scripted outputs; raises if the protocol asks for more segments than scripted.
 
     With a ``tokenizer``, the prompt is rendered first, as the engine does (protocols read the template there).
@@ -109,7 +109,7 @@ def run_episode(
             segments.append(record)
             context.append(("policy", text, False))
             if turn.done:
-                return Episode(state, segments, context, calls_run)
+                return PlayedEpisode(state, segments, context, calls_run)
             record.results = runtime.run(turn.calls)
             record.observation = protocol.observation(state, turn, record.results)
             if turn.drop_transient:

@@ -15,7 +15,7 @@ from agentcredit.credit import (
     tips_turn_rewards,
 )
 from agentcredit.rollout.tree import RolloutTree, Segment
-from agentcredit.train.advantages import compute_advantages, step_tree
+from agentcredit.train.advantages import compute_advantages, decision_tree
 from agentcredit.train.batch import build_batch, segment_spans
 from agentcredit.train.signals import Signals
 
@@ -50,7 +50,15 @@ def carl_episode(reward: float) -> RolloutTree:
     return tree
 
 
-def test_step_tree_collapses_observations_into_their_step():
+def decisions(tree):
+    """The decision tree of a rollout tree, each step's policy node (-1 for the question) and each leaf's reward
+    by decision node."""
+    dt, step_of = decision_tree(tree)
+    policy_node = [-1] + [n for n in range(1, len(tree)) if tree.segment(n).is_policy]
+    return dt, step_of, policy_node, {step_of[leaf]: r for leaf, r in tree.rewards().items()}
+
+
+def test_decision_tree_collapses_observations_into_their_step():
     tree = RolloutTree(Segment([1], role="prompt"))
     a = tree.add(pol([2]), 0)
     o = tree.add(obs([3]), a)
@@ -59,11 +67,11 @@ def test_step_tree_collapses_observations_into_their_step():
     d = tree.add(pol([6]), 0)
     for leaf, r in ((b, 1.0), (c, 0.0), (d, 1.0)):
         tree.set_reward(leaf, r)
-    st = step_tree(tree)
-    assert st.parents == [-1, 0, 1, 1, 0]
-    assert st.policy_node == [-1, a, b, c, d]
-    assert st.step_of[o] == 1 and st.step_of_leaf == {b: 2, c: 3, d: 4}
-    assert st.leaf_rewards == {2: 1.0, 3: 0.0, 4: 1.0}
+    dt, step_of, policy_node, leaf_rewards = decisions(tree)
+    assert dt.parents == (-1, 0, 1, 1, 0)
+    assert policy_node == [-1, a, b, c, d]
+    assert step_of[o] == 1 and {leaf: step_of[leaf] for leaf in (b, c, d)} == {b: 2, c: 3, d: 4}
+    assert leaf_rewards == {2: 1.0, 3: 0.0, 4: 1.0}
 
 
 def test_segment_estimator_on_replacement_views_matches_the_credit_function():
@@ -131,11 +139,11 @@ def test_critical_routing_and_forked_parent_counts_use_state_nodes():
         cfg = AlgorithmConfig(estimator="critical")
         cfg.critical.update_rule = rule
         out = compute_advantages(cfg, batch, [tree], Signals())
-        st = step_tree(tree)
+        dt, _, policy_node, leaf_rewards = decisions(tree)
         kwargs = {"fork_counts": {1: 1}} if rule == "forked_parent" else {}
-        _, adv, update = critical_action_advantages(st.parents, st.leaf_rewards, rule=rule, **kwargs)
+        _, adv, update = critical_action_advantages(dt.parents, leaf_rewards, rule=rule, **kwargs)
         trained = {int(n) for n in batch.segment_ids[out.loss_mask].unique()}
-        assert trained == {st.policy_node[i] for i in range(1, len(update)) if update[i]} == {b, c}
+        assert trained == {policy_node[i] for i in range(1, len(update)) if update[i]} == {b, c}
         assert float(out.advantages[batch.segment_ids == b][0]) == pytest.approx(adv[2])
 
 
@@ -150,11 +158,11 @@ def test_portool_routing_matches_the_credit_function():
         tree.set_reward(leaf, r)
     batch = build_batch([tree])
     out = compute_advantages(AlgorithmConfig(estimator="portool"), batch, [tree], Signals())
-    st = step_tree(tree)
-    direct = portool_advantages(st.parents, [0, 2, 1, 3, 1], st.leaf_rewards, [0.0, 0.25, 0.25, -0.25, 0.25])
+    dt, step_of, _, leaf_rewards = decisions(tree)
+    direct = portool_advantages(dt.parents, [0, 2, 1, 3, 1], leaf_rewards, [0.0, 0.25, 0.25, -0.25, 0.25])
     for traj in batch.trajectories:
         r = traj.rows[0]
-        for node, value in zip(traj.policy_nodes, direct[st.step_of_leaf[traj.leaf]], strict=True):
+        for node, value in zip(traj.policy_nodes, direct[step_of[traj.leaf]], strict=True):
             assert float(out.advantages[r][batch.segment_ids[r] == node][0]) == pytest.approx(value, abs=1e-6)
 
 

@@ -79,7 +79,7 @@ def test_only_loss_tokens_carry_gradient(name, fitted_codefence, fitted_jsoncall
 
 def test_carl_critical_trains_only_selected_actions_once(fitted_codefence, fitted_jsoncall):
     from agentcredit.credit import critical_action_advantages
-    from agentcredit.train.advantages import step_tree
+    from agentcredit.train.advantages import decision_tree
 
     model, tokenizer = fitted("carl-critical", fitted_codefence, fitted_jsoncall)
     trainer = make_trainer("carl-critical", model, tokenizer)
@@ -89,9 +89,11 @@ def test_carl_critical_trains_only_selected_actions_once(fitted_codefence, fitte
         trainer.close()
     batch = result.batch
     for t, tree in enumerate(result.trees):
-        st = step_tree(tree)
-        _, _, update = critical_action_advantages(st.parents, st.leaf_rewards)
-        selected = {st.policy_node[i] for i in range(1, len(st.parents)) if update[i]}
+        dt, step_of = decision_tree(tree)
+        leaf_rewards = {step_of[leaf]: r for leaf, r in tree.rewards().items()}
+        _, _, update = critical_action_advantages(dt.parents, leaf_rewards)
+        policy_node = {step: node for node, step in enumerate(step_of) if tree.segment(node).is_policy}
+        selected = {policy_node[i] for i in range(1, len(dt.parents)) if update[i]}
         rows = [r for traj in batch.trajectories if traj.tree == t for r in traj.rows]
         trained = {}
         for r in rows:

@@ -81,19 +81,20 @@ def critic_weights(batch: EpisodeBatch, rows_per_episode: float) -> CriticWeight
     The critic regresses V(b_k) on the Monte-Carlo target at the boundaries only, mean over a trajectory's
     boundaries then over trajectories (A12). Eq. 3 averages tokens within a segment and sums segments; PPO's
     clipped surrogate is positively homogeneous in A, so that is a per-token weight 1/|g_k| on the advantage
-    (and on the entropy and KL terms, A12). ``batch.values`` must hold V (:func:`critic_values`).
+    (and on the entropy and KL terms, A12). The batch's ``values`` signal must hold V (:func:`critic_values`).
     """
     returns = batch.zeros()
     value_weights = batch.zeros()
     loss_weights = batch.zeros()
     targets = monte_carlo_targets(batch)
+    values = batch.signal("values", "carl-segment")
     boundary_values, boundary_targets = [], []
     for j, ep in enumerate(batch.episodes):
         for k, s in enumerate(ep.steps):
             returns[s.row, s.start : s.end] = targets[j][k]
             value_weights[s.row, s.start] = rows_per_episode / len(ep.steps)
             loss_weights[s.row, s.start : s.end] = rows_per_episode / s.length
-            boundary_values.append(float(batch.values[s.row, s.start]))  # type: ignore[index]
+            boundary_values.append(float(values[s.row, s.start]))
             boundary_targets.append(targets[j][k])
     n = max(len(batch.episodes), 1)
     stats = {

@@ -67,20 +67,20 @@ def tips_step_rewards(
     """TIPS turn rewards per step: turn k's on the step that ends it, the final reward on the last step.
 
     ``alpha [Phi(S_k) - Phi(S_{k-1})]`` for k = 1..M, then the outcome minus ``alpha Phi(S_M)`` (Eqs. 17-20).
+    The batch's ``potentials`` signal holds episode j's ``Phi(S_0), ..., Phi(S_M)`` at index j.
     Assign the result to ``batch.step_rewards``; GAE then reads it off the steps' last tokens and carl-segment
     adds it to each segment's TD error.
     """
+    potentials = batch.per_episode("potentials", "tips")
     out = []
-    for j, ep in enumerate(batch.episodes):
+    for j, (ep, phi) in enumerate(zip(batch.episodes, potentials, strict=True)):
         ends = ep.tool_turn_ends()
-        if ep.potentials is None:
+        if phi is None:
             raise ValueError(f"episode {j}: tips needs the teacher potentials Phi(S_0..S_M)")
-        if len(ep.potentials) != len(ends) + 1:
-            raise ValueError(
-                f"episode {j}: {len(ep.potentials)} potentials for {len(ends)} tool turns (needs M + 1)"
-            )
+        if len(phi) != len(ends) + 1:
+            raise ValueError(f"episode {j}: {len(phi)} potentials for {len(ends)} tool turns (needs M + 1)")
         turn = tips_turn_rewards(
-            list(ep.potentials),
+            list(phi),
             outcome_part(ep),
             alpha=alpha,
             no_tool_shaping=no_tool_shaping,  # type: ignore[arg-type]
@@ -96,11 +96,9 @@ def tips_step_rewards(
 
 
 def shape(batch: EpisodeBatch, settings: TipsSettings) -> list[list[float]]:
-    if batch.alpha is None:
-        raise ValueError("tips needs this batch's shaping scale alpha, and the trainer did not provide it")
     return tips_step_rewards(
         batch,
-        alpha=batch.alpha,
+        alpha=batch.signal("alpha", "tips"),
         no_tool_shaping=settings.no_tool_shaping,
         terminal_potential=settings.terminal_potential,
     )

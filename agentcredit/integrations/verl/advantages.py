@@ -21,15 +21,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from agentcredit.credit import Episode as LayoutEpisode
-from agentcredit.credit import EpisodeBatch, Method, Step, chain_trees, get_method, tips_step_alpha
+from agentcredit.credit import Episode, EpisodeBatch, Method, Step, chain_trees, get_method, tips_step_alpha
 from agentcredit.credit.methods import carl_segment
 from agentcredit.integrations.verl import EXTRA_KEY
 from agentcredit.integrations.verl.fields import TEACHER_FIELD, RowRecord, Span, parse_records
 from agentcredit.integrations.verl.losses import LOSS_WEIGHTS, VALUE_WEIGHTS
 from agentcredit.integrations.verl.settings import AgentCreditSettings
 
-__all__ = ["AdvantageResult", "Episode", "apply_to_dataproto", "compute_advantages", "group_episodes"]
+__all__ = ["AdvantageResult", "EpisodeRows", "apply_to_dataproto", "compute_advantages", "group_episodes"]
 
 
 @dataclass
@@ -49,8 +48,9 @@ class AdvantageResult:
 
 
 @dataclass
-class Episode:
-    """The rows of one episode (one row, or one per view in carl-segment's replacement mode)."""
+class EpisodeRows:
+    """The rows of one episode in verl's batch (one row, or one per view in carl-segment's replacement mode): what
+    the adapter reads to lay the episode out as the credit layer's :class:`~agentcredit.credit.Episode`."""
 
     episode_id: str
     uid: Hashable
@@ -58,14 +58,14 @@ class Episode:
     record: RowRecord  # any view's record: the episode-level fields are the same in all of them
 
 
-def group_episodes(records: Sequence[RowRecord], uids: Sequence[Hashable]) -> list[Episode]:
+def group_episodes(records: Sequence[RowRecord], uids: Sequence[Hashable]) -> list[EpisodeRows]:
     """Rows grouped by episode, in first-appearance order; checks that every view is present exactly once."""
-    by_id: dict[str, Episode] = {}
+    by_id: dict[str, EpisodeRows] = {}
     seen_views: dict[str, set[int]] = defaultdict(set)
     for row, (record, uid) in enumerate(zip(records, uids, strict=True)):
         ep = by_id.get(record.episode_id)
         if ep is None:
-            ep = by_id[record.episode_id] = Episode(record.episode_id, uid, [], record)
+            ep = by_id[record.episode_id] = EpisodeRows(record.episode_id, uid, [], record)
         elif ep.uid != uid:
             raise ValueError(
                 f"rows of episode {record.episode_id} carry different uids ({ep.uid!r} and {uid!r})"
@@ -106,7 +106,7 @@ def _check_rows(records: Sequence[RowRecord], mask: Tensor) -> None:
             )
 
 
-def _span_of_segment(records: Sequence[RowRecord], ep: Episode, segment: int) -> tuple[int, Span]:
+def _span_of_segment(records: Sequence[RowRecord], ep: EpisodeRows, segment: int) -> tuple[int, Span]:
     for row in ep.rows:
         for span in records[row].spans:
             if span.trained and span.segment == segment:
@@ -114,7 +114,7 @@ def _span_of_segment(records: Sequence[RowRecord], ep: Episode, segment: int) ->
     raise ValueError(f"episode {ep.episode_id}: policy segment {segment} is not trained in any of its rows")
 
 
-def _single_view(ep: Episode, method: str) -> int:
+def _single_view(ep: EpisodeRows, method: str) -> int:
     if len(ep.rows) != 1:
         raise ValueError(
             f"{method} needs one row per episode, but episode {ep.episode_id} was split into {len(ep.rows)} views "
@@ -132,7 +132,7 @@ def _whiten(advantages: Tensor, mask: Tensor) -> Tensor:
 
 def _episode_batch(
     method: Method,
-    episodes: list[Episode],
+    episodes: list[EpisodeRows],
     records: Sequence[RowRecord],
     *,
     shape: tuple[int, int],
@@ -175,8 +175,7 @@ def _episode_batch(
                 f"episode {ep.episode_id}: {method.name} needs the teacher potentials in extra_fields['{EXTRA_KEY}'] "
                 f"(the agent loop computes them when agentcredit.method={method.name})"
             )
-        potentials = None if record.potentials is None else tuple(record.potentials)
-        out.append(LayoutEpisode(ep.uid, record.outcome, tuple(steps), tuple(record.tool_turns), potentials))
+        out.append(Episode(ep.uid, record.outcome, tuple(steps), tuple(record.tool_turns)))
     trees = {}
     if "tree" in needs.step_inputs:  # a tree rollout's episodes share the steps they share; else chains
         keys = [
@@ -194,7 +193,10 @@ def _episode_batch(
                     key = None if node == 0 else (r.tree_id, node)
                     group[key] = group.get(key, 0) + c
         out, trees = chain_trees(out, keys, forks or None)
-    return EpisodeBatch(shape=shape, episodes=out, trees=trees, dtype=dtype)
+    signals: dict[str, Any] = {}
+    if "potentials" in needs.signals:
+        signals["potentials"] = [tuple(ep.record.potentials) for ep in episodes]
+    return EpisodeBatch(shape=shape, episodes=out, trees=trees, signals=signals, dtype=dtype)
 
 
 def compute_advantages(
@@ -270,29 +272,29 @@ def compute_advantages(
     )
     parts = method.settings_from(settings)
     if "values" in needs.signals:
-        layout.values = need("values", values)
+        layout.signals["values"] = need("values", values)
         if needs.critic == "boundary":
             # verl's critic model outputs the head's value, which the trainer's boundary loss
             # (losses.boundary_value_loss) trains through the same V as the method reads
-            layout.values = carl_segment.critic_values(layout.values)
+            layout.signals["values"] = carl_segment.critic_values(layout.signals["values"])
     alpha = None
     if "alpha" in needs.signals:
         alpha, tips_metrics = _tips_alpha(episodes, _settings_needing(method, parts, "alpha"), previous_alpha)
         metrics.update(tips_metrics)
-        layout.alpha = alpha
+        layout.signals["alpha"] = alpha
     if "teacher_logp" in needs.signals:
         rollout = _settings_needing(method, parts, "teacher_logp").student_logprobs == "rollout"
-        layout.student_logp = need(
+        student = need(
             "rollout_log_probs" if rollout else "old_log_probs",
             rollout_log_probs if rollout else old_log_probs,
         )
-        layout.entropy = need("entropy", entropy)
+        layout.signals["student_logp"] = student
+        layout.signals["entropy"] = need("entropy", entropy)
         if teacher_logprobs is not None:  # the trainer's tensor field (TEACHER_FIELD)
-            layout.teacher_logp = _fit_width(teacher_logprobs, response_mask.shape[1]).to(
-                layout.student_logp.dtype
-            )
+            teacher = _fit_width(teacher_logprobs, response_mask.shape[1]).to(student.dtype)
         else:  # the records' lists (a batch the trainer did not lay out)
-            layout.teacher_logp = _teacher_logprobs(records, response_mask.shape, layout.student_logp.dtype)
+            teacher = _teacher_logprobs(records, response_mask.shape, student.dtype)
+        layout.signals["teacher_logp"] = teacher
     estimate = method.advantages(layout, parts)
     metrics.update({f"agentcredit/{k.replace('/', '_')}": v for k, v in estimate.stats.items()})
     # verl trains every token of the response mask: an action outside the update set (carl-critical) gets 0
@@ -348,7 +350,7 @@ def _teacher_logprobs(records: Sequence[RowRecord], shape: torch.Size, dtype: to
 
 
 def _tips_alpha(
-    episodes: list[Episode], t: Any, previous_alpha: float | None
+    episodes: list[EpisodeRows], t: Any, previous_alpha: float | None
 ) -> tuple[float, dict[str, float]]:
     deltas: list[float] = []
     phi0: list[float] = []

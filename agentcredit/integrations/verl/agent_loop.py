@@ -33,7 +33,7 @@ from agentcredit.environment import (
 )
 from agentcredit.integrations.verl import AGENT_LOOP_NAME, EXTRA_KEY
 from agentcredit.integrations.verl.episode import (
-    Episode,
+    EpisodeResult,
     Generation,
     TreeRunner,
     answer_potentials,
@@ -384,7 +384,7 @@ class AgentCreditAgentLoop(AgentLoopBase):
 
     async def _outputs(
         self,
-        episode: Episode,
+        episode: EpisodeResult,
         prompt_ids: list[int],
         golds: list[str],
         example: Example,
@@ -475,7 +475,7 @@ class AgentCreditAgentLoop(AgentLoopBase):
         self,
         row: Any,
         prompt_ids: list[int],
-        episode: Episode,
+        episode: EpisodeResult,
         outcome: float,
         accuracy: float,
         timing: dict[str, float],

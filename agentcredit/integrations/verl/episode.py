@@ -37,7 +37,7 @@ from agentcredit.tools.base import ToolCall, ToolResult, ToolUnavailableError
 from agentcredit.tools.episodes import StepOutcome
 
 __all__ = [
-    "Episode",
+    "EpisodeResult",
     "Generation",
     "answer_potentials",
     "continuation_logprobs",
@@ -68,8 +68,9 @@ RunToolsFn = Callable[[list[ToolCall]], Awaitable[list[ToolResult] | StepOutcome
 
 
 @dataclass
-class Episode:
-    """A finished episode: the tree (one path), its leaf, the answer, and what the credit methods need."""
+class EpisodeResult:
+    """What the agent loop returns for one episode: its rollout tree (one path) and leaf, the answer, and what the
+    credit methods need; :func:`episode_rows` lays it out as verl rows."""
 
     tree: RolloutTree
     leaf: int
@@ -170,7 +171,7 @@ async def _generate_segment(
 
 async def run_tree(
     runner: TreeRunner, strategy: Strategy, rng: random.Random, max_turns: int
-) -> list[Episode]:
+) -> list[EpisodeResult]:
     """The episodes of ``strategy``'s tree (PORTool's, carl-critical's entropy-guided forking), one per leaf.
 
     The strategy is the native engine's own (:mod:`agentcredit.rollout.strategies`): it yields jobs ("continue
@@ -256,14 +257,14 @@ class TreeRunner:
         )
         self.jobs = 0  # jobs run so far: a tree's branch index (the request-id suffix under full determinism)
 
-    async def run_episode(self) -> Episode:
+    async def run_episode(self) -> EpisodeResult:
         """One episode from the prompt (a single job from the root)."""
         return self.episode(self.tree, (await self.run_job(Job(0))).end)
 
-    def episode(self, tree: RolloutTree, leaf: int) -> Episode:
+    def episode(self, tree: RolloutTree, leaf: int) -> EpisodeResult:
         """The episode ending at ``leaf`` of ``tree`` (this runner's tree, or the strategy's pruned copy)."""
         info = tree.nodes[leaf].info
-        return Episode(
+        return EpisodeResult(
             tree,
             leaf,
             info.get("answer"),
@@ -438,7 +439,7 @@ class Row:
 
 
 def episode_rows(
-    episode: Episode,
+    episode: EpisodeResult,
     outcome: float,
     *,
     format_reward_key: str = "format_reward",
