@@ -16,7 +16,7 @@ from pathlib import Path
 from agentcredit.credit import METHODS
 
 PACKAGE = Path(__file__).resolve().parents[1] / "agentcredit"
-NAMES = sorted({n for m in METHODS.values() for n in (m.name, m.estimator, m.section) if n})
+NAMES = sorted({n for m in METHODS.values() for n in (m.name, m.section)} | {"gae", "segment", "critical"})  # old estimator names too
 QUOTED = "|".join(re.escape(n) for n in NAMES)
 BRANCH = re.compile(
     rf"\b(method|estimator|shaping|reweight|preset)\b[^#\n]*?(==|!=|\bin\b)\s*[\(\[\{{]?[^#\n]*?['\"]({QUOTED})['\"]"

@@ -44,7 +44,7 @@ from agentcredit.credit.methods import (
     Settings,
     compose,
     get_method,
-    method_for_parts,
+    resolve_method,
     register_method,
 )
 from agentcredit.credit.methods.gear import gear_reweight, gear_reweight_stats
@@ -114,6 +114,6 @@ __all__ = [
     "Settings",
     "compose",
     "get_method",
-    "method_for_parts",
+    "resolve_method",
     "register_method",
 ]

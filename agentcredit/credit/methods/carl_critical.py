@@ -56,10 +56,8 @@ def estimate(batch: EpisodeBatch, settings: CarlCriticalSettings) -> Estimate:
 
 METHOD = Method(
     name="carl-critical",
-    section="critical",
     settings=CarlCriticalSettings,
     needs=Needs(rollout="entropy_guided", step_inputs=frozenset({"tree"})),
     source="carl-critical Eqs. 9-13, 2",
     estimate=estimate,
-    estimator="critical",
 )

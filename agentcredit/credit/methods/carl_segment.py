@@ -106,12 +106,10 @@ def critic_weights(batch: EpisodeBatch, rows_per_episode: float) -> CriticWeight
 
 METHOD = Method(
     name="carl-segment",
-    section="carl_segment",
     settings=CarlSegmentSettings,
     needs=Needs(
         critic="boundary", rollout="independent", signals=frozenset({"values"}), loss_agg="segment-mean"
     ),
     source="carl-segment Eqs. 1, 3, 6",
     estimate=estimate,
-    estimator="segment",
 )

@@ -153,7 +153,6 @@ def reweight(batch: EpisodeBatch, estimate: Estimate, settings: GearSettings) ->
 
 METHOD = Method(
     name="gear",
-    section="gear",
     settings=GearSettings,
     needs=Needs(
         signals=frozenset({"teacher_logp", "student_logp", "entropy"}), loss_agg="seq-mean-token-mean"

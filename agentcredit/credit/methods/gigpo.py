@@ -134,10 +134,8 @@ def estimate(batch: EpisodeBatch, settings: GigpoSettings) -> Estimate:
 
 METHOD = Method(
     name="gigpo",
-    section="gigpo",
     settings=GigpoSettings,
     needs=Needs(step_inputs=frozenset({"anchors"})),
     source="GiGPO, Feng et al. 2025 (verl-agent gigpo)",
     estimate=estimate,
-    estimator="gigpo",
 )

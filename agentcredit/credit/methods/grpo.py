@@ -37,10 +37,8 @@ def estimate(batch: EpisodeBatch, settings: GrpoSettings) -> Estimate:
 # Eq. 3 is seq-mean-token-mean, available as algorithm.loss_agg=seq-mean-token-mean.
 METHOD = Method(
     name="grpo",
-    section="grpo",
     settings=GrpoSettings,
     needs=Needs(loss_agg="token-mean"),
     source="GRPO, Shao et al. 2024 Eq. 3",
     estimate=estimate,
-    estimator="grpo",
 )

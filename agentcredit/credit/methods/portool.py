@@ -114,7 +114,6 @@ def estimate(batch: EpisodeBatch, settings: PortoolSettings) -> Estimate:
 
 METHOD = Method(
     name="portool",
-    section="portool",
     settings=PortoolSettings,
     needs=Needs(
         rollout="portool",
@@ -124,5 +123,4 @@ METHOD = Method(
     ),
     source="PORTool Eqs. 1-3, Thm 3.1",
     estimate=estimate,
-    estimator="portool",
 )
