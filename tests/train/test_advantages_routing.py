@@ -129,7 +129,7 @@ def test_critical_routing_and_forked_parent_counts_use_state_nodes():
     batch = build_batch([tree])
     for rule in ("multi_child", "forked_parent"):
         cfg = AlgorithmConfig(method="carl-critical")
-        cfg.critical.update_rule = rule
+        cfg.carl_critical.update_rule = rule
         out = compute_advantages(cfg, batch, [tree], Signals())
         st = step_tree(tree)
         kwargs = {"fork_counts": {1: 1}} if rule == "forked_parent" else {}

@@ -163,7 +163,7 @@ def episode_outcome(settings: AgentCreditSettings, answer: str | None, golds: li
     """The outcome reward: the task metric (plus the optional format bonus), or PORTool's +1 / 0 / -1."""
     if settings.needs.reward == "judge":  # the method's own judge (PORTool's)
         return outcome_with_abstention(
-            answer, golds, metric=settings.reward_metric, unfinished=settings.portool.unfinished_reward
+            answer, golds, metric=settings.reward_metric, unfinished=settings.settings_for("judge").unfinished_reward
         )
     return answer_reward(answer, golds, metric=settings.reward_metric, format_bonus=settings.format_bonus)
 
@@ -366,7 +366,7 @@ class AgentCreditAgentLoop(AgentLoopBase):
         """verl's outputs of one episode (one per training view), scored, with the method's teacher signals."""
         s, loop = self.settings, asyncio.get_running_loop()
         if episode.infra_failures:  # a tool could not run: not scored, no teacher calls, nothing trained
-            rows = episode_rows(episode, 0.0, format_reward_key=s.portool.format_reward_key)
+            rows = episode_rows(episode, 0.0, format_reward_key=s.format_reward_key)
             logger.warning(
                 "agentcredit: episode left out, a tool could not run: %s", "; ".join(episode.infra_failures)
             )
@@ -390,7 +390,7 @@ class AgentCreditAgentLoop(AgentLoopBase):
 
         potentials = teacher = None
         if "potentials" in s.needs.signals:
-            t = s.tips
+            t = s.settings_for("potentials")
             potentials = await answer_potentials(
                 episode.boundaries,
                 golds,
@@ -404,7 +404,7 @@ class AgentCreditAgentLoop(AgentLoopBase):
             view.token_ids[len(prompt_ids) :] for view in episode.tree.training_views(episode.leaf)
         ]
         if "teacher_logp" in s.needs.signals:
-            t_messages = teacher_messages(messages, golds[0], s.gear.template)
+            t_messages = teacher_messages(messages, golds[0], s.settings_for("teacher_logp").template)
             t_prompt = await loop.run_in_executor(
                 None, lambda: self.continuous_token_builder.build_initial_tokens(t_messages)
             )
@@ -415,7 +415,7 @@ class AgentCreditAgentLoop(AgentLoopBase):
         rows = episode_rows(
             episode,
             outcome,
-            format_reward_key=s.portool.format_reward_key,
+            format_reward_key=s.format_reward_key,
             potentials=potentials,
             teacher=teacher,
             tree_id=tree_id,

@@ -28,7 +28,7 @@ from agentcredit.config import (
     method_sections,
     registered_sections,
 )
-from agentcredit.credit.methods import Needs, carl_segment, gear, get_method, portool, ppo, tips
+from agentcredit.credit.methods import Needs, Settings, carl_segment, gear, get_method, portool, ppo, tips
 
 __all__ = ["AgentCreditSettings", "load_settings"]
 
@@ -82,7 +82,7 @@ class ToolSettings(UserToolsConfig):
 
 
 class GaeSettings(ppo.GaeSettings):
-    """PPO's settings (:class:`agentcredit.credit.methods.ppo.GaeSettings`, the native ``algorithm.gae``), plus
+    """PPO's settings (:class:`agentcredit.credit.methods.ppo.GaeSettings`, the native ``algorithm.ppo``), plus
     verl's whitening."""
 
     whiten: bool = Field(
@@ -209,6 +209,26 @@ class _AgentCreditBlock(UserRewardConfig):
         """What the method reads (:class:`agentcredit.credit.Needs`): the agent loop and the trainer compute the
         signals it names, never by the method's name."""
         return get_method(self.method).all_needs
+
+    def settings_for(self, need: str) -> Settings:
+        """The settings of the method's part that needs ``need`` (a signal such as ``potentials`` or
+        ``teacher_logp``, the ``judge`` reward, or a critic kind such as ``boundary``), read through the method
+        object (:meth:`agentcredit.credit.Method.settings_from`), never by a section's name."""
+        method = get_method(self.method)
+        parts = method.settings_from(self)
+        for part in method.parts:
+            needs = part.needs
+            if need in needs.signals | needs.step_inputs or need in (needs.reward, needs.critic):
+                return parts[part.section]
+        raise ValueError(f"agentcredit.method={self.method} has no part that needs {need!r}")
+
+    @property
+    def format_reward_key(self) -> str:
+        """The turn.info key of the protocol's formatting reward: the setting of the part that needs
+        ``format_reward`` (PORTool's), else that setting's default (the rows carry no formatting reward then)."""
+        if "format_reward" in self.needs.step_inputs:
+            return self.settings_for("format_reward").format_reward_key
+        return PortoolSettings.model_fields["format_reward_key"].default
 
 
 # one section per built-in method, of its method file's settings class (the native trainer's, one schema for both)
