@@ -135,6 +135,7 @@ def estimate(batch: EpisodeBatch, settings: GigpoSettings) -> Estimate:
 METHOD = Method(
     name="gigpo",
     settings=GigpoSettings,
+    # loss: token-mean, verl's default, which verl-agent's GiGPO runs use
     needs=Needs(step_inputs=frozenset({"anchors"})),
     source="GiGPO, Feng et al. 2025 (verl-agent gigpo)",
     estimate=estimate,

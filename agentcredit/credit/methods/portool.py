@@ -119,7 +119,7 @@ METHOD = Method(
         rollout="portool",
         step_inputs=frozenset({"tree", "format_reward"}),
         reward="judge",
-        loss_agg="seq-mean-token-mean",
+        loss_agg="seq-mean-token-mean",  # Eq. 1, required by Theorem 3.1
     ),
     source="PORTool Eqs. 1-3, Thm 3.1",
     estimate=estimate,

@@ -30,7 +30,7 @@ from agentcredit.config import (
 )
 from agentcredit.credit.methods import Needs, Settings, carl_segment, gear, get_method, portool, ppo, tips
 
-__all__ = ["AgentCreditSettings", "load_settings"]
+__all__ = ["AgentCreditSettings", "NEEDS_RESOLVER", "load_settings", "register_needs_resolver", "verl_keys"]
 
 
 class _Section(BaseModel):
@@ -242,6 +242,44 @@ AgentCreditSettings = create_model(
     "from user code keeps its settings under ``agentcredit.<its section>`` too.",
     **method_sections(GaeSettings, CarlSegmentSettings, TipsSettings, GearSettings, PortoolSettings),
 )
+
+
+#: verl's ``loss_agg_mode`` for a method's ``Needs.loss_agg``. verl has no segment-mean: carl-segment's recipe
+#: (``config/carl_segment.yaml``) expresses Eq. 3 as seq-mean-token-sum with ``segment_mean_loss``; without that
+#: setting (its default) the trainer wants token-mean (``check_trainer_config``).
+VERL_LOSS_AGG = {"token-mean": "token-mean", "seq-mean-token-mean": "seq-mean-token-mean", "segment-mean": "token-mean"}
+#: The OmegaConf resolver ``config/agentcredit_base.yaml`` derives verl's keys with: ``${agentcredit_needs:'<key>',
+#: ${agentcredit.method}}``.
+NEEDS_RESOLVER = "agentcredit_needs"
+
+
+def verl_keys(method: str) -> dict[str, Any]:
+    """The verl keys a method's :class:`~agentcredit.credit.Needs` decide, by dotted key: whether verl runs a
+    critic, the ``adv_estimator`` verl sees (the advantages themselves are agentcredit's), the actor's
+    ``loss_agg_mode`` and the rollout tree. ``config/agentcredit_base.yaml`` sets each from ``agentcredit.method``,
+    so a method needs no Hydra file of its own (a recipe file may still set them, and wins)."""
+    needs = get_method(method).all_needs
+    critic = needs.critic != "none"
+    return {
+        "critic.enable": critic,
+        "algorithm.adv_estimator": "gae" if critic else "agentcredit_grpo",
+        "actor_rollout_ref.actor.loss_agg_mode": VERL_LOSS_AGG[needs.loss_agg],
+        "agentcredit.tree.strategy": needs.rollout or "independent",
+    }
+
+
+def register_needs_resolver() -> None:
+    """Make :data:`NEEDS_RESOLVER` known to OmegaConf in this process (idempotent; a no-op without OmegaConf).
+    :mod:`.register` (every verl process) and this module's import call it."""
+    try:
+        from omegaconf import OmegaConf
+    except ImportError:
+        return
+    if not OmegaConf.has_resolver(NEEDS_RESOLVER):
+        OmegaConf.register_new_resolver(NEEDS_RESOLVER, lambda key, method: verl_keys(method)[key])
+
+
+register_needs_resolver()
 
 
 def _plain(config: Any) -> Any:
