@@ -433,7 +433,9 @@ class _AlgorithmParts(Section):
         if self.loss_agg is None:
             self.__dict__["loss_agg"] = method.all_needs.loss_agg
         if self.critic_model == "separate" and self.critic == "none":
-            raise ValueError(f"algorithm.critic_model='separate' needs a method with a critic, not {method.name}")
+            raise ValueError(
+                f"algorithm.critic_model='separate' needs a method with a critic, not {method.name}"
+            )
         return self
 
 

@@ -308,7 +308,9 @@ def compose_config(method: str, model: Path, data: Path, workdir: Path, steps: i
     from agentcredit.integrations.verl import GENERIC_CONFIG, config_dir, config_name
     from agentcredit.integrations.verl.trainer import check_trainer_config
 
-    name = config_name(method)  # the method's recipe, else the generic config with agentcredit.method=<method>
+    name = config_name(
+        method
+    )  # the method's recipe, else the generic config with agentcredit.method=<method>
     generic = [f"agentcredit.method={method}"] if name == GENERIC_CONFIG else []
     with initialize_config_dir(str(config_dir()), version_base=None):
         cfg = compose(name, overrides=[*generic, *overrides(method, model, data, workdir, steps)])

@@ -16,7 +16,9 @@ from pathlib import Path
 from agentcredit.credit import METHODS
 
 PACKAGE = Path(__file__).resolve().parents[1] / "agentcredit"
-NAMES = sorted({n for m in METHODS.values() for n in (m.name, m.section)} | {"gae", "segment", "critical"})  # old estimator names too
+NAMES = sorted(
+    {n for m in METHODS.values() for n in (m.name, m.section)} | {"gae", "segment", "critical"}
+)  # old estimator names too
 QUOTED = "|".join(re.escape(n) for n in NAMES)
 BRANCH = re.compile(
     rf"\b(method|estimator|shaping|reweight|preset)\b[^#\n]*?(==|!=|\bin\b)\s*[\(\[\{{]?[^#\n]*?['\"]({QUOTED})['\"]"
@@ -94,7 +96,8 @@ def section_reads() -> dict[str, list[str]]:
                 dot.string == "."
                 and name.string in sections
                 and before.type == tokenize.NAME
-                and before.string not in ("methods", "strategies")  # a module, or a rollout strategy's function
+                and before.string
+                not in ("methods", "strategies")  # a module, or a rollout strategy's function
                 and not before.line.lstrip().startswith(("from ", "import "))
             ):
                 found.setdefault(rel, []).append(f"{name.start[0]}: {name.line.strip()}")

@@ -56,10 +56,14 @@ def translate_old_overrides(preset: str, overrides: list[str]) -> list[str]:
                 base = get_method(OLD_ESTIMATORS.get(value, value))
             else:
                 kind = key.rsplit(".", 1)[1]
-                mods = [m for m in mods if m.modifier != kind] + ([] if value == "none" else [get_method(value)])
+                mods = [m for m in mods if m.modifier != kind] + (
+                    [] if value == "none" else [get_method(value)]
+                )
             new = compose(base, *mods).name
         except ValueError as exc:
-            raise ConfigError(f"{assignment} (written before issue 37; now algorithm.method): {exc}") from None
+            raise ConfigError(
+                f"{assignment} (written before issue 37; now algorithm.method): {exc}"
+            ) from None
         if algorithm.get("loss_agg") is None:
             out.append(f"algorithm.loss_agg={method.all_needs.loss_agg}")
         out.append(f"algorithm.method={new}")

@@ -215,7 +215,9 @@ def measure_policy(study: Study, pre: PreconditionSpec, model_dir: Path) -> dict
     if pre.measure == "group_success":
         arm = next(a for a in spec.arms if a.name == pre.arm)
         cfg = study_config(
-            arm.preset, [*spec.set, *arm.set, f"model.name={model_dir}", f"train.seed={spec.seeds[0]}"], arm.name
+            arm.preset,
+            [*spec.set, *arm.set, f"model.name={model_dir}", f"train.seed={spec.seeds[0]}"],
+            arm.name,
         )
         examples = _training_examples(cfg, pre.questions)
         from agentcredit.train.trainer import Trainer

@@ -357,7 +357,9 @@ def load_study(path: str | Path) -> StudySpec:
         )
         raise StudyError(f"{path}: invalid study:\n  {problems}") from None
     configs = {}
-    for where, preset, overrides, name in [("start", spec.start.preset, [*spec.set, *spec.start.set], None)] + [
+    for where, preset, overrides, name in [
+        ("start", spec.start.preset, [*spec.set, *spec.start.set], None)
+    ] + [
         # the arm's name, as run_config sets it: it must name the method the arm trains
         (f"arm {a.name!r}", a.preset, [*spec.set, *a.set], a.name)
         for a in spec.arms

@@ -192,11 +192,18 @@ def test_a_method_registered_outside_the_package_runs_from_the_generic_config(hy
         est = grpo.estimate(batch, grpo.GrpoSettings())
         return Estimate(est.advantages * s.factor, est.loss_mask)
 
-    register_method(Method("halved-grpo", Halved, Needs(loss_agg="seq-mean-token-mean"), "a test", estimate=halved_grpo))
+    register_method(
+        Method("halved-grpo", Halved, Needs(loss_agg="seq-mean-token-mean"), "a test", estimate=halved_grpo)
+    )
     try:
-        cfg = compose(GENERIC_CONFIG, overrides=["agentcredit.method=halved-grpo", "+agentcredit.halved_grpo.factor=0.25"])
+        cfg = compose(
+            GENERIC_CONFIG,
+            overrides=["agentcredit.method=halved-grpo", "+agentcredit.halved_grpo.factor=0.25"],
+        )
         OmegaConf.resolve(cfg)
-        assert cfg.critic.enable is False and cfg.actor_rollout_ref.actor.loss_agg_mode == "seq-mean-token-mean"
+        assert (
+            cfg.critic.enable is False and cfg.actor_rollout_ref.actor.loss_agg_mode == "seq-mean-token-mean"
+        )
         settings = check_trainer_config(cfg)
         assert METHODS["halved-grpo"].settings_from(settings)["halved_grpo"].factor == 0.25
     finally:

@@ -30,7 +30,9 @@ from agentcredit.credit.methods import BUILT_IN, METHODS, modifier_names, resolv
 
 
 def test_a_name_that_names_no_method_is_refused():
-    with pytest.raises(ConfigError, match=r"algorithm.method: 'magic-credit' names no registered method: use one of .*grpo"):
+    with pytest.raises(
+        ConfigError, match=r"algorithm.method: 'magic-credit' names no registered method: use one of .*grpo"
+    ):
         load_config("grpo-arith-tools", ["algorithm.method=magic-credit"])
 
 
@@ -64,7 +66,11 @@ def test_an_old_key_is_one_line_naming_where_it_moved(key, value, moved_to):
     result = CliRunner().invoke(app, ["train", "--config", "grpo-arith-tools", "--set", f"{key}={value}"])
     assert result.exit_code == 2
     assert result.output.count("\n") == 1, result.output
-    assert f"'{key}'" in result.output and f"moved to {moved_to}" in result.output and "issue 37" in result.output
+    assert (
+        f"'{key}'" in result.output
+        and f"moved to {moved_to}" in result.output
+        and "issue 37" in result.output
+    )
     assert key in MOVED_TO_SECTIONS
 
 
@@ -73,10 +79,15 @@ def test_an_old_run_config_names_the_file_and_key(tmp_path):
     old = tmp_path / "config.yaml"
     old.write_text(
         yaml.safe_dump(
-            {"method": "carl-segment", "algorithm": {"estimator": "segment", "critic": "boundary", "loss_agg": "segment-mean"}}
+            {
+                "method": "carl-segment",
+                "algorithm": {"estimator": "segment", "critic": "boundary", "loss_agg": "segment-mean"},
+            }
         )
     )
-    with pytest.raises(ConfigError, match=rf"{tmp_path}.*unknown key 'method' \(method moved to algorithm.method"):
+    with pytest.raises(
+        ConfigError, match=rf"{tmp_path}.*unknown key 'method' \(method moved to algorithm.method"
+    ):
         load_config(old)
 
 
@@ -84,11 +95,26 @@ def test_an_old_run_config_names_the_file_and_key(tmp_path):
     ("preset", "overrides", "method", "trains"),
     [
         ("grpo-arith-tools", ["algorithm.method=gear"], "gear", ("grpo", "gear")),
-        ("grpo-arith-tools", ["algorithm.method=grpo+gear"], "gear", ("grpo", "gear")),  # GEAR is published on GRPO
-        ("carl-segment-arith-tools", ["algorithm.method=carl-segment+tips"], "carl-segment+tips", ("carl-segment", "tips")),
+        (
+            "grpo-arith-tools",
+            ["algorithm.method=grpo+gear"],
+            "gear",
+            ("grpo", "gear"),
+        ),  # GEAR is published on GRPO
+        (
+            "carl-segment-arith-tools",
+            ["algorithm.method=carl-segment+tips"],
+            "carl-segment+tips",
+            ("carl-segment", "tips"),
+        ),
         ("portool-arith-tools", ["algorithm.method=portool+gear"], "portool+gear", ("portool", "gear")),
         ("carl-critical-arith-tools", ["algorithm.method=grpo"], "grpo", ("grpo",)),
-        ("grpo-arith-tools", ["algorithm.method=grpo-seqmean", "algorithm.loss_agg=seq-mean-token-mean"], "grpo-seqmean", ("grpo",)),
+        (
+            "grpo-arith-tools",
+            ["algorithm.method=grpo-seqmean", "algorithm.loss_agg=seq-mean-token-mean"],
+            "grpo-seqmean",
+            ("grpo",),
+        ),
         ("grpo-arith-tools", ["algorithm.method=grpo+gear-a"], "gear-a", ("grpo", "gear")),
         ("portool-shifted-outcome-arith-tools", [], "portool-shifted-outcome", ("portool",)),
     ],
@@ -133,7 +159,9 @@ def test_a_section_is_the_method_name_in_snake_case():
 
 @given(
     base=st.sampled_from([m.name for m in METHODS.values() if m.estimate is not None]),
-    modifiers=st.lists(st.sampled_from(modifier_names("shaping") + modifier_names("reweight")), max_size=2, unique=True),
+    modifiers=st.lists(
+        st.sampled_from(modifier_names("shaping") + modifier_names("reweight")), max_size=2, unique=True
+    ),
     label=st.one_of(st.just(""), st.text(alphabet="abz09.-", min_size=1, max_size=8).map("-".__add__)),
 )
 @settings(deadline=None)

@@ -93,11 +93,17 @@ def test_shifted_outcome_is_a_named_variant():
         base = load_config(f"portool-{task}")
         assert c.method == "portool-shifted-outcome" and c.algorithm.portool.outcome_shift == 1.0
         # the variant differs from PORTool in the outcome shift alone (and its label); it trains PORTool
-        assert c.algorithm.credit_method is base.algorithm.credit_method and c.algorithm.label == "shifted-outcome"
+        assert (
+            c.algorithm.credit_method is base.algorithm.credit_method
+            and c.algorithm.label == "shifted-outcome"
+        )
         relabelled = {"portool": c.algorithm.portool, "method": c.algorithm.method}
-        assert c.model_dump() == base.model_copy(
-            update={"algorithm": base.algorithm.model_copy(update=relabelled)}
-        ).model_dump()
+        assert (
+            c.model_dump()
+            == base.model_copy(
+                update={"algorithm": base.algorithm.model_copy(update=relabelled)}
+            ).model_dump()
+        )
 
 
 def test_split_min_parts_survive_whitening():

@@ -88,7 +88,9 @@ def test_its_settings_are_a_config_section_of_its_own_class(rloo):
     assert isinstance(settings["rloo"], LeaveOneOutSettings) and settings["rloo"].scale == 0.5
     assert "rloo:\n    scale: 0.5" in dump_config(config)
     default = load_config("grpo-arith-tools", ["algorithm.method=rloo"]).algorithm
-    assert default.credit_method.settings_from(default)["rloo"].scale == 1.0  # no section: its class's defaults
+    assert (
+        default.credit_method.settings_from(default)["rloo"].scale == 1.0
+    )  # no section: its class's defaults
     with pytest.raises(ConfigError, match=r"algorithm\.rloo\.scale: Input should be greater than 0") as err:
         load_config("grpo-arith-tools", ["algorithm.method=rloo", "algorithm.rloo.scale=-1"])
     assert "\n" not in str(err.value)

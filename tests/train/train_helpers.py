@@ -70,9 +70,17 @@ METHODS = {
     "carl-segment+tips": ("carl-segment-arith-tools", ["algorithm.method=carl-segment+tips"]),
     "portool+gear": (
         "portool-arith-tools",
-        ["algorithm.method=portool+gear", "rollout.n=3", "rollout.t_max=3", "algorithm.portool.root_is_fork=true"],
+        [
+            "algorithm.method=portool+gear",
+            "rollout.n=3",
+            "rollout.t_max=3",
+            "algorithm.portool.root_is_fork=true",
+        ],
     ),
-    "carl-critical+gear": ("carl-critical-arith-tools", ["algorithm.method=carl-critical+gear", "rollout.n=4"]),
+    "carl-critical+gear": (
+        "carl-critical-arith-tools",
+        ["algorithm.method=carl-critical+gear", "rollout.n=4"],
+    ),
     "grpo-on-critical-tree": ("carl-critical-arith-tools", ["algorithm.method=grpo", "rollout.n=4"]),
     "gigpo-on-critical-tree": ("carl-critical-arith-tools", ["algorithm.method=gigpo", "rollout.n=4"]),
 }

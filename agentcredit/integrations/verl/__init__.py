@@ -63,7 +63,9 @@ def config_dir() -> Path:
 #: Built-in method -> its paper recipe under :func:`config_dir` (``<its name in snake_case>.yaml``), for the
 #: methods that ship one. A recipe is optional: without one a method runs from :data:`GENERIC_CONFIG`.
 METHOD_CONFIGS = {
-    name: name.replace("-", "_") for name in BUILT_IN if (config_dir() / f"{name.replace('-', '_')}.yaml").is_file()
+    name: name.replace("-", "_")
+    for name in BUILT_IN
+    if (config_dir() / f"{name.replace('-', '_')}.yaml").is_file()
 }
 
 

@@ -163,7 +163,10 @@ def episode_outcome(settings: AgentCreditSettings, answer: str | None, golds: li
     """The outcome reward: the task metric (plus the optional format bonus), or PORTool's +1 / 0 / -1."""
     if settings.needs.reward == "judge":  # the method's own judge (PORTool's)
         return outcome_with_abstention(
-            answer, golds, metric=settings.reward_metric, unfinished=settings.settings_for("judge").unfinished_reward
+            answer,
+            golds,
+            metric=settings.reward_metric,
+            unfinished=settings.settings_for("judge").unfinished_reward,
         )
     return answer_reward(answer, golds, metric=settings.reward_metric, format_bonus=settings.format_bonus)
 

@@ -247,7 +247,11 @@ AgentCreditSettings = create_model(
 #: verl's ``loss_agg_mode`` for a method's ``Needs.loss_agg``. verl has no segment-mean: carl-segment's recipe
 #: (``config/carl_segment.yaml``) expresses Eq. 3 as seq-mean-token-sum with ``segment_mean_loss``; without that
 #: setting (its default) the trainer wants token-mean (``check_trainer_config``).
-VERL_LOSS_AGG = {"token-mean": "token-mean", "seq-mean-token-mean": "seq-mean-token-mean", "segment-mean": "token-mean"}
+VERL_LOSS_AGG = {
+    "token-mean": "token-mean",
+    "seq-mean-token-mean": "seq-mean-token-mean",
+    "segment-mean": "token-mean",
+}
 #: The OmegaConf resolver ``config/agentcredit_base.yaml`` derives verl's keys with: ``${agentcredit_needs:'<key>',
 #: ${agentcredit.method}}``.
 NEEDS_RESOLVER = "agentcredit_needs"
