@@ -179,3 +179,12 @@ def test_a_name_resolves_to_its_parts_and_back(base, modifiers, label):
 def test_names_that_name_nothing(name):
     with pytest.raises(ValueError, match="names no registered method"):
         resolve_method(name)
+
+
+@pytest.mark.parametrize("name", ["Bad", "a--b", "-a", "a-", "1a", "a_b", "a+b", ""])
+def test_a_method_name_is_lower_case_words_joined_by_hyphens(name):
+    """So that its config section (the name in snake_case) and the +modifier / -label syntax stay unambiguous."""
+    from agentcredit.credit import Method, Needs, Settings
+
+    with pytest.raises(ValueError, match="lower-case letters and digits"):
+        Method(name, Settings, Needs(), "a test", estimate=lambda batch, settings: None)

@@ -20,7 +20,6 @@ Register your own with :func:`register_method` (``docs/adding-a-method.md``).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
@@ -55,6 +54,8 @@ class NoSettings(Settings):
 
 
 Critic = Literal["none", "token", "boundary"]
+#: The characters of a method name's words (joined by '-'; the config section joins them by '_').
+_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789")
 #: The per-step inputs both layout builders fill when a method needs them (a Step's node, anchor, format_reward).
 STEP_INPUTS = frozenset({"tree", "anchors", "format_reward"})
 
@@ -136,7 +137,8 @@ class Method:
 
     def __post_init__(self) -> None:
         if not self.composed_of:
-            if not re.fullmatch(r"[a-z][a-z0-9]*(-[a-z0-9]+)*", self.name):
+            words = self.name.split("-")
+            if not self.name[:1].isalpha() or not all(w and set(w) <= _NAME_CHARS for w in words):
                 raise ValueError(
                     f"method name {self.name!r}: lower-case letters and digits, words joined by '-' (its config "
                     "section is the same name with '_')"
