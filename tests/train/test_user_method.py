@@ -1,6 +1,7 @@
 """A method registered from outside the package (here, this test file) trains one step on the native trainer
-(issue 37): its settings, needs and estimate are one object, and nothing else is touched. The verl adapter's side
-is tests/integrations/test_verl_user_method.py (the verl venv)."""
+(issue 37): its settings, needs and estimate are one object, and nothing else is touched. The verl side (the verl
+venv) is in tests/integrations/test_verl_advantages.py (through the adapter) and test_verl_configs.py (run from
+the generic Hydra config, with no verl file of its own)."""
 
 from __future__ import annotations
 
