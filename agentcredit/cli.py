@@ -392,7 +392,10 @@ def probe_credit_cmd(
     ] = 8,
     estimator: Annotated[
         list[str] | None,
-        typer.Option("--estimator", help="An estimator to credit the rollouts with (repeat; default: all)."),
+        typer.Option(
+            "--estimator",
+            help="A method whose estimate credits the rollouts, by name (repeat; default: every critic-free one).",
+        ),
     ] = None,
     out: Annotated[Path | None, typer.Option("--out", help="Also write the numbers as JSON here.")] = None,
 ) -> None:

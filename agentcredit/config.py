@@ -4,9 +4,11 @@ A run is configured by one YAML file (a preset under ``configs/``) plus ``--set 
 has a one-line description that gives its paper default. Unknown keys and bad values are errors that name the key
 and the allowed values (pydantic does the checking; :func:`load_config` turns its errors into one readable message).
 
-A method is a composition of parts (``algorithm.estimator``, ``algorithm.critic``, ``algorithm.shaping``,
-``algorithm.reweight``, ``algorithm.update_set``, ``algorithm.loss_agg``, ``rollout.strategy``); the seven presets
-are seven settings of them. :class:`AlgorithmConfig` rejects the combinations the maths does not allow.
+``algorithm`` is the method's name (``algorithm.method: carl-segment``; ``+<modifier>`` composes a shaping or
+reweighting method with it, ``-<label>`` names a variant), its settings (``algorithm.carl_segment``: the name in
+snake_case) and the loss's method-independent knobs (KL, entropy, clipping). What the method reads follows from its
+:class:`~agentcredit.credit.Needs` (critic, rollout strategy, loss aggregation), never from a list of names: a config
+that contradicts them is refused with the reason.
 
 Preset files may start with ``base: [other.yaml, ...]``: the bases are merged first (paths relative to the file,
 else a packaged preset by name: ``base: grpo`` or ``base: grpo-arith-tools`` in a user's YAML), so a preset is
@@ -17,16 +19,14 @@ naming the file and line (YAML itself would keep the last one silently).
 from __future__ import annotations
 
 import copy
-import functools
 import math
-import re
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
-from agentcredit.credit.methods import BUILT_IN, METHODS, Method, Settings, method_for_parts, modifier_names
+from agentcredit.credit.methods import BUILT_IN, METHODS, Method, Settings, resolve_method
 from agentcredit.credit.methods.portool import PortoolSettings
 from agentcredit.credit.methods.tips import TipsSettings
 
@@ -267,13 +267,42 @@ class PortoolConfig(PortoolSettings):
     judge_model: str | None = Field(None, description="Local model path for the LLM judge.")
 
 
-#: Keys a config written before issue 37 may hold (a run directory's config.yaml): where each now lives.
+#: Keys a config written before issue 37 may hold (a run directory's config.yaml, an old preset): where each now
+#: lives. Each is one error line naming the key and this (``old_key_hint``); the study harness maps the ones a
+#: first-round study file names (``RENAMED_KEYS``).
 MOVED_TO_SECTIONS = {
-    "algorithm.gamma": "algorithm.gae.gamma (ppo, tips) or algorithm.carl_segment.gamma",
-    "algorithm.lam": "algorithm.gae.lam (ppo, tips) or algorithm.carl_segment.lam",
+    "method": "algorithm.method (the method's name; a variant's label is algorithm.method: <method>-<label>)",
+    "algorithm.estimator": "algorithm.method, which names the method (segment -> carl-segment, gae -> ppo, "
+    "critical -> carl-critical); its critic, shaping, reweighting and loss aggregation follow from it",
+    "algorithm.critic": "algorithm.method: the critic follows from the method (carl-segment: boundary, ppo and "
+    "tips: token)",
+    "algorithm.shaping": "algorithm.method: a shaping method is <method>+<shaping> (carl-segment+tips), or tips",
+    "algorithm.reweight": "algorithm.method: a reweighting method is <method>+<reweight> (portool+gear), or gear",
+    "algorithm.gae": "algorithm.ppo (the method's settings are its name's section)",
+    "algorithm.critical": "algorithm.carl_critical (the method's settings are its name's section)",
+    "algorithm.gamma": "algorithm.ppo.gamma (ppo, tips) or algorithm.carl_segment.gamma",
+    "algorithm.lam": "algorithm.ppo.lam (ppo, tips) or algorithm.carl_segment.lam",
     "algorithm.grpo_eps": "algorithm.grpo.eps (each method's eps is in its own section)",
     "algorithm.grpo_scale": "algorithm.grpo.scale",
 }
+#: The old keys that name one key now (studies' about / tolerate lists written before issue 37 name them).
+RENAMED_KEYS = {
+    "method": "algorithm.method",
+    "algorithm.estimator": "algorithm.method",
+    "algorithm.critic": "algorithm.method",
+    "algorithm.shaping": "algorithm.method",
+    "algorithm.reweight": "algorithm.method",
+    "algorithm.gae": "algorithm.ppo",
+    "algorithm.critical": "algorithm.carl_critical",
+}
+#: The method an old ``algorithm.estimator`` value named, where the name differs.
+OLD_ESTIMATORS = {"segment": "carl-segment", "gae": "ppo", "critical": "carl-critical"}
+
+
+def old_key_hint(key: str) -> str:
+    """`` (<key> moved to ..., issue 37)`` for a key of a config written before issue 37, else ''."""
+    moved = MOVED_TO_SECTIONS.get(key)
+    return f" ({key} moved to {moved}, issue 37)" if moved else ""
 
 
 def registered_sections(block: BaseModel, where: str) -> None:
@@ -285,8 +314,7 @@ def registered_sections(block: BaseModel, where: str) -> None:
     for key, value in list(extra.items()):
         if key not in sections:
             allowed = sorted({*type(block).model_fields, *sections})
-            moved = MOVED_TO_SECTIONS.get(f"{where}.{key}")
-            hint = f" ({where}.{key} moved to {moved}, issue 37)" if moved else ""
+            hint = old_key_hint(f"{where}.{key}")
             raise ValueError(f"unknown key '{where}.{key}'{hint}; allowed keys here: {', '.join(allowed)}")
         settings = sections[key].settings
         if not isinstance(value, settings):
@@ -322,34 +350,26 @@ class _AlgorithmParts(Section):
     # a method registered from user code keeps its settings under algorithm.<its section> (registered_sections)
     model_config = ConfigDict(extra="allow", validate_assignment=True)
 
-    estimator: str = Field(
+    method: str = Field(
         "grpo",
-        description="The method whose estimate trains: its estimator name ("
-        + ", ".join(
-            m.estimator if m.estimator == m.name else f"{m.estimator} = {m.name}"
-            for m in map(METHODS.__getitem__, BUILT_IN)
-            if m.estimator
-        )
-        + ", or a method registered with agentcredit.credit.register_method); its settings are "
-        "algorithm.<section> (agentcredit.credit.METHODS).",
-    )
-    critic: Literal["none", "token", "boundary"] = Field(
-        "none", description="Value head: per token (PPO/TIPS) or at segment boundaries (carl-segment)."
+        description="The credit method: its name ("
+        + ", ".join(BUILT_IN)
+        + ", or one registered with agentcredit.credit.register_method), +<modifier> to compose a shaping or "
+        "reweighting method with it (carl-segment+tips, portool+gear), and -<label> to name a variant in logs and "
+        "reports (portool-shifted-outcome). Its settings are algorithm.<its name in snake_case>; its critic, "
+        "rollout strategy and loss aggregation follow from it (agentcredit.credit.METHODS[name].needs).",
     )
     critic_model: Literal["shared", "separate"] = Field(
         "shared",
-        description="Where the value head sits: 'shared' on the policy's backbone (carl-segment §3.4: a head on "
-        "the policy), so the value loss also trains the backbone; 'separate' on its own copy of the initial model, "
-        "trained at optim.head_lr (verl's critic; TIPS §4 'Baselines' [tips.txt l.142]: policy and value learning "
-        "rates 1e-6 and 1e-5), so the policy's update does not depend on the value loss.",
+        description="Where the method's value head sits (a method with a critic): 'shared' on the policy's backbone "
+        "(carl-segment §3.4: a head on the policy), so the value loss also trains the backbone; 'separate' on its own "
+        "copy of the initial model, trained at optim.head_lr (verl's critic; TIPS §4 'Baselines' [tips.txt l.142]: "
+        "policy and value learning rates 1e-6 and 1e-5), so the policy's update does not depend on the value loss.",
     )
-    shaping: str = Field(
-        "none", description="A shaping method on the estimate: none or tips (teacher potentials)."
-    )
-    reweight: str = Field("none", description="A reweighting method on the estimate: none or gear.")
-    loss_agg: Literal["token-mean", "seq-mean-token-mean", "segment-mean"] = Field(
-        "token-mean",
-        description="Loss aggregation (carl-segment Eq. 3: segment-mean; portool Eq. 1: seq-mean-token-mean).",
+    loss_agg: Literal["token-mean", "seq-mean-token-mean", "segment-mean"] | None = Field(
+        None,
+        description="Loss aggregation; None = the method's own (carl-segment Eq. 3: segment-mean; portool Eq. 1 and "
+        "gear: seq-mean-token-mean; others token-mean). Set it for an ablation (GRPO in GEAR's recipe).",
     )
     clip_eps: float = Field(0.2, gt=0.0, description="PPO clip epsilon (all papers: 0.2).")
     clip_ratio_c: float | None = Field(
@@ -378,24 +398,44 @@ class _AlgorithmParts(Section):
     )
 
     @property
-    def method(self) -> Method:
-        """The method these parts name (:func:`agentcredit.credit.method_for_parts`)."""
-        return method_for_parts(self.estimator, shaping=self.shaping, reweight=self.reweight)
+    def credit_method(self) -> Method:
+        """The method ``method`` names (:func:`agentcredit.credit.resolve_method`): what both trainers call."""
+        return resolve_method(self.method)[0]
+
+    @property
+    def label(self) -> str:
+        """The variant label of ``method`` ('' for none)."""
+        return resolve_method(self.method)[1]
+
+    @property
+    def critic(self) -> str:
+        """The value head the method reads: none, token or boundary (its Needs)."""
+        return self.credit_method.all_needs.critic
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_keys(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for key in data:
+                if hint := old_key_hint(f"algorithm.{key}"):
+                    raise ValueError(f"unknown key 'algorithm.{key}'{hint}")
+        return data
 
     @model_validator(mode="after")
-    def _compatible_parts(self) -> _AlgorithmParts:
+    def _method_and_needs(self) -> _AlgorithmParts:
         registered_sections(self, "algorithm")
-        try:  # an unknown name, or a modifier the estimate does not allow (its needs say why)
-            needs = self.method.all_needs
+        try:  # an unknown name, or a modifier the method does not allow (its needs say why)
+            method, label = resolve_method(self.method)
         except ValueError as exc:
-            raise ValueError(f"algorithm.{exc}") from None
-        if needs.critic != "none" and self.critic != needs.critic:
-            raise ValueError(
-                f"algorithm.estimator={self.estimator!r} needs algorithm.critic={needs.critic!r} "
-                f"(got {self.critic!r})"
-            )
+            raise ValueError(f"algorithm.method: {exc}") from None
+        # the canonical spelling (grpo+gear is gear), so logs, run directories and reports show one name
+        self.__dict__["method"] = method.name + (f"-{label}" if label else "")
+        if self.loss_agg is None:
+            self.__dict__["loss_agg"] = method.all_needs.loss_agg
         if self.critic_model == "separate" and self.critic == "none":
-            raise ValueError("algorithm.critic_model='separate' needs a critic (algorithm.critic)")
+            raise ValueError(
+                f"algorithm.critic_model='separate' needs a method with a critic, not {method.name}"
+            )
         return self
 
 
@@ -405,7 +445,8 @@ AlgorithmConfig = create_model(
     "AlgorithmConfig",
     __base__=_AlgorithmParts,
     __module__=__name__,
-    __doc__="The credit method's parts and every built-in method's settings section.",
+    __doc__="The credit method's name, every built-in method's settings section, and the method-independent "
+    "knobs of the loss.",
     **method_sections(TipsConfig, PortoolConfig),
 )
 
@@ -501,11 +542,6 @@ class TrainConfig(Section):
 
 
 class Config(Section):
-    method: str = Field(
-        "grpo",
-        description="The method's name, for logs and reports: derived from the algorithm parts when not given; "
-        "when given, it must name those parts (<method>[+<shaping|reweight>...][-<label>], see method_parts).",
-    )
     model: ModelConfig = Field(default_factory=ModelConfig)
     task: TaskConfig = Field(default_factory=TaskConfig)
     protocol: ProtocolConfig = Field(default_factory=ProtocolConfig)
@@ -515,104 +551,33 @@ class Config(Section):
     optim: OptimConfig = Field(default_factory=OptimConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _old_keys(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "method" in data:
+            raise ValueError(f"unknown key 'method'{old_key_hint('method')}")
+        return data
+
+    @property
+    def method(self) -> str:
+        """The run's method name for logs, run directories and reports: ``algorithm.method``, label included."""
+        return self.algorithm.method
+
     @model_validator(mode="after")
-    def _strategy_matches_estimator(self) -> Config:
+    def _rollout_and_critic_follow_the_method(self) -> Config:
         a, r = self.algorithm, self.rollout
-        needs = a.method.all_needs
+        needs = a.credit_method.all_needs
         if needs.rollout is not None and r.strategy != needs.rollout:
             shape = "works on linear episodes" if needs.rollout == "independent" else "needs a rollout tree"
             raise ValueError(
-                f"algorithm.estimator={a.estimator!r} {shape}: it needs rollout.strategy={needs.rollout!r} "
+                f"algorithm.method={a.method!r} {shape}: it needs rollout.strategy={needs.rollout!r} "
                 f"(got {r.strategy!r})"
             )
         if self.train.critic_warmup and a.critic == "none":
             raise ValueError(
-                f"train.critic_warmup={self.train.critic_warmup} needs a critic (algorithm.critic)"
+                f"train.critic_warmup={self.train.critic_warmup} needs a method with a critic, not {a.method}"
             )
         return self
-
-    @model_validator(mode="after")
-    def _method_names_its_parts(self) -> Config:
-        # `--set method=magic-credit` used to train GRPO labelled "magic-credit" (and method=ppo on a GRPO preset
-        # reported "ppo"): a label that disagrees with what trains is now an error, and a missing one is derived.
-        parts = credit_parts(self.algorithm)
-        derived = derive_method(parts)
-        if "method" not in self.model_fields_set:
-            self.__dict__["method"] = (
-                derived  # not setattr: validate_assignment would re-enter this validator
-            )
-            return self
-        named = parts_named_by(self.method)
-        if named is None:
-            raise ValueError(
-                f"method={self.method!r} names no method: use one of {', '.join(method_parts())}, optionally "
-                f"with +<shaping|reweight> and a -<label> (e.g. {derived}-mine), or leave method out to derive it "
-                f"from the algorithm parts ({derived!r})"
-            )
-        for key, value in parts.items():
-            if named[key] != value:
-                raise ValueError(
-                    f"method={self.method!r} names algorithm.{key}={named[key]!r} but this config has "
-                    f"algorithm.{key}={value!r}: set algorithm.{key}={named[key]!r}, or method={derived!r} (the "
-                    "name of these parts)"
-                )
-        return self
-
-
-# --------------------------------------------------------------------------------------------- method names
-# The parts that make one method's credit differ from another's (the credit registry's CreditPreset fields but
-# loss_agg, which a method may change as an ablation and keep its name). rollout.strategy and algorithm.critic
-# follow from the estimator (the validators above).
-CREDIT_PARTS = ("estimator", "shaping", "reweight")
-
-
-def credit_parts(algorithm: AlgorithmConfig) -> dict[str, str]:
-    return {key: getattr(algorithm, key) for key in CREDIT_PARTS}
-
-
-@functools.cache
-def method_parts() -> dict[str, dict[str, str]]:
-    """Each method preset of ``configs/methods/`` -> the credit parts it sets (field defaults where it sets none).
-
-    Derived from the preset files, so a method added there is known here with no list to update.
-    """
-    defaults = {key: AlgorithmConfig.model_fields[key].default for key in CREDIT_PARTS}
-    out = {}
-    for stem in _stems("methods"):
-        algorithm = read_yaml_with_bases(CONFIG_DIR / "methods" / f"{stem}.yaml").get("algorithm") or {}
-        out[stem] = {key: algorithm.get(key, defaults[key]) for key in CREDIT_PARTS}
-    return out
-
-
-def _modifiers() -> dict[str, str]:
-    """A shaping or reweight value -> its field: what ``+<name>`` adds to a method."""
-    return {value: key for key in ("shaping", "reweight") for value in modifier_names(key)}
-
-
-def derive_method(parts: dict[str, str]) -> str:
-    """The name of a combination of parts: the method preset made of exactly them, else ``<base>+<modifier>...``."""
-    presets = method_parts()
-    for name, named in presets.items():
-        if named == parts:
-            return name
-    plain = {**parts, "shaping": "none", "reweight": "none"}
-    base = next((name for name, named in presets.items() if named == plain), parts["estimator"])
-    return "+".join([base, *(parts[key] for key in ("shaping", "reweight") if parts[key] != "none")])
-
-
-def parts_named_by(name: str) -> dict[str, str] | None:
-    """The parts ``<method>[+<shaping|reweight>...][-<label>]`` names, or None when it names no method."""
-    presets, modifiers = method_parts(), _modifiers()
-    for base in sorted(presets, key=len, reverse=True):  # carl-segment before a method called carl
-        if name != base and not name.startswith((f"{base}+", f"{base}-")):
-            continue
-        parts, rest = dict(presets[base]), name[len(base) :]
-        while (match := re.match(r"\+([a-z0-9_]+)", rest)) is not None and match.group(1) in modifiers:
-            parts[modifiers[match.group(1)]] = match.group(1)
-            rest = rest[match.end() :]
-        if rest == "" or (rest.startswith("-") and len(rest) > 1):
-            return parts
-    return None
 
 
 # --------------------------------------------------------------------------------------------- loading
@@ -821,11 +786,6 @@ def validate_config(data: dict[str, Any], *, source: str = "config") -> Config:
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """Load a preset (or the defaults when ``path`` is None), apply ``key=value`` overrides and validate."""
     data = read_preset(path) if path is not None else {}
-    keys = {".".join(k for k in a.split("=", 1)[0].strip().split(".") if k) for a in overrides}
-    if "method" not in keys and keys & {"algorithm", *(f"algorithm.{part}" for part in CREDIT_PARTS)}:
-        # `--set algorithm.reweight=gear` on the grpo preset: the preset's name no longer says what trains, so
-        # the name is derived from the parts ("gear"); a method named in an override must agree with them.
-        data.pop("method", None)
     apply_overrides(data, overrides)
     return validate_config(data, source=str(path or "defaults"))
 

@@ -444,10 +444,12 @@ def _build_environment(config: Config, resources: list[Any]) -> Environment:
     tools.episodes = episodes
     if config.task.reward is not None:
         reward: RewardFn = user_reward(config.task.reward, config.task.reward_weights)
-    elif config.algorithm.method.all_needs.reward == "judge":  # the method scores outcomes with its own judge
+    elif (
+        config.algorithm.credit_method.all_needs.reward == "judge"
+    ):  # the method scores outcomes with its own judge
         from agentcredit.tasks.judge import build_judge
 
-        method = config.algorithm.method
+        method = config.algorithm.credit_method
         p = next(
             method.settings_from(config.algorithm)[part.section]
             for part in method.parts

@@ -305,11 +305,15 @@ def compose_config(method: str, model: Path, data: Path, workdir: Path, steps: i
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
 
-    from agentcredit.integrations.verl import METHOD_CONFIGS, config_dir
+    from agentcredit.integrations.verl import GENERIC_CONFIG, config_dir, config_name
     from agentcredit.integrations.verl.trainer import check_trainer_config
 
+    name = config_name(
+        method
+    )  # the method's recipe, else the generic config with agentcredit.method=<method>
+    generic = [f"agentcredit.method={method}"] if name == GENERIC_CONFIG else []
     with initialize_config_dir(str(config_dir()), version_base=None):
-        cfg = compose(METHOD_CONFIGS[method], overrides=overrides(method, model, data, workdir, steps))
+        cfg = compose(name, overrides=[*generic, *overrides(method, model, data, workdir, steps)])
     OmegaConf.resolve(cfg)
     check_trainer_config(cfg)
     validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))

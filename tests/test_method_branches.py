@@ -16,7 +16,9 @@ from pathlib import Path
 from agentcredit.credit import METHODS
 
 PACKAGE = Path(__file__).resolve().parents[1] / "agentcredit"
-NAMES = sorted({n for m in METHODS.values() for n in (m.name, m.estimator, m.section) if n})
+NAMES = sorted(
+    {n for m in METHODS.values() for n in (m.name, m.section)} | {"gae", "segment", "critical"}
+)  # old estimator names too
 QUOTED = "|".join(re.escape(n) for n in NAMES)
 BRANCH = re.compile(
     rf"\b(method|estimator|shaping|reweight|preset)\b[^#\n]*?(==|!=|\bin\b)\s*[\(\[\{{]?[^#\n]*?['\"]({QUOTED})['\"]"
@@ -69,3 +71,41 @@ def test_the_grep_sees_a_branch():
         'if style == "tips":',
     ):
         assert not BRANCH.search(line), line
+
+
+def section_reads() -> dict[str, list[str]]:
+    """Reads of a method's settings by its section's name (``settings.tips.refresh_every``) outside
+    ``credit/methods/``, in code (strings and comments left out; a module such as ``methods.carl_segment`` is not a
+    settings read)."""
+    import io
+    import tokenize
+
+    sections = {m.section for m in METHODS.values()} | {"gae", "critical"}
+    found: dict[str, list[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE).as_posix()
+        if rel.startswith("credit/methods/"):
+            continue
+        tokens = [
+            t
+            for t in tokenize.generate_tokens(io.StringIO(path.read_text()).readline)
+            if t.type in (tokenize.NAME, tokenize.OP)
+        ]
+        for before, dot, name in zip(tokens, tokens[1:], tokens[2:], strict=False):
+            if (
+                dot.string == "."
+                and name.string in sections
+                and before.type == tokenize.NAME
+                and before.string
+                not in ("methods", "strategies")  # a module, or a rollout strategy's function
+                and not before.line.lstrip().startswith(("from ", "import "))
+            ):
+                found.setdefault(rel, []).append(f"{name.start[0]}: {name.line.strip()}")
+    return found
+
+
+def test_no_settings_section_is_read_by_name_outside_the_method_files():
+    """verl's trainer, agent loop and teacher once read ``settings.tips`` / ``gear`` / ``portool`` /
+    ``carl_segment`` by name; they ask the method object for the settings of the part that needs something
+    (``AgentCreditSettings.settings_for``), as the native trainer does (``Method.settings_from``)."""
+    assert section_reads() == {}

@@ -199,8 +199,6 @@ def bench_method(
             "strategy": cfg.rollout.strategy,
             "protocol": cfg.protocol.name,
             "critic": a.critic,
-            "shaping": a.shaping,
-            "reweight": a.reweight,
             "kl_coef": a.kl_coef,
             "epochs": o.epochs,
             "minibatch_size": o.minibatch_size,

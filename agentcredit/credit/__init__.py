@@ -44,8 +44,8 @@ from agentcredit.credit.methods import (
     Settings,
     compose,
     get_method,
-    method_for_parts,
     register_method,
+    resolve_method,
 )
 from agentcredit.credit.methods.gear import gear_reweight, gear_reweight_stats
 from agentcredit.credit.methods.gigpo import gigpo_advantages  # public since before issue 37
@@ -114,6 +114,6 @@ __all__ = [
     "Settings",
     "compose",
     "get_method",
-    "method_for_parts",
+    "resolve_method",
     "register_method",
 ]

@@ -100,7 +100,9 @@ def _checkpoint(ckpt: Path) -> LoadedPolicy:
     if state.get("value_head") is not None:
         head = make_value_head(cfg.algorithm.critic, model.config.hidden_size)
         if head is None:
-            raise ValueError(f"{ckpt}: holds a value head but its config has algorithm.critic='none'")
+            raise ValueError(
+                f"{ckpt}: holds a value head but its method ({cfg.algorithm.method}) has no critic"
+            )
         head.load_state_dict(state["value_head"])
         head.eval()
     if state.get("critic_model") is not None:  # the head reads a separate critic model

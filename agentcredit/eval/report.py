@@ -25,6 +25,9 @@ from typing import Any
 
 import numpy as np
 
+from agentcredit.config import OLD_ESTIMATORS
+from agentcredit.credit.methods import resolve_method
+
 CURVES = (
     ("reward/mean", "mean reward"),
     ("accuracy", "accuracy"),
@@ -74,24 +77,37 @@ RUN_SETTINGS = {
         "algorithm.portool.outcome_shift",
     ),
     "tips": ("algorithm.tips.potential_scope",),
-    "critical": ("rollout.forks_per_round",),
+    "carl_critical": ("rollout.forks_per_round",),
 }
+
+
+def method_sections(algorithm: dict[str, Any]) -> list[str]:
+    """The settings sections of a saved config's method, each part's: from ``algorithm.method``, or, in a config
+    written before issue 37, from its ``estimator`` / ``shaping`` / ``reweight`` parts (old runs stay readable)."""
+    name = algorithm.get("method")
+    if name is None:
+        parts = [algorithm.get("estimator"), algorithm.get("shaping"), algorithm.get("reweight")]
+        parts[0] = OLD_ESTIMATORS.get(str(parts[0]), parts[0])
+        name = "+".join(str(p) for p in parts if p and p != "none")
+    try:
+        return [part.section for part in resolve_method(str(name))[0].parts]
+    except ValueError:  # a method registered by the run's own code, or no method at all
+        return []
 
 
 def run_settings(cfg: dict[str, Any]) -> str:
     """The :data:`RUN_SETTINGS` of a run's method as ``key=value`` pairs; "VARIANT" flags a non-paper outcome."""
     algorithm = cfg.get("algorithm") or {}
-    kinds = [algorithm.get("estimator"), "tips" if algorithm.get("shaping") == "tips" else None]
+    sections = method_sections(algorithm)
     out = []
-    for kind in kinds:
-        for dotted in RUN_SETTINGS.get(kind or "", ()):
+    for section in sections:
+        for dotted in RUN_SETTINGS.get(section, ()):
             node: Any = cfg
             for key in dotted.split("."):
                 node = node.get(key) if isinstance(node, dict) else None
             if node is not None:
                 out.append(f"{dotted.rsplit('.', 1)[-1]}={node}")
-    shift = ((algorithm.get("portool") or {}).get("outcome_shift") or 0.0) if kinds[0] == "portool" else 0.0
-    if shift:
+    if (algorithm.get("portool") or {}).get("outcome_shift") and "portool" in sections:
         out.insert(0, "VARIANT (not PORTool)")
     return ", ".join(out)
 
@@ -153,7 +169,7 @@ def load_run(path: str | Path) -> RunData:
     method, task, settings = "?", "?", ""
     if (path / "config.yaml").is_file():
         cfg = yaml.safe_load((path / "config.yaml").read_text()) or {}
-        method = str(cfg.get("method", "?"))
+        method = str(cfg.get("method") or (cfg.get("algorithm") or {}).get("method") or "?")
         task = str((cfg.get("task") or {}).get("name", "?"))
         settings = run_settings(cfg)
     final, episodes, source = _final_eval(path)

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentcredit.config import load_config
+from agentcredit.experiment.arms import study_config
 from agentcredit.experiment.locks import claim
 from agentcredit.experiment.power import paired_mde, planned_seconds, question_sd, seeds_needed
 
@@ -209,20 +209,15 @@ def measure_policy(study: Study, pre: PreconditionSpec, model_dir: Path) -> dict
     from agentcredit.train.warmup import _with_prompt, tier_counts
 
     spec = study.spec
-    start = load_config(spec.start.preset, [*spec.set, *spec.start.set, f"model.name={model_dir}"])
+    start = study_config(spec.start.preset, [*spec.set, *spec.start.set, f"model.name={model_dir}"])
     temperature = start.rollout.temperature if start.rollout.temperature > 0 else 1.0
     began = time.perf_counter()
     if pre.measure == "group_success":
         arm = next(a for a in spec.arms if a.name == pre.arm)
-        cfg = load_config(
+        cfg = study_config(
             arm.preset,
-            [
-                *spec.set,
-                *arm.set,
-                f"model.name={model_dir}",
-                f"method={arm.name}",
-                f"train.seed={spec.seeds[0]}",
-            ],
+            [*spec.set, *arm.set, f"model.name={model_dir}", f"train.seed={spec.seeds[0]}"],
+            arm.name,
         )
         examples = _training_examples(cfg, pre.questions)
         from agentcredit.train.trainer import Trainer
@@ -435,7 +430,7 @@ def run_preflight(
         if warm is None or warm.steps == 0:
             # the warm-up leaves the policy as it is: the power and the critic-free arms' steps are measured
             # before the warm-up is paid for
-            start_cfg = load_config(spec.start.preset, [*spec.set, *spec.start.set, f"model.name={sft_dir}"])
+            start_cfg = study_config(spec.start.preset, [*spec.set, *spec.start.set, f"model.name={sft_dir}"])
             study.heldout_record(sft_dir, start_cfg)
             record["power"] = power_rows()
             save()

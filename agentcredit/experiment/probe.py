@@ -35,8 +35,8 @@ from agentcredit.train.metrics import StepCredit, credit_by_step_kind, episode_m
 from agentcredit.train.signals import Signals
 from agentcredit.train.trainer import Trainer
 
-#: Estimators the probe can run: those that need no critic values (see the module docstring).
-PROBE_ESTIMATORS = tuple(m.estimator for m in METHODS.values() if m.estimator and m.needs.critic == "none")
+#: The estimating methods the probe can run, by name: those that need no critic values (see the module docstring).
+PROBE_ESTIMATORS = tuple(m.name for m in METHODS.values() if m.estimate and m.needs.critic == "none")
 
 
 def call_minus_answer(credits: Sequence[StepCredit], outcomes: Sequence[str]) -> list[float]:
@@ -70,9 +70,7 @@ def probe_credit(
             f"probe-credit: estimator(s) {unknown} not available here; choose from {list(PROBE_ESTIMATORS)}"
         )
     # estimators only: no shaping, reweighting or batch-wide whitening (questions stay independent for the interval)
-    base = config.algorithm.model_copy(
-        update={"shaping": "none", "reweight": "none", "whiten_advantages": False}
-    )
+    base = config.algorithm.model_copy(update={"whiten_advantages": False})
     # no KL reference or TIPS teacher copy is built; the estimator (and so the environment's reward) is the config's
     rollout_config = config.model_copy(update={"algorithm": base.model_copy(update={"kl_coef": 0.0})})
     trainer = Trainer(rollout_config, log=False, **trainer_args)
@@ -106,7 +104,7 @@ def probe_credit(
         "estimators": {},
     }
     for name in estimators:
-        adv = compute_advantages(base.model_copy(update={"estimator": name}), batch, trees, Signals())
+        adv = compute_advantages(base.model_copy(update={"method": name}), batch, trees, Signals())
         batch.advantages, batch.loss_mask = adv.advantages, adv.loss_mask
         credits = step_credits(trees, examples, batch)
         entry: dict[str, Any] = {"by_kind": credit_by_step_kind(credits)}

@@ -43,8 +43,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer, model_validator
 
-from agentcredit.config import ConfigError, load_config, load_yaml_file
-from agentcredit.experiment.arms import claim_differences, resolved_protocol
+from agentcredit.config import ConfigError, load_yaml_file
+from agentcredit.experiment.arms import claim_differences, resolved_protocol, study_config
 from agentcredit.experiment.common import StudyError, _digest, _weights_digest, _write_json  # noqa: F401
 from agentcredit.experiment.locks import claim
 from agentcredit.tasks import Example, load_task
@@ -242,7 +242,7 @@ class ClaimSpec(_Spec):
     margin: float = Field(0.0, ge=0.0, description="Non-inferiority margin (not_lower / not_higher).")
     about: list[str] = Field(
         default_factory=list,
-        description="Config fields the claim is about (dotted, e.g. algorithm.reweight; a section covers its "
+        description="Config fields the claim is about (dotted, e.g. algorithm.method; a section covers its "
         "fields): the arm and the baseline may differ there. A difference anywhere else stops the study.",
     )
     tolerate: list[str] = Field(
@@ -357,13 +357,15 @@ def load_study(path: str | Path) -> StudySpec:
         )
         raise StudyError(f"{path}: invalid study:\n  {problems}") from None
     configs = {}
-    for where, preset, overrides in [("start", spec.start.preset, [*spec.set, *spec.start.set])] + [
-        # method=<arm name>, as run_config sets it: an arm's name must name the parts it trains
-        (f"arm {a.name!r}", a.preset, [*spec.set, *a.set, f"method={a.name}"])
+    for where, preset, overrides, name in [
+        ("start", spec.start.preset, [*spec.set, *spec.start.set], None)
+    ] + [
+        # the arm's name, as run_config sets it: it must name the method the arm trains
+        (f"arm {a.name!r}", a.preset, [*spec.set, *a.set], a.name)
         for a in spec.arms
     ]:
         try:
-            configs[where] = load_config(preset, overrides)
+            configs[where] = study_config(preset, overrides, name)
         except ConfigError as exc:
             raise StudyError(f"{path}: {where}: {exc}") from None
     for stated in spec.claims:
@@ -532,7 +534,7 @@ class Study:
                 )
 
     def _task(self) -> tuple[str, int, dict[str, Any]]:
-        cfg = load_config(self.spec.start.preset, [*self.spec.set, *self.spec.start.set])
+        cfg = study_config(self.spec.start.preset, [*self.spec.set, *self.spec.start.set])
         return cfg.task.name, cfg.task.seed, dict(cfg.task.options)
 
     def _fix_heldout(self) -> None:
@@ -596,7 +598,7 @@ class Study:
         if (sft_dir / "sft_summary.json").is_file():
             return sft_dir
         # callers hold the start's lock (build_start) or the preflight's (preflight.run_preflight)
-        cfg = load_config(s.preset, [*self.spec.set, *s.set, *s.sft.set])
+        cfg = study_config(s.preset, [*self.spec.set, *s.set, *s.sft.set])
         self.log(f"[start] SFT on {s.sft.examples} demonstrations (tool share {s.sft.tool_share})")
         run_sft(
             cfg,
@@ -613,12 +615,12 @@ class Study:
         from agentcredit.experiment.run import run_warmup
 
         s = self.spec.start
-        cfg = load_config(s.preset, [*self.spec.set, *s.set])
+        cfg = study_config(s.preset, [*self.spec.set, *s.set])
         started = time.perf_counter()
         summary: dict[str, Any] = {}
         sft_dir = self.sft()
         summary["sft"] = json.loads((sft_dir / "sft_summary.json").read_text())
-        start_cfg = load_config(s.preset, [*self.spec.set, *s.set, f"model.name={sft_dir}"])
+        start_cfg = study_config(s.preset, [*self.spec.set, *s.set, f"model.name={sft_dir}"])
         if s.warmup is not None:
             from agentcredit.train.warmup import WarmupSettings
 
@@ -785,12 +787,12 @@ class Study:
         warm = self.spec.start.warmup
         if warm is None:
             return self.start_dir / "sft-model"
-        critic = load_config(arm.preset, [*self.spec.set, *arm.set]).algorithm.critic
+        critic = study_config(arm.preset, [*self.spec.set, *arm.set]).algorithm.critic
         return self.start_dir / ("sft-model" if critic == "none" and warm.steps == 0 else "model")
 
     def run_config(self, arm: ArmSpec, seed: int):
         first = self.spec.heldout[0]
-        return load_config(
+        return study_config(
             arm.preset,
             [
                 *self.spec.set,
@@ -800,10 +802,10 @@ class Study:
                 f"train.steps={self.spec.steps}",
                 f"train.eval_every={self.spec.eval_every}",
                 f"task.eval_limit={first.limit}",
-                f"method={arm.name}",
                 # the start's gate was judged once, in _build_start, against start.warmup.allow_failed_gate
                 *(["train.allow_failed_gate=true"] if self._gate_allowed() else []),
             ],
+            arm.name,
         )
 
     def _gate_allowed(self) -> bool:

@@ -118,7 +118,7 @@ def episode_batch(
     cfg: AlgorithmConfig, batch: TrainBatch, trees: list[RolloutTree], signals: Signals
 ) -> EpisodeBatch:
     """The batch's trajectories in the neutral layout: one episode per trajectory, grouped by tree."""
-    needs = cfg.method.all_needs
+    needs = cfg.credit_method.all_needs
     decisions = [decision_tree(tree) for tree in trees] if "tree" in needs.step_inputs else []
     episodes = []
     for traj in batch.trajectories:
@@ -166,7 +166,7 @@ def compute_advantages(
 ) -> Advantages:
     """The method's advantages on the batch's layout (shaping, estimate, reweighting), then whitening and
     statistics."""
-    method = cfg.method
+    method = cfg.credit_method
     needs = method.all_needs
     layout = episode_batch(cfg, batch, trees, signals)
     if "alpha" in needs.signals and signals.alpha is None:

@@ -166,7 +166,7 @@ def signal_providers(
 ) -> list[SignalProvider]:
     """One provider per group of needed signals the trainer does not compute itself, each given the settings of
     the method part that needs it; a signal no provider computes is an error naming it."""
-    method = trainer.cfg.algorithm.method
+    method = trainer.cfg.algorithm.credit_method
     wanted = set(needs.signals - TRAINER_SIGNALS)
     out = []
     for provider in PROVIDERS:

@@ -111,7 +111,7 @@ class Trainer:
         self.ref_model = frozen_copy(self.model) if needs_ref and not self.lora else None
         # what the method reads besides rewards (agentcredit.credit.methods): a provider computes each signal its
         # needs name that the trainer's own scoring does not (agentcredit.train.providers)
-        self.providers = signal_providers(self, a.method.all_needs, a.method.settings_from(a))
+        self.providers = signal_providers(self, a.credit_method.all_needs, a.credit_method.settings_from(a))
         self.optimizer = self._optimizer()
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer,

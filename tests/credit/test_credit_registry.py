@@ -103,5 +103,5 @@ def test_method_configs_agree_with_the_registry():
     for name, method in METHODS.items():
         a = load_config(f"{name}-arith-tools").algorithm
         assert a.loss_agg == method.all_needs.loss_agg, name
-        assert [p.name for p in a.method.parts] == [p.name for p in method.parts], name
+        assert [p.name for p in a.credit_method.parts] == [p.name for p in method.parts], name
         assert a.critic == method.all_needs.critic, name

@@ -124,3 +124,32 @@ def test_report_shows_gears_trigger_rate_and_segment_share(tmp_path):
     # runs without a method diagnostic get no such section
     only = write_report([grpo], tmp_path / "report2")["markdown"].read_text()
     assert "Method settings and diagnostics" not in only
+
+
+def test_a_run_config_from_before_and_after_issue_37_reads_the_same():
+    """A saved run's config.yaml names its method at the top (before issue 37: method plus algorithm parts) or in
+    algorithm.method (since): the report reads both, and the method's run settings by its sections."""
+    import yaml
+
+    from agentcredit.config import dump_config, load_config
+    from agentcredit.eval.report import method_sections, run_settings
+
+    old = {
+        "method": "portool-shifted-outcome",
+        "algorithm": {
+            "estimator": "portool",
+            "shaping": "none",
+            "reweight": "none",
+            "portool": {"outcome_shift": 1.0},
+        },
+    }
+    new = yaml.safe_load(dump_config(load_config("portool-shifted-outcome-arith-tools")))
+    assert "method" not in new and new["algorithm"]["method"] == "portool-shifted-outcome"
+    for cfg in (old, new):
+        assert method_sections(cfg["algorithm"]) == ["portool"]
+        assert run_settings(cfg).startswith("VARIANT (not PORTool)")
+    assert method_sections({"estimator": "segment", "shaping": "tips"}) == ["carl_segment", "tips"]
+    assert method_sections({"method": "carl-critical"}) == ["carl_critical"]
+    assert "forks_per_round=1" in run_settings(
+        yaml.safe_load(dump_config(load_config("carl-critical-arith-tools")))
+    )

@@ -30,8 +30,7 @@ TINY = [
 
 # what the tiny study's claims test (carl-segment's parts) and the preset differences they knowingly accept
 CARL_ABOUT = [
-    "algorithm.estimator",
-    "algorithm.critic",
+    "algorithm.method",
     "algorithm.carl_segment",
     "algorithm.loss_agg",
     "algorithm.entropy_coef",
@@ -156,14 +155,14 @@ def test_a_claim_whose_arms_differ_outside_its_parts_is_refused(tmp_path):
     )
     assert result.exit_code == 2 and "optim.minibatch_size" in result.output
     assert "Traceback" not in result.output
-    # a section name covers its fields; "method" names a run and is never a difference
+    # a section name covers its fields; an arm's label (its name) is never a difference, its method is
     spec = load_study(write(tmp_path / "b.yaml", tiny_study()))
     d = claim_differences(spec, spec.claims[0])
-    assert d.unexplained == {} and "method" not in {**d.about, **d.tolerated}
+    assert d.unexplained == {} and d.about["algorithm.method"] == ("carl-segment", "grpo")
     assert d.about["algorithm.loss_agg"] == ("segment-mean", "token-mean")
     assert d.tolerated["optim.minibatch_size"] == (16, 0)
     header, rows = claim_differences_table(spec)
-    assert rows[0][1] == "carl-segment vs grpo" and "algorithm.critic: boundary vs none" in rows[0][2]
+    assert rows[0][1] == "carl-segment vs grpo" and "algorithm.method: carl-segment vs grpo" in rows[0][2]
     assert "optim.minibatch_size: 16 vs 0" in rows[0][3]
 
 
@@ -177,11 +176,23 @@ def test_the_gear_study_has_a_like_for_like_baseline():
         assert d.unexplained == {}
         if c.arm == "gear-tau":
             assert c.baseline == "grpo-gear-recipe"
-            assert d.about == {"algorithm.reweight": ("gear", "none")} and d.tolerated == {}
+            # the study file (first round, unchanged) says algorithm.reweight; it covers algorithm.method, and the
+            # arm's algorithm.reweight=none is GRPO in GEAR's recipe (seq-mean-token-mean kept)
+            assert d.about == {"algorithm.method": ("gear", "grpo")} and d.tolerated == {}
         elif c.arm == "gear":
             assert set(d.tolerated) == {"algorithm.loss_agg", "algorithm.clip_ratio_c"}
             assert d.tolerated["algorithm.loss_agg"] == ("seq-mean-token-mean", "token-mean")
     assert sum(c.arm == "gear-tau" for c in spec.claims) == 3
+
+
+def test_an_arm_name_must_name_the_method_it_trains(tmp_path):
+    """The arm's name is its algorithm.method (a label allowed): an arm called grpo on carl-segment's preset is
+    refused in one line, not trained as carl-segment under GRPO's name."""
+    wrong = tiny_study()
+    wrong["arms"][0]["preset"] = "carl-segment-arith-tools"
+    with pytest.raises(StudyError, match="arm 'grpo' trains algorithm.method='carl-segment'") as caught:
+        load_study(write(tmp_path / "w.yaml", wrong))
+    assert "\n" not in str(caught.value)
 
 
 def test_an_arm_in_another_protocol_than_the_start_is_refused(tmp_path):

@@ -275,7 +275,7 @@ def test_carl_critical_on_independent_episodes_trains_the_first_actions_only():
 def test_ppo_equals_masked_gae(whiten):
     eps = [search_ep("p0", 1.0), search_ep("p0", 0.0, 2, (3, 6, 2)), search_ep("p1", 1.0, 0)]
     b = build_batch(eps)
-    apply_to_dataproto(b.proto, settings("ppo", gae={"gamma": 1.0, "lam": 0.95, "whiten": whiten}))
+    apply_to_dataproto(b.proto, settings("ppo", ppo={"gamma": 1.0, "lam": 0.95, "whiten": whiten}))
     rewards = torch.zeros_like(b.values)
     for r, (e, _) in enumerate(b.row_of):
         rewards[r, _trained(b, r)[-1][1] - 1] = eps[e].outcome
@@ -293,7 +293,7 @@ def test_tips_equals_turn_rewards_then_gae():
         search_ep("p1", 0.2, 0, (2, 2, 5), potentials=[-2.0]),
     ]
     b = build_batch(eps)
-    s = settings("tips", gae={"whiten": False}, tips={"alpha_mode": "batch_target", "target_mean_abs": 0.11})
+    s = settings("tips", ppo={"whiten": False}, tips={"alpha_mode": "batch_target", "target_mean_abs": 0.11})
     _, res = apply_to_dataproto(b.proto, s)
     deltas = [1.5, 1.0, -0.4]
     alpha = tips_batch_alpha(deltas, target_mean_abs=0.11)
@@ -579,10 +579,10 @@ def test_both_trainers_give_the_same_advantages_from_one_definition(method, env)
             records[i] = {**rec, "env_rewards": steps, "outcome": rec["outcome"] + sum(steps)}
     # verl's block gets the native preset's settings of every part of the method (the fields they share)
     shared = {}
-    for part in cfg.method.parts:
+    for part in cfg.credit_method.parts:
         fields = set(METHODS[part.name].settings.model_fields) - {"combine", "reference"}
         shared[part.section] = getattr(cfg, part.section).model_dump(include=fields)
-    shared.setdefault("gae", {})["whiten"] = cfg.whiten_advantages
+    shared.setdefault("ppo", {})["whiten"] = cfg.whiten_advantages
     shared["gear"] = {**shared.get("gear", {}), "student_logprobs": "old"}
     apply_to_dataproto(b.proto, settings(method, **shared))
     trees, where = _native_trees(b)
@@ -701,7 +701,7 @@ def test_a_method_registered_outside_the_package_runs_on_the_verl_adapter():
         return Estimate(est.advantages * s.factor, est.loss_mask)
 
     register_method(
-        Method("halved", "halved", Halved, Needs(), "a test", estimate=halved_grpo, estimator="halved")
+        Method("halved", Halved, Needs(), "a test", estimate=halved_grpo)  # settings: agentcredit.halved
     )
     try:
         eps = [search_ep("p0", 1.0), search_ep("p0", 0.0, 2), search_ep("p1", 0.0), search_ep("p1", 1.0)]

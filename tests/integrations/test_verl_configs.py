@@ -10,7 +10,14 @@ from hydra import compose, initialize_config_dir  # noqa: E402
 from hydra.errors import ConfigCompositionException  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
-from agentcredit.integrations.verl import METHOD_CONFIGS, REGISTER_MODULE, TRAINER_NAME, config_dir  # noqa: E402
+from agentcredit.credit.methods import BUILT_IN  # noqa: E402
+from agentcredit.integrations.verl import (  # noqa: E402
+    GENERIC_CONFIG,
+    METHOD_CONFIGS,
+    REGISTER_MODULE,
+    TRAINER_NAME,
+    config_dir,
+)
 from agentcredit.integrations.verl.settings import load_settings  # noqa: E402
 from agentcredit.integrations.verl.trainer import check_trainer_config  # noqa: E402
 
@@ -134,3 +141,70 @@ def test_method_settings_are_the_native_ones(hydra_ctx):
     assert gear.gear.template == native_gear.template and gear.gear.lambda_kl == native_gear.lambda_kl
     tips = check_trainer_config(compose("tips"))
     assert tips.tips.target_mean_abs == load_config("tips-arith-tools").algorithm.tips.target_mean_abs == 0.2
+
+
+@pytest.mark.parametrize("method", sorted(BUILT_IN))
+def test_every_method_runs_from_the_generic_config(hydra_ctx, method):
+    """issue 37: a method needs no Hydra file of its own. agentcredit.yaml with agentcredit.method=<name> gets the
+    verl keys the method's Needs decide (critic, adv_estimator, loss_agg_mode, the rollout tree); a paper recipe,
+    where one ships, agrees on the critic and the tree."""
+    from agentcredit.credit import get_method
+    from agentcredit.integrations.verl.settings import verl_keys
+
+    cfg = compose(GENERIC_CONFIG, overrides=[f"agentcredit.method={method}"])
+    OmegaConf.resolve(cfg)
+    needs, keys = get_method(method).all_needs, verl_keys(method)
+    assert cfg.critic.enable is (needs.critic != "none")
+    assert cfg.algorithm.adv_estimator == keys["algorithm.adv_estimator"]
+    assert cfg.actor_rollout_ref.actor.loss_agg_mode == keys["actor_rollout_ref.actor.loss_agg_mode"]
+    assert cfg.agentcredit.tree.strategy == (needs.rollout or "independent")
+    if method in METHOD_CONFIGS:
+        recipe = compose(METHOD_CONFIGS[method])
+        OmegaConf.resolve(recipe)
+        assert recipe.critic.enable is cfg.critic.enable, method
+        assert recipe.agentcredit.tree.strategy == cfg.agentcredit.tree.strategy, method
+    # a tree method also sizes its tree to rollout.n, and TIPS's lagged teacher (refresh_every > 1) needs a weight
+    # transport (checkpoint_engine.backend): settings of a run, which the trainer's check names (its recipe sets them)
+    if needs.rollout in (None, "independent") and "potentials" not in needs.signals:
+        assert check_trainer_config(cfg).method == method
+
+
+def test_gigpo_ships_no_verl_file():
+    """GiGPO is its method file, its native preset and its tests: verl runs it from the generic config."""
+    from agentcredit.integrations.verl import config_name
+
+    assert "gigpo" not in METHOD_CONFIGS and config_name("gigpo") == GENERIC_CONFIG
+    assert not (config_dir() / "gigpo.yaml").exists()
+
+
+def test_a_method_registered_outside_the_package_runs_from_the_generic_config(hydra_ctx):
+    """A method registered from user code (here, this test) needs no verl YAML: its critic-free Needs give verl's
+    keys, and its settings section is +agentcredit.<its name in snake_case>."""
+    from pydantic import Field
+
+    from agentcredit.credit import METHODS, Estimate, Method, Needs, Settings, register_method
+    from agentcredit.credit.methods import grpo, unregister_method
+
+    class Halved(Settings):
+        factor: float = Field(0.5, description="the multiplier of GRPO's advantage (a test method).")
+
+    def halved_grpo(batch, s):
+        est = grpo.estimate(batch, grpo.GrpoSettings())
+        return Estimate(est.advantages * s.factor, est.loss_mask)
+
+    register_method(
+        Method("halved-grpo", Halved, Needs(loss_agg="seq-mean-token-mean"), "a test", estimate=halved_grpo)
+    )
+    try:
+        cfg = compose(
+            GENERIC_CONFIG,
+            overrides=["agentcredit.method=halved-grpo", "+agentcredit.halved_grpo.factor=0.25"],
+        )
+        OmegaConf.resolve(cfg)
+        assert (
+            cfg.critic.enable is False and cfg.actor_rollout_ref.actor.loss_agg_mode == "seq-mean-token-mean"
+        )
+        settings = check_trainer_config(cfg)
+        assert METHODS["halved-grpo"].settings_from(settings)["halved_grpo"].factor == 0.25
+    finally:
+        unregister_method("halved-grpo")

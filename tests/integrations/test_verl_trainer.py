@@ -90,10 +90,18 @@ def _trainer(cfg) -> AgentCreditTrainer:
     return AgentCreditTrainer(cfg)
 
 
+def _compose_method(method: str):
+    """The method's verl config: its paper recipe, else the generic config with agentcredit.method (issue 37)."""
+    from agentcredit.integrations.verl import GENERIC_CONFIG, config_name
+
+    name = config_name(method)
+    return compose(name, overrides=[f"agentcredit.method={method}"] if name == GENERIC_CONFIG else [])
+
+
 @pytest.mark.parametrize(
-    ("config_name", "method_eps"),
+    ("method", "method_eps"),
     [
-        ("carl_segment", _carl_eps),
+        ("carl-segment", _carl_eps),
         ("grpo", lambda: [search_ep("p0", 1.0), search_ep("p0", 0.0, 2, (3, 6, 2))]),
         # gigpo reads the response tokens (a step's anchor state); the trainer did not fetch them (issue 14)
         ("gigpo", lambda: [search_ep("p0", 1.0), search_ep("p0", 0.0, 2, (5, 4, 2)), search_ep("p0", 1.0)]),
@@ -101,9 +109,9 @@ def _trainer(cfg) -> AgentCreditTrainer:
         ("portool", lambda: [search_ep("p0", 1.0, fmt=[0.25, 0.0]), search_ep("p0", 0.0, fmt=[0.1, -0.2])]),
     ],
 )
-def test_advantage_step_reads_fields_and_writes_nested_advantages(monkeypatch, config_name, method_eps):
+def test_advantage_step_reads_fields_and_writes_nested_advantages(monkeypatch, method, method_eps):
     with initialize_config_dir(str(config_dir()), version_base=None):
-        cfg = compose(config_name)
+        cfg = _compose_method(method)  # gigpo: no recipe file, the generic config
     batch = build_batch(method_eps(), seed=5)
     rows = _stored_rows(batch)
     tags = [{"status": "success"} for _ in rows]
@@ -122,8 +130,8 @@ def test_advantage_step_reads_fields_and_writes_nested_advantages(monkeypatch, c
     out = trainer._compute_advantage(Meta(list(rows), tags=tags), metrics)
 
     assert set(memory.selected[0]) >= {"uid", "response_mask", "old_log_probs", "entropy", "extra_fields"}
-    assert ("values" in memory.selected[0]) == (config_name == "carl_segment")
-    assert ("responses" in memory.selected[0]) == (config_name == "gigpo")
+    assert ("values" in memory.selected[0]) == (method == "carl-segment")
+    assert ("responses" in memory.selected[0]) == (method == "gigpo")
     n_episodes = len(method_eps())
     assert out.keys == list(rows) and metrics["agentcredit/episodes"] == n_episodes  # padding is no episode
 
@@ -137,7 +145,7 @@ def test_advantage_step_reads_fields_and_writes_nested_advantages(monkeypatch, c
         n = rows[key]["response_mask"].shape[0]
         torch.testing.assert_close(rows[key]["advantages"], reference.proto.batch["advantages"][r, :n])
         torch.testing.assert_close(rows[key]["returns"], reference.proto.batch["returns"][r, :n])
-        if config_name == "portool":
+        if method == "portool":
             outcome = rows[key]["extra_fields"]["agentcredit"]["outcome"]
             assert rows[key]["rm_scores"].tolist() == [0.0] * (n - 1) + [outcome]
         else:

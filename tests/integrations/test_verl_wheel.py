@@ -176,7 +176,9 @@ def test_wheel_holds_what_the_verl_plugin_reads(wheel):
     for module in ("__init__", "__main__", "register", "agent_loop", "trainer", "advantages", "estimators"):
         assert f"{verl}{module}.py" in names
     configs = {n.removeprefix(f"{verl}config/") for n in names if n.startswith(f"{verl}config/")}
-    assert configs == {"agentcredit_base.yaml"} | {f"{c}.yaml" for c in METHOD_CONFIGS.values()}
+    assert configs == {"agentcredit_base.yaml", "agentcredit.yaml"} | {
+        f"{c}.yaml" for c in METHOD_CONFIGS.values()
+    }
     # prepare-data's default --val nq,hotpotqa falls back on the shipped samples, search on their corpora
     for sample in ("nq-dev", "hotpotqa-dev", "musique-dev", "2wiki-dev", "bamboogle-test", "gsm8k-test"):
         assert f"agentcredit/data/samples/{sample}.jsonl.gz" in names
@@ -249,7 +251,7 @@ def test_wheel_runs_from_its_own_files(wheel, tmp_path):
     assert Path(found["package"]).is_relative_to(site)
     assert Path(found["config_dir"]) == Path(found["helper"]) == site / "agentcredit/integrations/verl/config"
     assert found["configs"] == sorted(
-        {"agentcredit_base.yaml"} | {f"{c}.yaml" for c in METHOD_CONFIGS.values()}
+        {"agentcredit_base.yaml", "agentcredit.yaml"} | {f"{c}.yaml" for c in METHOD_CONFIGS.values()}
     )
     assert found["nq"] > 0 and found["hotpotqa"] > 0 and found["knowledge"] > 0
     assert Path(found["corpus"]).is_file()

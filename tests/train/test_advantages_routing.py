@@ -82,7 +82,7 @@ def test_segment_estimator_on_replacement_views_matches_the_credit_function():
     spans = segment_spans(batch, batch.trajectories[0])
     for (r, first, _), v in zip(spans, [0.4, 0.7, 0.5], strict=True):
         values[r, first] = v
-    cfg = AlgorithmConfig(estimator="segment", critic="boundary", carl_segment={"lam": 0.0})
+    cfg = AlgorithmConfig(method="carl-segment", carl_segment={"lam": 0.0})
     out = compute_advantages(cfg, batch, trees, Signals(values=values))
     expected = segment_advantages([0.4, 0.7, 0.5], 1.0)  # +0.3, -0.2, +0.5 (carl-segment.md §3.2)
     for (r, _, _), node, a in zip(spans, batch.trajectories[0].policy_nodes, expected, strict=True):
@@ -99,7 +99,7 @@ def test_tips_shaping_on_the_boundary_critic_adds_turn_rewards_to_the_td_errors(
     for (r, first, _), v in zip(spans, [0.4, 0.7, 0.5], strict=True):
         values[r, first] = v
     potentials = [[-3.0, -1.0, -0.5]]
-    cfg = AlgorithmConfig(estimator="segment", critic="boundary", shaping="tips", carl_segment={"lam": 0.0})
+    cfg = AlgorithmConfig(method="carl-segment+tips", carl_segment={"lam": 0.0})
     out = compute_advantages(cfg, batch, trees, Signals(values=values, potentials=potentials, alpha=0.2))
     turn = tips_turn_rewards(potentials[0], 1.0, alpha=0.2)
     expected = segment_advantages([0.4, 0.7, 0.5], turn[-1], segment_rewards=turn[:-1])
@@ -115,7 +115,7 @@ def test_gae_puts_the_outcome_on_the_last_policy_token_and_skips_observations():
     tree.set_reward(leaf, 1.0)
     batch = build_batch([tree])
     values = torch.tensor([[0.0, 0.1, 0.2, 0.0, 0.3]])
-    cfg = AlgorithmConfig(estimator="gae", critic="token", gae={"gamma": 1.0, "lam": 1.0})
+    cfg = AlgorithmConfig(method="ppo", ppo={"gamma": 1.0, "lam": 1.0})
     out = compute_advantages(cfg, batch, [tree], Signals(values=values))
     adv, ret = gae_advantages(
         torch.tensor([[0.0, 0.0, 1.0]]), torch.tensor([[0.1, 0.2, 0.3]]), torch.ones(1, 3)
@@ -136,8 +136,8 @@ def test_critical_routing_and_forked_parent_counts_use_state_nodes():
     tree.info["fork_counts"] = {str(o): 1}  # the engine counts forks at the state after the observation
     batch = build_batch([tree])
     for rule in ("multi_child", "forked_parent"):
-        cfg = AlgorithmConfig(estimator="critical")
-        cfg.critical.update_rule = rule
+        cfg = AlgorithmConfig(method="carl-critical")
+        cfg.carl_critical.update_rule = rule
         out = compute_advantages(cfg, batch, [tree], Signals())
         dt, _, policy_node, leaf_rewards = decisions(tree)
         kwargs = {"fork_counts": {1: 1}} if rule == "forked_parent" else {}
@@ -157,7 +157,7 @@ def test_portool_routing_matches_the_credit_function():
     for leaf, r in ((b, 1.0), (c, -1.0), (d, 0.0)):
         tree.set_reward(leaf, r)
     batch = build_batch([tree])
-    out = compute_advantages(AlgorithmConfig(estimator="portool"), batch, [tree], Signals())
+    out = compute_advantages(AlgorithmConfig(method="portool"), batch, [tree], Signals())
     dt, step_of, _, leaf_rewards = decisions(tree)
     direct = portool_advantages(dt.parents, [0, 2, 1, 3, 1], leaf_rewards, [0.0, 0.25, 0.25, -0.25, 0.25])
     for traj in batch.trajectories:
@@ -176,9 +176,9 @@ def test_gear_reweighting_equals_gear_advantages_for_a_constant_advantage():
     batch.old_logp = torch.where(batch.policy_mask, -torch.rand(batch.input_ids.shape, generator=g), 0.0)
     teacher = torch.where(batch.policy_mask, -torch.rand(batch.input_ids.shape, generator=g), 0.0)
     entropy = torch.where(batch.policy_mask, torch.rand(batch.input_ids.shape, generator=g) + 0.5, 0.0)
-    cfg = AlgorithmConfig(estimator="grpo", reweight="gear")
+    cfg = AlgorithmConfig(method="gear")
     out = compute_advantages(cfg, batch, [tree], Signals(teacher_logp=teacher, entropy=entropy))
-    base = compute_advantages(AlgorithmConfig(estimator="grpo"), batch, [tree], Signals())
+    base = compute_advantages(AlgorithmConfig(method="grpo"), batch, [tree], Signals())
     for traj in batch.trajectories:
         r = traj.rows[0]
         mask = batch.policy_mask[r]

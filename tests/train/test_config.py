@@ -49,8 +49,8 @@ def test_a_composed_preset_is_its_method_then_its_task():
 def test_paper_hyperparameters_of_carl_segment():
     c = load_config("carl-segment-arith-tools")
     a = c.algorithm
-    assert (a.estimator, a.critic, a.carl_segment.lam, a.carl_segment.gamma, a.loss_agg) == (
-        "segment",
+    assert (a.method, a.critic, a.carl_segment.lam, a.carl_segment.gamma, a.loss_agg) == (
+        "carl-segment",
         "boundary",
         0.0,
         1.0,
@@ -82,19 +82,19 @@ def test_bad_value_names_the_key_and_the_allowed_values():
         load_config("grpo-arith-tools", ["rollout.n=0"])
 
 
-def test_incompatible_parts_are_rejected_with_the_reason():
-    with pytest.raises(ConfigError, match="needs algorithm.critic='boundary'"):
-        validate_config({"algorithm": {"estimator": "segment"}})
+def test_incompatible_settings_are_rejected_with_the_reason():
     with pytest.raises(ConfigError, match="shaping cancels"):
-        validate_config({"algorithm": {"estimator": "grpo", "shaping": "tips"}})
+        validate_config({"algorithm": {"method": "grpo+tips"}})
     with pytest.raises(ConfigError, match="entropy_guided"):
-        validate_config({"algorithm": {"estimator": "critical"}})
+        validate_config({"algorithm": {"method": "carl-critical"}})
+    with pytest.raises(ConfigError, match="critic_model='separate' needs a method with a critic, not grpo"):
+        validate_config({"algorithm": {"method": "grpo", "critic_model": "separate"}})
 
 
 def test_overrides_are_parsed_as_yaml_and_bases_merge(tmp_path: Path):
     c = load_config("ppo-kb-multihop", ["train.steps=7", "model.lora.enabled=true", "optim.betas=[0.8, 0.9]"])
     assert c.train.steps == 7 and c.model.lora.enabled and c.optim.betas == (0.8, 0.9)
-    assert c.protocol.name == "tags" and c.algorithm.estimator == "gae"  # task base + method base
+    assert c.protocol.name == "tags" and c.algorithm.method == "ppo"  # task base + method base
     loop = tmp_path / "a.yaml"
     loop.write_text("base: [a.yaml]\n")
     with pytest.raises(ConfigError, match="loop"):
@@ -106,10 +106,10 @@ def test_overrides_are_parsed_as_yaml_and_bases_merge(tmp_path: Path):
 
 
 def test_a_config_from_before_the_method_sections_says_where_its_keys_moved():
-    """issue 37: algorithm.gamma / lam / grpo_eps / grpo_scale became the method sections gae, carl_segment and
+    """issue 37: algorithm.gamma / lam / grpo_eps / grpo_scale became the method sections ppo (then gae), carl_segment and
     grpo; a run directory's config.yaml written before says where, in one line."""
     with pytest.raises(
-        ConfigError, match=r"unknown key 'algorithm\.lam' \(algorithm\.lam moved to algorithm\.gae"
+        ConfigError, match=r"unknown key 'algorithm\.lam' \(algorithm\.lam moved to algorithm\.ppo"
     ) as e:
         load_config("ppo-arith-tools", ["algorithm.lam=0.95"])
     assert "\n" not in str(e.value)

@@ -13,7 +13,7 @@ def test_base_names_a_packaged_method_preset(tmp_path: Path):
     user.write_text("base: grpo\ntrain:\n  steps: 3\n")
     c = load_config(user)
     grpo = load_config("grpo-arith-tools")
-    assert c.algorithm.estimator == grpo.algorithm.estimator == "grpo"
+    assert c.algorithm.method == grpo.algorithm.method == "grpo"
     assert c.train.steps == 3
 
 

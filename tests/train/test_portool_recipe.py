@@ -92,10 +92,18 @@ def test_shifted_outcome_is_a_named_variant():
         c = load_config(f"portool-shifted-outcome-{task}")
         base = load_config(f"portool-{task}")
         assert c.method == "portool-shifted-outcome" and c.algorithm.portool.outcome_shift == 1.0
-        # the variant differs from PORTool in the outcome shift alone
-        assert c.model_dump(exclude={"method"}) == base.model_copy(
-            update={"algorithm": base.algorithm.model_copy(update={"portool": c.algorithm.portool})}
-        ).model_dump(exclude={"method"})
+        # the variant differs from PORTool in the outcome shift alone (and its label); it trains PORTool
+        assert (
+            c.algorithm.credit_method is base.algorithm.credit_method
+            and c.algorithm.label == "shifted-outcome"
+        )
+        relabelled = {"portool": c.algorithm.portool, "method": c.algorithm.method}
+        assert (
+            c.model_dump()
+            == base.model_copy(
+                update={"algorithm": base.algorithm.model_copy(update=relabelled)}
+            ).model_dump()
+        )
 
 
 def test_split_min_parts_survive_whitening():
@@ -104,7 +112,7 @@ def test_split_min_parts_survive_whitening():
     tree = three_way_tree()
     batch = build_batch([tree])
     out = compute_advantages(
-        AlgorithmConfig(estimator="portool", whiten_advantages=True), batch, [tree], Signals()
+        AlgorithmConfig(method="portool", whiten_advantages=True), batch, [tree], Signals()
     )
     torch.testing.assert_close(out.parts[0] + out.parts[1], out.advantages)
     assert float(out.advantages[out.loss_mask].mean()) == pytest.approx(0.0, abs=1e-6)
@@ -114,8 +122,8 @@ def test_split_min_terms_reach_the_loss():
     """The estimator hands the trajectory and fork terms to the loss, which clips each in its own min."""
     tree = three_way_tree()
     batch = build_batch([tree])
-    split = compute_advantages(AlgorithmConfig(estimator="portool"), batch, [tree], Signals())
-    single_cfg = AlgorithmConfig(estimator="portool", portool={"combine": "single_min"})
+    split = compute_advantages(AlgorithmConfig(method="portool"), batch, [tree], Signals())
+    single_cfg = AlgorithmConfig(method="portool", portool={"combine": "single_min"})
     single = compute_advantages(single_cfg, batch, [tree], Signals())
     assert single.parts is None and split.parts is not None and len(split.parts) == 2
     torch.testing.assert_close(split.parts[0] + split.parts[1], split.advantages)
@@ -132,7 +140,7 @@ def test_split_min_terms_reach_the_loss():
     )
     scores = type("Scores", (), {"logprobs": logp})()
     weights = batch.loss_mask.float() / batch.loss_mask.sum()
-    loss, parts = total_loss(scores, batch, weights, None, AlgorithmConfig(estimator="portool"))
+    loss, parts = total_loss(scores, batch, weights, None, AlgorithmConfig(method="portool"))
     expected = split_policy_loss(
         logp, batch.old_logp, batch.advantage_parts, batch.loss_mask, weights=weights
     )
@@ -153,7 +161,7 @@ def test_failing_tree_metrics_hand_worked():
     good, bad = fork_tree(1.0, -1.0), fork_tree(-1.0, -1.0)
     trees = [good, bad]
     batch = build_batch(trees)
-    out = compute_advantages(AlgorithmConfig(estimator="portool"), batch, trees, Signals())
+    out = compute_advantages(AlgorithmConfig(method="portool"), batch, trees, Signals())
     s = out.stats
     assert s["portool/failing_tree_frac"] == 0.5
     rows_bad = [r for t in batch.trajectories if t.tree == 1 for r in t.rows]
@@ -179,7 +187,7 @@ def test_portool_metrics_appear_in_compare(tmp_path):
         run = tmp_path / name
         run.mkdir()
         cfg = load_config(
-            "portool-arith-tools", [f"algorithm.portool.outcome_shift={shift}", f"method={method}"]
+            "portool-arith-tools", [f"algorithm.portool.outcome_shift={shift}", f"algorithm.method={method}"]
         )
         (run / "config.yaml").write_text(__import__("yaml").safe_dump(cfg.model_dump(mode="json")))
         rows = [

@@ -62,7 +62,7 @@ def test_carl_critical_arith_tools_preset_protocol():
     [
         ["rollout.n=4"],
         # spec A1's rule with N0 > 1: unforked phase-1 episodes have no selected action at all
-        ["rollout.n0=2", "rollout.n=2", "algorithm.critical.update_rule=forked_parent"],
+        ["rollout.n0=2", "rollout.n=2", "algorithm.carl_critical.update_rule=forked_parent"],
     ],
     ids=["preset", "forked_parent-n0=2"],
 )
@@ -128,7 +128,7 @@ def prepared_batch(trainer: Trainer, trees):
 
 
 def test_forked_parent_tree_whose_first_row_has_no_selected_action():
-    trainer = tiny_trainer("carl-critical-arith-tools", ["algorithm.critical.update_rule=forked_parent"])
+    trainer = tiny_trainer("carl-critical-arith-tools", ["algorithm.carl_critical.update_rule=forked_parent"])
     one_row_per_microbatch(trainer)
     try:
         batch = prepared_batch(trainer, [forked_tree(forked=True)])
@@ -144,7 +144,7 @@ def test_forked_parent_tree_whose_first_row_has_no_selected_action():
 
 
 def test_a_batch_with_nothing_to_train_is_a_no_op():
-    trainer = tiny_trainer("carl-critical-arith-tools", ["algorithm.critical.update_rule=forked_parent"])
+    trainer = tiny_trainer("carl-critical-arith-tools", ["algorithm.carl_critical.update_rule=forked_parent"])
     one_row_per_microbatch(trainer)
     try:
         batch = prepared_batch(trainer, [forked_tree(forked=False)])

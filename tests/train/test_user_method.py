@@ -1,6 +1,7 @@
 """A method registered from outside the package (here, this test file) trains one step on the native trainer
-(issue 37): its settings, needs and estimate are one object, and nothing else is touched. The verl adapter's side
-is tests/integrations/test_verl_user_method.py (the verl venv)."""
+(issue 37): its settings, needs and estimate are one object, and nothing else is touched. The verl side (the verl
+venv) is in tests/integrations/test_verl_advantages.py (through the adapter) and test_verl_configs.py (run from
+the generic Hydra config, with no verl file of its own)."""
 
 from __future__ import annotations
 
@@ -40,13 +41,11 @@ def leave_one_out(batch: EpisodeBatch, settings: LeaveOneOutSettings) -> Estimat
 def rloo():
     method = register_method(
         Method(
-            name="rloo",
-            section="rloo",
+            name="rloo",  # its settings section is algorithm.rloo (the name in snake_case)
             settings=LeaveOneOutSettings,
             needs=Needs(),
             source="RLOO, Ahmadian et al. 2024",
             estimate=leave_one_out,
-            estimator="rloo",
         )
     )
     CALLS.clear()
@@ -57,8 +56,8 @@ def rloo():
 def test_a_method_registered_outside_the_package_trains_one_native_step(rloo, fitted_codefence):
     from agentcredit.train.trainer import Trainer
 
-    config = load_config("grpo-arith-tools", [*SMALL, "algorithm.estimator=rloo", "algorithm.rloo.scale=2.0"])
-    assert config.method == "rloo" and config.algorithm.method.name == "rloo"
+    config = load_config("grpo-arith-tools", [*SMALL, "algorithm.method=rloo", "algorithm.rloo.scale=2.0"])
+    assert config.method == "rloo" and config.algorithm.credit_method.name == "rloo"
     model, tokenizer = fitted_codefence
     trainer = Trainer(
         config, model=copy.deepcopy(model), tokenizer=tokenizer, examples=list(EXAMPLES), log=False
@@ -77,22 +76,24 @@ def test_a_method_registered_outside_the_package_trains_one_native_step(rloo, fi
 def test_an_unregistered_method_is_one_config_error(rloo):
     unregister_method("rloo")
     with pytest.raises(
-        ConfigError, match="algorithm.estimator='rloo' names no registered method; known estimators: .*grpo"
+        ConfigError, match="algorithm.method: 'rloo' names no registered method: use one of .*grpo"
     ) as err:
-        load_config("grpo-arith-tools", ["algorithm.estimator=rloo"])
+        load_config("grpo-arith-tools", ["algorithm.method=rloo"])
     assert "\n" not in str(err.value)
     register_method(rloo)  # the fixture forgets it again
 
 
 def test_its_settings_are_a_config_section_of_its_own_class(rloo):
-    config = load_config("grpo-arith-tools", ["algorithm.estimator=rloo", "algorithm.rloo.scale=0.5"])
-    settings = config.algorithm.method.settings_from(config.algorithm)
+    config = load_config("grpo-arith-tools", ["algorithm.method=rloo", "algorithm.rloo.scale=0.5"])
+    settings = config.algorithm.credit_method.settings_from(config.algorithm)
     assert isinstance(settings["rloo"], LeaveOneOutSettings) and settings["rloo"].scale == 0.5
     assert "rloo:\n    scale: 0.5" in dump_config(config)
-    default = load_config("grpo-arith-tools", ["algorithm.estimator=rloo"]).algorithm
-    assert default.method.settings_from(default)["rloo"].scale == 1.0  # no section: its class's defaults
+    default = load_config("grpo-arith-tools", ["algorithm.method=rloo"]).algorithm
+    assert (
+        default.credit_method.settings_from(default)["rloo"].scale == 1.0
+    )  # no section: its class's defaults
     with pytest.raises(ConfigError, match=r"algorithm\.rloo\.scale: Input should be greater than 0") as err:
-        load_config("grpo-arith-tools", ["algorithm.estimator=rloo", "algorithm.rloo.scale=-1"])
+        load_config("grpo-arith-tools", ["algorithm.method=rloo", "algorithm.rloo.scale=-1"])
     assert "\n" not in str(err.value)
     with pytest.raises(ConfigError, match="unknown key 'algorithm.rlooo'; allowed keys here: .*rloo"):
         load_config("grpo-arith-tools", ["algorithm.rlooo.scale=1"])

@@ -67,14 +67,22 @@ OVERRIDES = {
 METHODS = {
     **{name: (f"{name}-arith-tools", OVERRIDES.get(name, [])) for name in BUILT_IN},
     # compositions the maths allows (issue 6)
-    "carl-segment+tips": ("carl-segment-arith-tools", ["algorithm.shaping=tips"]),
+    "carl-segment+tips": ("carl-segment-arith-tools", ["algorithm.method=carl-segment+tips"]),
     "portool+gear": (
         "portool-arith-tools",
-        ["algorithm.reweight=gear", "rollout.n=3", "rollout.t_max=3", "algorithm.portool.root_is_fork=true"],
+        [
+            "algorithm.method=portool+gear",
+            "rollout.n=3",
+            "rollout.t_max=3",
+            "algorithm.portool.root_is_fork=true",
+        ],
     ),
-    "carl-critical+gear": ("carl-critical-arith-tools", ["algorithm.reweight=gear", "rollout.n=4"]),
-    "grpo-on-critical-tree": ("carl-critical-arith-tools", ["algorithm.estimator=grpo", "rollout.n=4"]),
-    "gigpo-on-critical-tree": ("carl-critical-arith-tools", ["algorithm.estimator=gigpo", "rollout.n=4"]),
+    "carl-critical+gear": (
+        "carl-critical-arith-tools",
+        ["algorithm.method=carl-critical+gear", "rollout.n=4"],
+    ),
+    "grpo-on-critical-tree": ("carl-critical-arith-tools", ["algorithm.method=grpo", "rollout.n=4"]),
+    "gigpo-on-critical-tree": ("carl-critical-arith-tools", ["algorithm.method=gigpo", "rollout.n=4"]),
 }
 
 # the model's own tool calling (protocol chat) with the suite's calculator, for any preset (issue 15)

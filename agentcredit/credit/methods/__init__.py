@@ -19,11 +19,10 @@ from agentcredit.credit.methods.base import (
     NoSettings,
     Settings,
     compose,
-    estimator_names,
     get_method,
-    method_for_parts,
     modifier_names,
     register_method,
+    resolve_method,
     unregister_method,
 )
 
@@ -52,10 +51,9 @@ __all__ = [
     "NoSettings",
     "Settings",
     "compose",
-    "estimator_names",
     "get_method",
-    "method_for_parts",
     "modifier_names",
     "register_method",
+    "resolve_method",
     "unregister_method",
 ]

@@ -6,6 +6,10 @@ verl adapter (:mod:`agentcredit.integrations.verl.advantages`) each lay their ba
 :attr:`Method.section` (:meth:`Method.settings_from`), fill the signals its :class:`Needs` name, and call one
 entry, :meth:`Method.advantages`. Nothing in either trainer names a method.
 
+A method has one name (``carl-segment``): the config's ``algorithm.method`` (verl's ``agentcredit.method``), its
+preset ``configs/methods/<name>.yaml``, its metrics and docs; its settings section is the same name in snake_case
+(``algorithm.carl_segment``). :func:`resolve_method` reads ``<method>[+<modifier>...][-<label>]``.
+
 A method either *estimates* (``estimate``: the layout to an :class:`~agentcredit.credit.estimators.Estimate`) or
 *modifies* another method's estimate: ``shape`` puts rewards on the steps before the estimate (TIPS), ``reweight``
 multiplies the estimate's advantages afterwards (GEAR). A modifier names the method it is published with
@@ -32,8 +36,8 @@ __all__ = [
     "Settings",
     "compose",
     "get_method",
-    "method_for_parts",
     "register_method",
+    "resolve_method",
     "unregister_method",
 ]
 
@@ -50,6 +54,8 @@ class NoSettings(Settings):
 
 
 Critic = Literal["none", "token", "boundary"]
+#: The characters of a method name's words (joined by '-'; the config section joins them by '_').
+_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789")
 #: The per-step inputs both layout builders fill when a method needs them (a Step's node, anchor, format_reward).
 STEP_INPUTS = frozenset({"tree", "anchors", "format_reward"})
 
@@ -110,20 +116,19 @@ Reweighter = Callable[[EpisodeBatch, Estimate, Any], Estimate]
 class Method:
     """One credit method.
 
-    ``name`` is the method's one name (presets, verl's ``agentcredit.method``, metrics, docs). ``section`` is the
-    config key of its settings in both trainers' blocks (``algorithm.<section>`` natively, ``agentcredit.<section>``
-    under verl); ``settings`` their class. An estimating method sets ``estimate`` and ``estimator`` (the value of the
-    native ``algorithm.estimator`` that selects it); a modifier sets ``shape`` or ``reweight``, ``modifier`` (the
-    native field that adds it: ``shaping`` or ``reweight``) and ``base`` (the method it is published on).
+    ``name`` is the method's one name (``algorithm.method``, verl's ``agentcredit.method``, presets, metrics,
+    docs); lower case, digits and ``-``. Its settings are the config section :attr:`section`, the same name in
+    snake_case (``algorithm.<section>`` natively, ``agentcredit.<section>`` under verl), of class ``settings``. An
+    estimating method sets ``estimate``; a modifier sets ``shape`` or ``reweight``, ``modifier`` (its kind:
+    ``shaping`` or ``reweight``) and ``base`` (the method it is published on). A modifier composes with another
+    method as ``<method>+<modifier>`` (``portool+gear``).
     """
 
     name: str
-    section: str
     settings: type[Settings]
     needs: Needs
     source: str
     estimate: Estimator | None = None
-    estimator: str | None = None
     shape: Shaper | None = None
     reweight: Reweighter | None = None
     modifier: Literal["shaping", "reweight"] | None = None
@@ -132,10 +137,21 @@ class Method:
 
     def __post_init__(self) -> None:
         if not self.composed_of:
+            words = self.name.split("-")
+            if not self.name[:1].isalpha() or not all(w and set(w) <= _NAME_CHARS for w in words):
+                raise ValueError(
+                    f"method name {self.name!r}: lower-case letters and digits, words joined by '-' (its config "
+                    "section is the same name with '_')"
+                )
             if (self.estimate is None) == (self.modifier is None):
                 raise ValueError(f"method {self.name!r} must either estimate or modify (shape / reweight)")
             if self.modifier is not None and (self.shape is None) == (self.reweight is None):
                 raise ValueError(f"modifier {self.name!r} must set exactly one of shape and reweight")
+
+    @property
+    def section(self) -> str:
+        """The config key of its settings: the name in snake_case (``carl-segment`` -> ``carl_segment``)."""
+        return self.name.replace("-", "_")
 
     @property
     def parts(self) -> tuple[Method, ...]:
@@ -198,9 +214,6 @@ def register_method(method: Method, *, replace_existing: bool = False) -> Method
         raise ValueError(f"{method.name!r} is a composition; register its parts")
     if method.name in _METHODS and not replace_existing:
         raise ValueError(f"a method called {method.name!r} is already registered")
-    taken = {m.estimator: m.name for m in _METHODS.values() if m.estimator and m.name != method.name}
-    if method.estimator is not None and method.estimator in taken:
-        raise ValueError(f"estimator {method.estimator!r} already selects method {taken[method.estimator]!r}")
     _METHODS[method.name] = method
     return method
 
@@ -229,18 +242,20 @@ def compose(base: Method, *modifiers: Method) -> Method:
         if mod.modifier is None:
             raise ValueError(f"{mod.name!r} estimates; it cannot modify {estimating.name!r}")
         if mod.needs.critic_base and estimating.needs.critic == "none":
-            with_critic = [m.estimator for m in _METHODS.values() if m.estimator and m.needs.critic != "none"]
+            with_critic = [m.name for m in _METHODS.values() if m.estimate and m.needs.critic != "none"]
             raise ValueError(
-                f"{mod.modifier}={mod.name!r} needs a critic-based estimator ({' or '.join(map(repr, with_critic))}), "
-                f"not estimator={estimating.estimator!r}: {mod.needs.why}"
+                f"{mod.name} needs a method with a critic ({' or '.join(with_critic)}), not {estimating.name}: "
+                f"{mod.needs.why}"
             )
     parts = (estimating, *mods)
+    for registered in _METHODS.values():  # grpo+gear is the registered gear (GEAR is published on GRPO)
+        if registered.modifier is not None and registered.parts == parts:
+            return registered
     needs = estimating.needs
     for part in mods:
         needs = needs | part.needs
     return Method(
         name="+".join(p.name for p in parts),
-        section=estimating.section,
         settings=estimating.settings,
         needs=needs,
         source="; ".join(p.source for p in parts),
@@ -248,33 +263,31 @@ def compose(base: Method, *modifiers: Method) -> Method:
     )
 
 
-def method_for_parts(estimator: str, **modifiers: str) -> Method:
-    """The method the native config's parts name: the method whose ``estimator`` is ``estimator``, composed with
-    the modifier named by each ``field=value`` (``shaping="tips"``); ``"none"`` adds nothing."""
-    bases = [m for m in _METHODS.values() if m.estimator == estimator]
-    if not bases:
-        known = sorted(m.estimator for m in _METHODS.values() if m.estimator)
-        raise ValueError(
-            f"estimator={estimator!r} names no registered method; known estimators: {', '.join(known)}"
-        )
-    mods = []
-    for kind, value in modifiers.items():
-        if value == "none":
-            continue
-        mod = _METHODS.get(value)
-        if mod is None or mod.modifier != kind:
-            known = sorted(m.name for m in _METHODS.values() if m.modifier == kind)
-            raise ValueError(
-                f"{kind}={value!r} names no registered method; known: {', '.join(['none', *known])}"
-            )
-        mods.append(mod)
-    return compose(bases[0], *mods)
+def resolve_method(text: str) -> tuple[Method, str]:
+    """``<method>[+<modifier>...][-<label>]`` (``carl-segment``, ``portool+gear``, ``portool-shifted-outcome``) ->
+    the method it trains (:func:`compose`) and the label ('' for none; a label names a variant in logs and reports,
+    never what trains). A ValueError lists the registered methods otherwise, or says why a modifier does not fit."""
+    by_length = sorted(_METHODS, key=len, reverse=True)  # carl-segment before a method called carl
+
+    def prefix(rest: str, names: list[str]) -> str | None:
+        return next((n for n in names if rest == n or rest.startswith((f"{n}+", f"{n}-"))), None)
+
+    base = prefix(text, by_length) if isinstance(text, str) else None
+    if base is not None:
+        modifiers = [n for n in by_length if _METHODS[n].modifier is not None]
+        mods, rest = [], text[len(base) :]
+        while rest.startswith("+") and (mod := prefix(rest[1:], modifiers)) is not None:
+            mods.append(_METHODS[mod])
+            rest = rest[1 + len(mod) :]
+        if rest == "" or (rest.startswith("-") and len(rest) > 1):
+            return compose(_METHODS[base], *mods), rest[1:]
+    modifiers = [m.name for m in _METHODS.values() if m.modifier is not None]
+    raise ValueError(
+        f"{text!r} names no registered method: use one of {', '.join(_METHODS)}, optionally +<modifier> "
+        f"({', '.join(modifiers)}) and a -<label> naming a variant"
+    )
 
 
 def modifier_names(kind: str) -> list[str]:
     """The registered modifiers of one kind (``shaping`` or ``reweight``)."""
     return [m.name for m in _METHODS.values() if m.modifier == kind]
-
-
-def estimator_names() -> list[str]:
-    return [m.estimator for m in _METHODS.values() if m.estimator]

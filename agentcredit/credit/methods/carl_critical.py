@@ -56,10 +56,9 @@ def estimate(batch: EpisodeBatch, settings: CarlCriticalSettings) -> Estimate:
 
 METHOD = Method(
     name="carl-critical",
-    section="critical",
     settings=CarlCriticalSettings,
+    # loss: Eq. 2's 1/|D| over the tokens of the update set, token-mean (the default)
     needs=Needs(rollout="entropy_guided", step_inputs=frozenset({"tree"})),
     source="carl-critical Eqs. 9-13, 2",
     estimate=estimate,
-    estimator="critical",
 )

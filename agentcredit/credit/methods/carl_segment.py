@@ -107,12 +107,12 @@ def critic_weights(batch: EpisodeBatch, rows_per_episode: float) -> CriticWeight
 
 METHOD = Method(
     name="carl-segment",
-    section="carl_segment",
     settings=CarlSegmentSettings,
+    # the boundary critic: Linear(d,d) -> GELU -> Linear(d,1) -> sigmoid, last layer zero-init (§3.4); the loss is
+    # Eq. 3's segment-mean (token-mean per segment, sum over segments, mean over trajectories)
     needs=Needs(
         critic="boundary", rollout="independent", signals=frozenset({"values"}), loss_agg="segment-mean"
     ),
     source="carl-segment Eqs. 1, 3, 6",
     estimate=estimate,
-    estimator="segment",
 )

@@ -153,8 +153,8 @@ def reweight(batch: EpisodeBatch, estimate: Estimate, settings: GearSettings) ->
 
 METHOD = Method(
     name="gear",
-    section="gear",
     settings=GearSettings,
+    # loss: paper Eq. 1 / 6 (seed lines 66, 315), 1/|tau| per trajectory (gear.md A12)
     needs=Needs(
         signals=frozenset({"teacher_logp", "student_logp", "entropy"}), loss_agg="seq-mean-token-mean"
     ),

@@ -134,10 +134,9 @@ def estimate(batch: EpisodeBatch, settings: GigpoSettings) -> Estimate:
 
 METHOD = Method(
     name="gigpo",
-    section="gigpo",
     settings=GigpoSettings,
+    # loss: token-mean, verl's default, which verl-agent's GiGPO runs use
     needs=Needs(step_inputs=frozenset({"anchors"})),
     source="GiGPO, Feng et al. 2025 (verl-agent gigpo)",
     estimate=estimate,
-    estimator="gigpo",
 )

@@ -33,14 +33,12 @@ def estimate(batch: EpisodeBatch, settings: GrpoSettings) -> Estimate:
     return Estimate(batch.paint_steps(per_step, batch.zeros()), batch.trained_mask())
 
 
-# token-mean, verl's default, is what agentcredit's grpo trains with (configs/methods/grpo.yaml); the paper's
-# Eq. 3 is seq-mean-token-mean, available as algorithm.loss_agg=seq-mean-token-mean.
+# token-mean, verl's default, is what agentcredit's grpo trains with (its Needs); the paper's Eq. 3 is
+# seq-mean-token-mean, available as algorithm.loss_agg=seq-mean-token-mean.
 METHOD = Method(
     name="grpo",
-    section="grpo",
     settings=GrpoSettings,
     needs=Needs(loss_agg="token-mean"),
     source="GRPO, Shao et al. 2024 Eq. 3",
     estimate=estimate,
-    estimator="grpo",
 )

@@ -114,15 +114,13 @@ def estimate(batch: EpisodeBatch, settings: PortoolSettings) -> Estimate:
 
 METHOD = Method(
     name="portool",
-    section="portool",
     settings=PortoolSettings,
     needs=Needs(
         rollout="portool",
         step_inputs=frozenset({"tree", "format_reward"}),
         reward="judge",
-        loss_agg="seq-mean-token-mean",
+        loss_agg="seq-mean-token-mean",  # Eq. 1, required by Theorem 3.1
     ),
     source="PORTool Eqs. 1-3, Thm 3.1",
     estimate=estimate,
-    estimator="portool",
 )

@@ -36,10 +36,8 @@ def estimate(batch: EpisodeBatch, settings: GaeSettings) -> Estimate:
 
 METHOD = Method(
     name="ppo",
-    section="gae",
     settings=GaeSettings,
     needs=Needs(critic="token", rollout="independent", signals=frozenset({"values"})),
     source="PPO + GAE, verl multi-turn GAE",
     estimate=estimate,
-    estimator="gae",
 )

@@ -106,7 +106,6 @@ def shape(batch: EpisodeBatch, settings: TipsSettings) -> list[list[float]]:
 
 METHOD = Method(
     name="tips",
-    section="tips",
     settings=TipsSettings,
     needs=Needs(
         critic_base=True,

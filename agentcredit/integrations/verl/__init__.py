@@ -12,7 +12,9 @@ What plugs in where (docs/scaling-out-with-verl.md has the full picture):
   ``_compute_advantage`` hands verl's batch to :mod:`.advantages`, which calls agentcredit's credit functions.
 * :mod:`.estimators`: ``@register_adv_est`` estimators for the methods that fit verl's narrow estimator
   interface (rewards, response mask and uid only).
-* ``config/*.yaml``: Hydra configs that extend verl's own tree through ``searchpath``, one per method.
+* ``config/*.yaml``: Hydra configs that extend verl's own tree through ``searchpath``: ``agentcredit.yaml`` runs any
+  registered method (``agentcredit.method=<name>``; the verl keys its Needs decide follow from it), the others are
+  paper recipes (:data:`METHOD_CONFIGS`).
 
 Nothing in this package is imported by agentcredit's core, and this ``__init__`` imports no verl module, so
 ``import agentcredit`` never pulls verl in.
@@ -28,11 +30,13 @@ __all__ = [
     "AGENT_LOOP_NAME",
     "ESTIMATOR_NAMES",
     "EXTRA_KEY",
+    "GENERIC_CONFIG",
     "METHOD_CONFIGS",
     "REGISTER_MODULE",
     "TRAINER_NAME",
     "VERL_VERSION",
     "config_dir",
+    "config_name",
 ]
 
 #: The verl release this integration is written and tested against (the ``agentcredit[verl]`` extra pins it).
@@ -47,10 +51,25 @@ TRAINER_NAME = "agentcredit"
 ESTIMATOR_NAMES = ("agentcredit_grpo", "agentcredit_drgrpo")
 #: The key of ``AgentLoopOutput.extra_fields`` that carries agentcredit's per-row record.
 EXTRA_KEY = "agentcredit"
-#: Built-in method -> its Hydra preset under :func:`config_dir` (each built-in method ships one).
-METHOD_CONFIGS = {name: name.replace("-", "_") for name in BUILT_IN}
+#: The Hydra config that runs any registered method: ``--config-name agentcredit agentcredit.method=<name>``.
+GENERIC_CONFIG = "agentcredit"
 
 
 def config_dir() -> Path:
     """Directory of the Hydra configs (pass it to verl's entry point as ``--config-path``)."""
     return Path(__file__).resolve().parent / "config"
+
+
+#: Built-in method -> its paper recipe under :func:`config_dir` (``<its name in snake_case>.yaml``), for the
+#: methods that ship one. A recipe is optional: without one a method runs from :data:`GENERIC_CONFIG`.
+METHOD_CONFIGS = {
+    name: name.replace("-", "_")
+    for name in BUILT_IN
+    if (config_dir() / f"{name.replace('-', '_')}.yaml").is_file()
+}
+
+
+def config_name(method: str) -> str:
+    """The Hydra config to run ``method`` with: its recipe, else :data:`GENERIC_CONFIG` (with
+    ``agentcredit.method=<method>``)."""
+    return METHOD_CONFIGS.get(method, GENERIC_CONFIG)

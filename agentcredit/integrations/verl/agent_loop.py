@@ -192,12 +192,12 @@ def gear_teacher_prompt_ids(
     :func:`~agentcredit.train.signals.gear_teacher_prompt` and the template, tokenized without special tokens. The
     ground truth is tau* (``agentcredit.gear.reference: trajectory``, the paper's §3.3) or the rendered gold answer
     (``answer``, a variant), after the example's worked solution when it has one."""
-    reference = None
-    if settings.gear.reference == "trajectory":
+    gear, reference = settings.settings_for("teacher_logp"), None
+    if gear.reference == "trajectory":
         reference = gear_references(settings, protocol, tokenizer)(example)
     truth = gear_ground_truth(protocol, example, reference)
     text = gear_teacher_prompt(
-        protocol, tokenizer, example.question, truth, settings.gear.template, student_prompt=prompt_text
+        protocol, tokenizer, example.question, truth, gear.template, student_prompt=prompt_text
     )
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
@@ -206,7 +206,10 @@ def episode_outcome(settings: AgentCreditSettings, answer: str | None, golds: li
     """The outcome reward: the task metric (plus the optional format bonus), or PORTool's +1 / 0 / -1."""
     if settings.needs.reward == "judge":  # the method's own judge (PORTool's)
         return outcome_with_abstention(
-            answer, golds, metric=settings.reward_metric, unfinished=settings.portool.unfinished_reward
+            answer,
+            golds,
+            metric=settings.reward_metric,
+            unfinished=settings.settings_for("judge").unfinished_reward,
         )
     return answer_reward(answer, golds, metric=settings.reward_metric, format_bonus=settings.format_bonus)
 
@@ -398,7 +401,7 @@ class AgentCreditAgentLoop(AgentLoopBase):
         """verl's outputs of one episode (one per training view), scored, with the method's teacher signals."""
         s, loop = self.settings, asyncio.get_running_loop()
         t_prompt = None
-        if "teacher_logp" in s.needs.signals and s.gear.reference == "trajectory":
+        if "teacher_logp" in s.needs.signals and s.settings_for("teacher_logp").reference == "trajectory":
             if not isinstance((kwargs.get("extra_info") or {}).get("example_info"), str):
                 raise ValueError(
                     "GEAR's reference trajectory is the task's scripted demonstration, which reads the example's "
@@ -420,7 +423,7 @@ class AgentCreditAgentLoop(AgentLoopBase):
                     ) from None
                 episode.infra_failures.append(f"GEAR's reference trajectory: {exc}")
         if episode.infra_failures:  # a tool could not run: not scored, no teacher calls, nothing trained
-            rows = episode_rows(episode, 0.0, format_reward_key=s.portool.format_reward_key)
+            rows = episode_rows(episode, 0.0, format_reward_key=s.format_reward_key)
             logger.warning(
                 "agentcredit: episode left out, a tool could not run: %s", "; ".join(episode.infra_failures)
             )
@@ -444,7 +447,7 @@ class AgentCreditAgentLoop(AgentLoopBase):
 
         potentials = teacher = None
         if "potentials" in s.needs.signals:
-            t = s.tips
+            t = s.settings_for("potentials")
             potentials = await answer_potentials(
                 episode.boundaries,
                 golds,
@@ -463,7 +466,7 @@ class AgentCreditAgentLoop(AgentLoopBase):
         rows = episode_rows(
             episode,
             outcome,
-            format_reward_key=s.portool.format_reward_key,
+            format_reward_key=s.format_reward_key,
             potentials=potentials,
             teacher=teacher,
             tree_id=tree_id,

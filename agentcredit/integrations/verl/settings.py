@@ -28,9 +28,9 @@ from agentcredit.config import (
     method_sections,
     registered_sections,
 )
-from agentcredit.credit.methods import Needs, carl_segment, gear, get_method, portool, ppo, tips
+from agentcredit.credit.methods import Needs, Settings, carl_segment, gear, get_method, portool, ppo, tips
 
-__all__ = ["AgentCreditSettings", "load_settings"]
+__all__ = ["AgentCreditSettings", "NEEDS_RESOLVER", "load_settings", "register_needs_resolver", "verl_keys"]
 
 
 class _Section(BaseModel):
@@ -82,7 +82,7 @@ class ToolSettings(UserToolsConfig):
 
 
 class GaeSettings(ppo.GaeSettings):
-    """PPO's settings (:class:`agentcredit.credit.methods.ppo.GaeSettings`, the native ``algorithm.gae``), plus
+    """PPO's settings (:class:`agentcredit.credit.methods.ppo.GaeSettings`, the native ``algorithm.ppo``), plus
     verl's whitening."""
 
     whiten: bool = Field(
@@ -203,6 +203,26 @@ class _AgentCreditBlock(UserRewardConfig):
         signals it names, never by the method's name."""
         return get_method(self.method).all_needs
 
+    def settings_for(self, need: str) -> Settings:
+        """The settings of the method's part that needs ``need`` (a signal such as ``potentials`` or
+        ``teacher_logp``, the ``judge`` reward, or a critic kind such as ``boundary``), read through the method
+        object (:meth:`agentcredit.credit.Method.settings_from`), never by a section's name."""
+        method = get_method(self.method)
+        parts = method.settings_from(self)
+        for part in method.parts:
+            needs = part.needs
+            if need in needs.signals | needs.step_inputs or need in (needs.reward, needs.critic):
+                return parts[part.section]
+        raise ValueError(f"agentcredit.method={self.method} has no part that needs {need!r}")
+
+    @property
+    def format_reward_key(self) -> str:
+        """The turn.info key of the protocol's formatting reward: the setting of the part that needs
+        ``format_reward`` (PORTool's), else that setting's default (the rows carry no formatting reward then)."""
+        if "format_reward" in self.needs.step_inputs:
+            return self.settings_for("format_reward").format_reward_key
+        return PortoolSettings.model_fields["format_reward_key"].default
+
 
 # one section per built-in method, of its method file's settings class (the native trainer's, one schema for both)
 # or the extension above with verl-only fields; never written per method here (issue 37)
@@ -215,6 +235,48 @@ AgentCreditSettings = create_model(
     "from user code keeps its settings under ``agentcredit.<its section>`` too.",
     **method_sections(GaeSettings, CarlSegmentSettings, TipsSettings, GearSettings, PortoolSettings),
 )
+
+
+#: verl's ``loss_agg_mode`` for a method's ``Needs.loss_agg``. verl has no segment-mean: carl-segment's recipe
+#: (``config/carl_segment.yaml``) expresses Eq. 3 as seq-mean-token-sum with ``segment_mean_loss``; without that
+#: setting (its default) the trainer wants token-mean (``check_trainer_config``).
+VERL_LOSS_AGG = {
+    "token-mean": "token-mean",
+    "seq-mean-token-mean": "seq-mean-token-mean",
+    "segment-mean": "token-mean",
+}
+#: The OmegaConf resolver ``config/agentcredit_base.yaml`` derives verl's keys with: ``${agentcredit_needs:'<key>',
+#: ${agentcredit.method}}``.
+NEEDS_RESOLVER = "agentcredit_needs"
+
+
+def verl_keys(method: str) -> dict[str, Any]:
+    """The verl keys a method's :class:`~agentcredit.credit.Needs` decide, by dotted key: whether verl runs a
+    critic, the ``adv_estimator`` verl sees (the advantages themselves are agentcredit's), the actor's
+    ``loss_agg_mode`` and the rollout tree. ``config/agentcredit_base.yaml`` sets each from ``agentcredit.method``,
+    so a method needs no Hydra file of its own (a recipe file may still set them, and wins)."""
+    needs = get_method(method).all_needs
+    critic = needs.critic != "none"
+    return {
+        "critic.enable": critic,
+        "algorithm.adv_estimator": "gae" if critic else "agentcredit_grpo",
+        "actor_rollout_ref.actor.loss_agg_mode": VERL_LOSS_AGG[needs.loss_agg],
+        "agentcredit.tree.strategy": needs.rollout or "independent",
+    }
+
+
+def register_needs_resolver() -> None:
+    """Make :data:`NEEDS_RESOLVER` known to OmegaConf in this process (idempotent; a no-op without OmegaConf).
+    :mod:`.register` (every verl process) and this module's import call it."""
+    try:
+        from omegaconf import OmegaConf
+    except ImportError:
+        return
+    if not OmegaConf.has_resolver(NEEDS_RESOLVER):
+        OmegaConf.register_new_resolver(NEEDS_RESOLVER, lambda key, method: verl_keys(method)[key])
+
+
+register_needs_resolver()
 
 
 def _plain(config: Any) -> Any:

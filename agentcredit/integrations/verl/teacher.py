@@ -59,7 +59,7 @@ _NAME_SUFFIX = "agentcredit_tips"
 def wants_lagged_teacher(settings: AgentCreditSettings) -> bool:
     """TIPS with a teacher that lags the policy (``refresh_every > 1``): the trainer launches :class:`LaggedTeacher`
     and the agent loop scores the potentials on it; otherwise the rollout server (the current policy) scores them."""
-    return "potentials" in settings.needs.signals and settings.tips.refresh_every > 1
+    return "potentials" in settings.needs.signals and settings.settings_for("potentials").refresh_every > 1
 
 
 def check_lagged_teacher(config: DictConfig, settings: AgentCreditSettings) -> None:
@@ -70,7 +70,7 @@ def check_lagged_teacher(config: DictConfig, settings: AgentCreditSettings) -> N
     fallback = "or agentcredit.tips.refresh_every=1 to score on the rollout server (the current policy)"
     if rollout.checkpoint_engine.backend == "naive":
         raise ValueError(
-            f"agentcredit.tips.refresh_every={settings.tips.refresh_every} keeps a lagged teacher on replicas of its "
+            f"agentcredit.tips.refresh_every={settings.settings_for('potentials').refresh_every} keeps a lagged teacher on replicas of its "
             "own, which the actor's weights reach over a transport: set actor_rollout_ref.rollout.checkpoint_engine"
             f".backend=nccl (or nixl; 'naive' only reaches colocated replicas), {fallback}"
         )
@@ -91,7 +91,7 @@ def teacher_gpus(config: DictConfig, settings: AgentCreditSettings) -> int:
         * int(rollout.get("data_parallel_size", 1))
         * int(rollout.get("pipeline_model_parallel_size", 1))
     )
-    return settings.tips.teacher_replicas * world
+    return settings.settings_for("potentials").teacher_replicas * world
 
 
 def check_teacher_gpus(config: DictConfig, settings: AgentCreditSettings, cluster_gpus: float) -> None:
@@ -104,7 +104,7 @@ def check_teacher_gpus(config: DictConfig, settings: AgentCreditSettings, cluste
     if pool + needed > cluster_gpus:
         raise ValueError(
             f"TIPS's lagged teacher needs {needed} GPUs of its own (agentcredit.tips.teacher_replicas="
-            f"{settings.tips.teacher_replicas} x the rollout's tensor x data x pipeline parallel size) beside the "
+            f"{settings.settings_for('potentials').teacher_replicas} x the rollout's tensor x data x pipeline parallel size) beside the "
             f"trainer's {pool} (trainer.nnodes x trainer.n_gpus_per_node), but the Ray cluster has "
             f"{cluster_gpus:g}: lower trainer.n_gpus_per_node, or set agentcredit.tips.refresh_every=1 to score on "
             "the rollout server (the current policy)"
@@ -142,7 +142,7 @@ class LaggedTeacher:
                 is_teacher_model=True,
                 name_suffix=_NAME_SUFFIX,
             )
-            for rank in range(settings.tips.teacher_replicas)
+            for rank in range(settings.settings_for("potentials").teacher_replicas)
         ]
         _launch(replicas)
         servers = {replica._server_address: replica._server_handle for replica in replicas}
@@ -159,7 +159,7 @@ class LaggedTeacher:
             config=omega_conf_to_dataclass(rollout.checkpoint_engine), actor_wg=actor_wg, replicas=replicas
         )
         logger.info("TIPS lagged teacher: %d replicas at %s", len(replicas), list(servers))
-        return cls(replicas, router, sync, settings.tips.refresh_every)
+        return cls(replicas, router, sync, settings.settings_for("potentials").refresh_every)
 
     def refresh(self, global_steps: int) -> dict[str, Any]:
         """The teacher becomes the actor as it is now (between batches only); the transport's sync metrics."""

@@ -84,7 +84,7 @@ def check_trainer_config(config: DictConfig) -> AgentCreditSettings:
         raise ValueError(f"agentcredit.method={settings.method} needs a critic: set critic.enable=True")
     if "teacher_logp" in settings.needs.signals:
         if (
-            settings.gear.student_logprobs == "rollout"
+            settings.settings_for("teacher_logp").student_logprobs == "rollout"
             and not config.actor_rollout_ref.rollout.calculate_log_probs
         ):
             raise ValueError(
@@ -131,10 +131,11 @@ def _check_carl_segment_loss(config: DictConfig, settings: AgentCreditSettings) 
     # the mini-batches of whole episodes the trainer lays out (docs/scaling-out-with-verl.md).
     actor = config.actor_rollout_ref.actor
     mode = actor.get("loss_agg_mode", "token-mean")
-    wanted = "seq-mean-token-sum" if settings.carl_segment.segment_mean_loss else "token-mean"
+    segment_mean_loss = settings.settings_for("boundary").segment_mean_loss
+    wanted = "seq-mean-token-sum" if segment_mean_loss else "token-mean"
     if mode != wanted:
         raise ValueError(
-            f"agentcredit.method=carl-segment with segment_mean_loss={settings.carl_segment.segment_mean_loss} "
+            f"agentcredit.method={settings.method} with segment_mean_loss={segment_mean_loss} "
             f"needs actor_rollout_ref.actor.loss_agg_mode={wanted} (got {mode}): other modes weigh an episode "
             "by the number of rows (views) it was rendered as"
         )
@@ -144,7 +145,7 @@ def _check_carl_segment_loss(config: DictConfig, settings: AgentCreditSettings) 
                 f"agentcredit.method=carl-segment needs {key}.shuffle=False: verl shuffles rows, which would "
                 "split the mini-batches of whole episodes the trainer lays out"
             )
-    if settings.carl_segment.segment_mean_loss and is_distillation_enabled(config.get("distillation")):
+    if segment_mean_loss and is_distillation_enabled(config.get("distillation")):
         raise ValueError(
             "agentcredit.method=carl-segment with segment_mean_loss replaces the actor's loss with agentcredit's "
             "(segment-mean KL and entropy), which would drop verl's distillation loss: turn distillation off"
@@ -231,7 +232,7 @@ class AgentCreditTrainer(PPOTrainerSync):
         if self.agentcredit.needs.critic == "boundary":
             critic = omega_conf_to_dataclass(self.config.critic)
             self.critic_wg.set_loss_fn(partial(boundary_value_loss, config=critic))
-            if self.agentcredit.carl_segment.segment_mean_loss:
+            if self.agentcredit.settings_for("boundary").segment_mean_loss:
                 actor = omega_conf_to_dataclass(self.config.actor_rollout_ref.actor)
                 self.actor_rollout_wg.set_loss_fn(partial(trajectory_weighted_ppo_loss, config=actor))
         # the teacher first, while the colocated rollout is still asleep (as _setup left it)
