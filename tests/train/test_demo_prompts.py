@@ -107,3 +107,13 @@ def test_the_study_start_passes_its_prompts_and_a_seed_the_preconditions_do_not_
     assert seen["prompts"] == spec.start.sft.prompts and sum(seen["prompts"].values()) == 1.0
     # the preconditions read training seed 0 (the study's task.seed); the demonstrations another seed
     assert seen["seed"] != load_config(spec.start.preset, spec.set).task.seed
+
+
+def test_a_bad_prompt_mix_in_a_study_file_is_one_line_naming_the_field(tmp_path):
+    from agentcredit.experiment.study import StudyError, load_study
+
+    text = open("studies/arith-tool-can-hurt.yaml").read()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text.replace("prompts: {optional: 0.25, forced: 0.25, no_tool: 0.5}", "prompts: {quiet: 1.0}"))
+    with pytest.raises(StudyError, match=r"start\.sft.*unknown prompt mode"):
+        load_study(bad)
