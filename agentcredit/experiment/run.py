@@ -260,6 +260,51 @@ def config_for_resume(run_dir: Path, overrides: list[str]) -> Config:
 
 
 # ------------------------------------------------------------------------------------------------ sft
+def _prompted_demonstrations(
+    config: Config,
+    tokenizer: Any,
+    data: list[Any],
+    prompts: dict[str, float],
+    tool_share: float | None,
+    locate: Any,
+    log: Log,
+) -> tuple[list[Any], dict[str, int]]:
+    """Demonstrations of ``data``, each replayed under the prompt mode :func:`demo_prompt` gives its question."""
+    from agentcredit.train.demos import PROMPT_TOOL_SHARE, demo_prompt
+    from agentcredit.train.sft import demonstrations
+
+    if config.protocol.name != "codefence":
+        raise ConfigError(
+            f"start.sft.prompts: prompt modes are implemented for the codefence protocol only, not "
+            f"{config.protocol.name!r}"
+        )
+    own = config.protocol.options.get("prompt", "optional")
+    groups: dict[str, list[Any]] = {mode: [] for mode in sorted(prompts) if prompts[mode] > 0}
+    for example in data:
+        groups[demo_prompt(example.id, prompts)].append(example)
+    trees: list[Any] = []
+    for mode, examples in groups.items():
+        if not examples:
+            continue
+        cfg = config.model_dump()
+        cfg["protocol"]["options"] = {**cfg["protocol"]["options"], "prompt": mode}
+        env = build_environment(Config.model_validate(cfg))
+        try:
+            trees += demonstrations(
+                env,
+                tokenizer,
+                examples,
+                config.protocol.name,
+                tool_share=tool_share if mode == own else PROMPT_TOOL_SHARE.get(mode, 1.0),
+                locate=locate,
+                max_turns=config.rollout.max_turns,
+                warn=lambda line: log(f"warning: {line}"),
+            )
+        finally:
+            env.close()
+    return trees, {mode: len(examples) for mode, examples in groups.items()}
+
+
 def run_sft(
     config: Config,
     out_dir: Path,
@@ -270,11 +315,16 @@ def run_sft(
     batch_trajectories: int = 16,
     rejection_samples: int = 0,
     tool_share: float | None = None,
+    prompts: dict[str, float] | None = None,
     log: Log = print,
 ) -> Path:
     """SFT on scripted demonstrations (or the model's own correct episodes when ``rejection_samples`` > 0).
 
     ``tool_share``: the demonstrations call the tool on this share of questions regardless of tier (arith-tools).
+    ``prompts`` (codefence): prompt mode -> share of the questions whose demonstration is replayed under that
+    system prompt (:func:`agentcredit.train.demos.demo_prompt`); under ``no_tool`` it answers directly, under
+    ``forced`` it calls the tool (:data:`~agentcredit.train.demos.PROMPT_TOOL_SHARE`), under the protocol's own
+    prompt ``tool_share`` decides. None: every demonstration under the protocol's own prompt.
     """
     from agentcredit.tasks.registry import example_locations
     from agentcredit.train.demos import check_demo_calls
@@ -309,6 +359,13 @@ def run_sft(
             engine = trainer_like.make_engine()
             trees = rejection_sample(engine, independent(rejection_samples), env, data)
             source = f"rejection sampling ({rejection_samples} samples per question)"
+        elif prompts:
+            trees, per_prompt = _prompted_demonstrations(
+                config, tokenizer, data, prompts, tool_share, locate, log
+            )
+            source = "scripted demonstrations under prompts " + ", ".join(
+                f"{mode} {n}" for mode, n in per_prompt.items()
+            ) + (f" (tool on {tool_share:.0%} under the own prompt)" if tool_share is not None else "")
         else:
             trees = demonstrations(
                 env,
@@ -352,6 +409,7 @@ def run_sft(
                 "policy_tokens": result.tokens,
                 "epochs": epochs,
                 "tool_share": tool_share,
+                **({"prompts": prompts} if prompts else {}),
                 "tool_calls_per_episode": sum(
                     len(t.segment(i).info.get("calls", [])) for t in trees for i in range(len(t))
                 )

@@ -66,6 +66,12 @@ class SftSpec(_Spec):
         le=1.0,
         description="Demonstrations call the tool on this share of questions regardless of tier (None: by tier).",
     )
+    prompts: dict[str, float] | None = Field(
+        None,
+        description="codefence prompt mode -> share of the demonstrations replayed under that system prompt "
+        "(optional, forced, no_tool; shares sum to 1): no_tool demonstrations answer directly, forced ones call the "
+        "tool, those under the protocol's own prompt follow tool_share. None: all under the own prompt.",
+    )
     set: list[str] = Field(
         default_factory=list,
         description="Overrides for the SFT demonstrations only (e.g. a clean tool, task.options.tool_failure_rate=0, "
@@ -78,7 +84,21 @@ class SftSpec(_Spec):
         data = handler(self)
         if not data.get("set"):
             data.pop("set", None)
+        if data.get("prompts") is None:
+            data.pop("prompts", None)
         return data
+
+    @model_validator(mode="after")
+    def _prompt_shares(self) -> SftSpec:
+        if self.prompts is not None:
+            from agentcredit.protocols.codefence import SYSTEM_PROMPTS
+
+            unknown = sorted(set(self.prompts) - set(SYSTEM_PROMPTS))
+            if unknown:
+                raise ValueError(f"prompts: unknown prompt mode(s) {unknown}; one of {sorted(SYSTEM_PROMPTS)}")
+            if any(v < 0 for v in self.prompts.values()) or abs(sum(self.prompts.values()) - 1.0) > 1e-6:
+                raise ValueError(f"prompts: shares must be >= 0 and sum to 1, got {self.prompts}")
+        return self
 
 
 class WarmupSpec(_Spec):
@@ -599,7 +619,10 @@ class Study:
             return sft_dir
         # callers hold the start's lock (build_start) or the preflight's (preflight.run_preflight)
         cfg = study_config(s.preset, [*self.spec.set, *s.set, *s.sft.set])
-        self.log(f"[start] SFT on {s.sft.examples} demonstrations (tool share {s.sft.tool_share})")
+        self.log(
+            f"[start] SFT on {s.sft.examples} demonstrations (tool share {s.sft.tool_share}"
+            + (f", prompts {s.sft.prompts})" if s.sft.prompts else ")")
+        )
         run_sft(
             cfg,
             sft_dir,
@@ -607,6 +630,7 @@ class Study:
             epochs=s.sft.epochs,
             lr=s.sft.lr,
             tool_share=s.sft.tool_share,
+            prompts=s.sft.prompts,
             log=self.log,
         )
         return sft_dir

@@ -60,6 +60,30 @@ def calls_tool(example: Example, tool_share: float | None) -> bool:
     return stable_int("demo-tool-share", example.id) % 10_000 < round(tool_share * 10_000)
 
 
+#: What a demonstration replayed under one of codefence's prompt modes does (``demo_prompts``): the no-tool prompt
+#: answers directly (carl-segment App. C, Prompt 1: "Do not use any tools or code"), the forced prompt calls the
+#: tool (Prompt 2: "You must use a Python code block"). Under the protocol's own prompt ``tool_share`` decides.
+PROMPT_TOOL_SHARE: dict[str, float] = {"no_tool": 0.0, "forced": 1.0}
+
+
+def demo_prompt(example_id: str, shares: Mapping[str, float]) -> str:
+    """The prompt mode a question's demonstration is replayed under: ``shares`` (mode -> share, summing to 1)
+    split the questions by a stable hash of the id, the same in every process and independent of the tier and of
+    ``calls_tool``'s hash. Modes are taken in sorted order, so the assignment does not depend on the mapping's."""
+    if not shares:
+        raise ValueError("demo prompt shares must name at least one prompt mode")
+    if any(v < 0 for v in shares.values()) or abs(sum(shares.values()) - 1.0) > 1e-6:
+        raise ValueError(f"demo prompt shares must be >= 0 and sum to 1, got {dict(shares)}")
+    point = stable_int("demo-prompt", example_id) % 10_000
+    edge = 0
+    modes = sorted(m for m in shares if shares[m] > 0)
+    for mode in modes:
+        edge += round(shares[mode] * 10_000)
+        if point < edge:
+            return mode
+    return modes[-1]  # rounding: the last mode takes the remainder
+
+
 # ------------------------------------------------------------------------------------------------ codefence
 def codefence_policy(
     example: Example, turn: int, observation: str | None, *, tool_share: float | None = None
