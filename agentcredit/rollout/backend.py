@@ -535,7 +535,9 @@ class SegmentBackend(Backend):
     def export_block(self, seq: int, start: int, end: int) -> list[int]:
         tokens = self._seq(seq)
         if not 0 <= start <= end <= len(tokens):
-            raise ValueError(f"{type(self).__name__}.export_block: span {start}..{end} outside 0..{len(tokens)}")
+            raise ValueError(
+                f"{type(self).__name__}.export_block: span {start}..{end} outside 0..{len(tokens)}"
+            )
         return tokens[start:end]
 
     def sequence_from_blocks(self, blocks: Sequence[Any]) -> int:

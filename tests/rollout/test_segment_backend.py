@@ -62,7 +62,9 @@ def run(backend, model, tokenizer, demo, tools, strategy=None):
         tools,
         EngineConfig(sampling=SamplingParams(temperature=0), max_segment_tokens=60, max_episode_tokens=200),
     )
-    trees = engine.run([demo.question, demo.question + " Quick."], strategy or independent(2), lambda i, a: 0.0)
+    trees = engine.run(
+        [demo.question, demo.question + " Quick."], strategy or independent(2), lambda i, a: 0.0
+    )
     return engine, trees
 
 
