@@ -35,6 +35,13 @@ tokens for jsoncall) is prefilled once in a sequence of its own, exported as a c
 question's sequence, which prefills only the rest of its prompt (``share_prompt_prefix``; issue 33).
 ``reuse_prefix=False`` turns all of this off (each job prefills its whole context): the benchmark compares both.
 
+Backends that generate (``rollout.backend: vllm``, :class:`~agentcredit.rollout.backend.SegmentBackend`): step 3
+only appends the pending tokens to the sequence's token list, and step 4 asks the backend for the rest of every ready
+episode's segment in one batched call (the full token prefix, the remaining budget, the protocol's stop strings, one
+seed per request: :meth:`RolloutEngine._generate`); the returned tokens are replayed through the same per-token
+checks, so segment ends, budgets, tools, splices and trees are the engine's own. The server's prefix cache replaces
+the engine's prefix sharing (no shared-prompt block is built), and its segments carry no entropies.
+
 Token accounting (:class:`EngineStats`): ``generated_tokens`` are sampled tokens; ``prefill_tokens`` are
 tokens fed that were not just sampled by that sequence (prompts, observations, spliced extractions, recomputed
 fork tokens); ``decode_tokens`` are sampled tokens fed back.

@@ -112,6 +112,10 @@ class VLLMBackend(SegmentBackend):
             logprobs_mode=mode,
             max_logprobs=1,
             enforce_eager=True,
+            # vLLM 0.32 on CPU crashes when a seeded request's prefill is split in chunks ("CPU Generator does not
+            # use offset": it rewinds the request's torch.Generator, which CPU generators cannot): never split one
+            enable_chunked_prefill=False,
+            max_num_batched_tokens=max(self.max_model_len, 8192),
         )
         self.startup_seconds = time.perf_counter() - start
         self.push_seconds: list[float] = []

@@ -157,6 +157,21 @@ def test_sampled_rollouts_are_seeded_per_request(fitted, backend, tools):
     assert run(5) == run(5)
 
 
+def test_many_seeded_requests_longer_than_one_scheduler_batch(backend):
+    """Regression: 64 seeded requests whose prompts add up to more tokens than vLLM schedules at once. With chunked
+    prefill (vLLM's default) a split prefill rewinds the request's generator and vLLM 0.32 on CPU crashed ("CPU
+    Generator does not use offset"); the backend turns it off. Each request's tokens depend only on its seed."""
+    from agentcredit.rollout.backend import SegmentRequest
+
+    requests = [SegmentRequest(list(range(100 + i, 250 + i + i % 7)), 8, (), seed=i) for i in range(64)]
+    assert sum(len(r.prompt) for r in requests) > 8192
+    sampling = SamplingParams(temperature=0.7, top_p=0.95)
+    first = backend.generate(requests, sampling, [2])
+    again = backend.generate(list(reversed(requests)), sampling, [2])
+    assert all(len(o.token_ids) == 8 for o in first)
+    assert [o.token_ids for o in first] == [o.token_ids for o in reversed(again)]
+
+
 def test_trainer_pushes_weights_and_logs_the_logprob_gap(fitted, backend):
     """``rollout.backend=vllm`` in the trainer: the engine starts once, the weights are pushed after every update
     (timed), and the gap between vLLM's recorded log-probs and the trainer's own forward is logged every step."""
