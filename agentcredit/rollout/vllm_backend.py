@@ -59,6 +59,52 @@ def _quiet_environment(threads: int | None) -> None:
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 
 
+def _tolerate_odd_module_attributes() -> None:
+    """Work around a vLLM 0.32 start-up failure. Registering its CPU kernel overrides scans the attributes of every
+    imported module and reads ``vars(value).get("kernel")``; a value whose ``__dict__`` is not a dict (a
+    ``_lib_fn_wrapper`` of a library the kb-multihop task imports) raises AttributeError there, and vLLM does not
+    start. The same scan (vLLM's ``triton_utils.dispatcher._rebind_kernels``), skipping such values."""
+    import sys
+
+    try:
+        from vllm.triton_utils import dispatcher
+    except ImportError:  # another vLLM layout: nothing to patch
+        return
+    if getattr(dispatcher._rebind_kernels, "_agentcredit", False):
+        return
+
+    def rebind(overrides: Any) -> None:
+        originals = {id(original): wrapper for original, wrapper in overrides}
+
+        def lookup(value: Any) -> Any:
+            return originals.get(id(value)) if value is not None else None
+
+        for module in list(sys.modules.values()):
+            namespace = getattr(module, "__dict__", None)
+            if not isinstance(namespace, dict) or not namespace:
+                continue
+            for attr, value in list(namespace.items()):
+                wrapper = lookup(value)
+                if wrapper is not None:
+                    setattr(module, attr, wrapper)
+                    continue
+                try:
+                    inner = getattr(value, "__dict__", None)
+                except Exception:  # noqa: BLE001 - a lazy module that fails on attribute access
+                    continue
+                if not isinstance(inner, dict):
+                    continue
+                wrapper = lookup(inner.get("kernel"))
+                if wrapper is None:
+                    continue
+                value.kernel = wrapper
+                if not isinstance(value, type):
+                    value.__dict__.pop("_kernel_arg_names", None)
+
+    rebind._agentcredit = True  # type: ignore[attr-defined]
+    dispatcher._rebind_kernels = rebind
+
+
 class VLLMBackend(SegmentBackend):
     """vLLM's offline engine behind the :class:`~agentcredit.rollout.backend.SegmentBackend` interface.
 
@@ -88,6 +134,7 @@ class VLLMBackend(SegmentBackend):
         super().__init__()
         _quiet_environment(threads)
         start = time.perf_counter()
+        _tolerate_odd_module_attributes()
         from vllm import LLM
 
         config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config

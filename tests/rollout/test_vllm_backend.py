@@ -168,7 +168,7 @@ def test_many_seeded_requests_longer_than_one_scheduler_batch(backend):
     sampling = SamplingParams(temperature=0.7, top_p=0.95)
     first = backend.generate(requests, sampling, [2])
     again = backend.generate(list(reversed(requests)), sampling, [2])
-    assert all(len(o.token_ids) == 8 for o in first)
+    assert all(1 <= len(o.token_ids) <= 8 for o in first)  # a request may stop at id 2 (<|im_end|>)
     assert [o.token_ids for o in first] == [o.token_ids for o in reversed(again)]
 
 
