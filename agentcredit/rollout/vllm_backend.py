@@ -12,8 +12,9 @@ stop ids (the model's own EOS is ignored unless it is one of them), the protocol
 engine confirms) and one seed per request, so a sampled segment does not depend on what it is batched with. vLLM
 returns the sampled token's log-prob (``logprobs=0``); with ``logprobs_mode="raw_logprobs"`` that is log
 softmax(logits) of the unmodified model, the engine's recorded distribution at temperature 1 (the training
-default) and for greedy decoding. At another temperature the backend asks for ``processed_logprobs`` (after
-temperature). The trainer's loss never reads these: it recomputes log-probs with its own forward (as verl does),
+default) and for greedy decoding. At another temperature the backend asks for ``processed_logprobs``: log
+softmax(logits / temperature), exact without top-k / top-p, but with them vLLM 0.32 renormalises over the kept
+tokens (after truncation), unlike the engine's convention; ``rollout/logp_gap`` then shows the difference. The trainer's loss never reads these: it recomputes log-probs with its own forward (as verl does),
 and logs the gap between the two every step (``rollout/logp_gap``), so a kernel mismatch is visible.
 
 Start-up: vLLM is started from a directory holding only the model's config and tokenizer (``load_format=
