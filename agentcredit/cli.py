@@ -506,6 +506,13 @@ def bench_rollout_cmd(
     repeats: Annotated[
         int, typer.Option(min=1, help="--compare: runs of each path per size (the fastest is reported).")
     ] = 1,
+    paths: Annotated[
+        str,
+        typer.Option(
+            help="--compare: comma-separated paths, the first is the baseline of the ratios: hf_before, "
+            "hf_shared_prefix, vllm (needs vllm installed)."
+        ),
+    ] = "hf_before,hf_shared_prefix",
 ) -> None:
     """Tokens/s of the batched engine vs a naive generate loop, and prefix reuse in tree rollouts."""
     import json
@@ -539,6 +546,7 @@ def bench_rollout_cmd(
                 threads=threads,
                 skip_naive=skip_naive,
                 repeats=repeats,
+                paths=[p.strip() for p in paths.split(",") if p.strip()],
                 log=(lambda _msg: None) if json_out else typer.echo,
             )
         except (ConfigError, FileNotFoundError, ValueError, ToolUnavailableError, UserCodeError) as exc:

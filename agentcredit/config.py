@@ -239,6 +239,12 @@ class RolloutConfig(TreeStrategyConfig):
         8, ge=1, description="Policy segments per episode (carl-segment: 15; TIPS: 5 turns)."
     )
     max_batch: int = Field(64, ge=1, description="Episodes decoded together by the engine.")
+    backend: Literal["hf", "vllm"] = Field(
+        "hf",
+        description="Who generates training rollouts: 'hf' (the native engine's batched decoding, no extra "
+        "dependency) or 'vllm' (vLLM generates each segment; the engine keeps protocols, tools and trees; the "
+        "trainer pushes its weights in after every update; needs the vllm extra, no LoRA). Evaluation stays 'hf'.",
+    )
 
 
 # --------------------------------------------------------------------------------------------- algorithm

@@ -526,6 +526,40 @@ def format_result(result: dict[str, Any]) -> str:
 #: The paths ``bench rollout --compare`` sets side by side: today's HF engine (before issue 33: every question
 #: prefills its whole prompt) and the engine with the prompts' common prefix prefilled once per call.
 ENGINE_PATHS = {"hf_before": False, "hf_shared_prefix": True}
+#: ``--paths`` may also name this one: the same engine with vLLM generating the segments (``rollout.backend: vllm``)
+VLLM_PATH = "vllm"
+COMPARE_PATHS = (*ENGINE_PATHS, VLLM_PATH)
+
+
+def start_vllm(model: Any, tokenizer: Any, temperature: float, seed: int) -> dict[str, Any]:
+    """vLLM started as the trainer starts it (config + tokenizer, weights pushed in), then one warm-up request (its
+    first generate call compiles and packs kernels): the start-up is timed as a whole, and the memory it added."""
+    from agentcredit.rollout.backend import SegmentRequest
+    from agentcredit.rollout.vllm_backend import VLLMBackend, vllm_available
+
+    if not vllm_available():
+        raise ValueError(
+            "bench rollout --paths vllm: vllm is not installed here (pip install 'agentcredit[vllm]')"
+        )
+    rss = _PeakRSS.rss()
+    start = time.perf_counter()
+    backend = VLLMBackend(
+        model, tokenizer, threads=torch.get_num_threads(), temperature=temperature, seed=seed
+    )
+    warm = time.perf_counter()
+    backend.generate(
+        [SegmentRequest([tokenizer.eos_token_id or 0] * 8, 4)], SamplingParams(temperature=0), []
+    )
+    return {
+        "backend": backend,
+        "startup_seconds": round(time.perf_counter() - start, 3),
+        "engine_start_seconds": round(backend.startup_seconds, 3),
+        "first_push_seconds": round(backend.push_seconds[0], 3),
+        "warmup_seconds": round(time.perf_counter() - warm, 3),
+        "rss_added_mib": (_PeakRSS.rss() - rss) / 2**20,
+        "vllm_version": __import__("vllm").__version__,
+        "kv_cache_gib": os.environ.get("VLLM_CPU_KVCACHE_SPACE"),
+    }
 
 
 class _PeakRSS:
@@ -574,7 +608,11 @@ def _compare_run(
     shared_prefix: bool,
     n_params: int,
     peak_flops: float,
+    vllm: Any = None,
 ) -> dict[str, Any]:
+    """One path's rollout; ``vllm``: a started :class:`~agentcredit.rollout.vllm_backend.VLLMBackend`, into which
+    the weights are pushed first, as the trainer does before every step's rollout (this also empties vLLM's
+    prefix cache, so no run reuses another's prompts)."""
     from agentcredit.rollout.engine import EngineConfig, RolloutEngine
     from agentcredit.rollout.strategies import independent
 
@@ -587,12 +625,26 @@ def _compare_run(
         max_batch=64,  # the trainer's default rollout.max_batch
         share_prompt_prefix=shared_prefix,
     )
-    engine = RolloutEngine.for_hf_model(model, tokenizer, env.protocol, env.tools, config)
+    push = None
+    if vllm is not None:
+        push = vllm.push_weights(model)
+        before = dict(vllm.stats.extra)
+        engine = RolloutEngine(vllm, tokenizer, env.protocol, env.tools, config)
+    else:
+        engine = RolloutEngine.for_hf_model(model, tokenizer, env.protocol, env.tools, config)
     cpu = time.process_time()
     with _PeakRSS() as memory:
         trees = engine.run(list(examples), independent(settings.episodes), env.reward, seed=settings.seed)
     cpu = time.process_time() - cpu
     out = _engine_numbers(engine, trees)
+    if vllm is not None:
+        # what vLLM itself prefilled: the prompt tokens of its requests less those its prefix cache held
+        sent = vllm.stats.extra["prompt_tokens"] - before["prompt_tokens"]
+        cached = vllm.stats.extra["cached_prompt_tokens"] - before["cached_prompt_tokens"]
+        out["requests"] = int(vllm.stats.extra["requests"] - before["requests"])
+        out["request_prompt_tokens"] = int(sent)
+        out["prefill_tokens"] = int(sent - cached)
+        out["weight_push_seconds"] = round(push, 3)
     # CPU seconds of this process (all its threads): what the rollout cost, much less moved by other processes'
     # load than wall seconds (which wait for a core on a shared machine)
     out["cpu_seconds"] = round(cpu, 3)
@@ -616,6 +668,7 @@ def bench_compare(
     threads: int | None = None,
     skip_naive: bool = False,
     repeats: int = 1,
+    paths: Sequence[str] = tuple(ENGINE_PATHS),
     log: Log = print,
 ) -> dict[str, Any]:
     """Today's HF engine against the improved one (and the naive loop) in ONE run, on the same prompts, seed and
@@ -623,14 +676,27 @@ def bench_compare(
     study's size), generated and prefilled tok/s, peak memory and the fraction of this CPU's measured fp32 matmul
     peak. The naive loop runs one episode per question at the first size. The paths alternate per size, each
     ``repeats`` times (before, after, before, after, ...), and the fastest run of each path is reported (all its
-    seconds are kept), so a shared machine's drifting load hits both alike; the ratios are the numbers to quote."""
+    seconds are kept), so a shared machine's drifting load hits both alike; the ratios are the numbers to quote.
+    ``paths`` may add ``vllm`` (:data:`VLLM_PATH`): started once before the runs (its start-up, first weight push and
+    warm-up are reported apart), its weights pushed again before each of its runs (timed)."""
     from agentcredit.bench.flops import matmul_flops
     from agentcredit.bench.train import non_embedding_parameters
     from agentcredit.models.loading import load_base_model
 
     settings = settings or BenchSettings()
+    unknown = [p for p in paths if p not in COMPARE_PATHS]
+    if unknown or not paths:
+        raise ValueError(
+            f"bench rollout --paths: {unknown or 'none'}; choose from {', '.join(COMPARE_PATHS)}"
+        )
     result = _run_header(
-        model_path, dtype, settings, threads, sizes=[list(s) for s in sizes], repeats=repeats
+        model_path,
+        dtype,
+        settings,
+        threads,
+        sizes=[list(s) for s in sizes],
+        repeats=repeats,
+        paths=list(paths),
     )
     peak = matmul_flops(torch.float32)
     result["fp32_matmul_peak_gflops"] = peak["best"] / 1e9
@@ -639,7 +705,14 @@ def bench_compare(
     examples, env = build_task(settings.task, max(q for q, _ in sizes), settings.overrides)
     result["protocol"] = env.protocol.name
     result["runs"] = {}
+    vllm = None
     try:
+        if VLLM_PATH in paths:
+            log("starting vLLM (config + tokenizer, weights pushed in, one warm-up request)")
+            started = start_vllm(model, tokenizer, settings.temperature, settings.seed)
+            vllm = started.pop("backend")
+            result["vllm"] = started
+            log(f"  {started}, load {_load_average()}")
         for questions, episodes in sizes:
             size = f"{questions}x{episodes}"
             each = BenchSettings(
@@ -652,7 +725,7 @@ def bench_compare(
             )
             result["runs"][size] = {}
             for rep in range(repeats):
-                for name, shared in ENGINE_PATHS.items():
+                for name in paths:
                     log(f"{size}: {name} ({env.protocol.name}, {settings.task}), run {rep + 1} of {repeats}")
                     r = _compare_run(
                         model,
@@ -660,9 +733,10 @@ def bench_compare(
                         env,
                         examples[:questions],
                         each,
-                        shared_prefix=shared,
+                        shared_prefix=ENGINE_PATHS.get(name, True),
                         n_params=n_params,
                         peak_flops=peak["best"],
+                        vllm=vllm if name == VLLM_PATH else None,
                     )
                     log(
                         f"  {r['seconds']:.1f} s, {r['tokens_per_s']:.1f} generated tok/s, generated "
@@ -689,13 +763,24 @@ def bench_compare(
             log(f"  {naive['tokens_per_s']:.1f} generated tok/s")
     finally:
         env.close()
+        if vllm is not None:
+            vllm.close()
     result["load_average_end"] = _load_average()
+    # every other path against the first one named (hf_before by default): rollout seconds, wall and CPU
+    base = paths[0]
+    result["baseline"] = base
     result["speedup"] = {
-        size: runs["hf_before"]["seconds"] / max(1e-9, runs["hf_shared_prefix"]["seconds"])
+        size: {
+            name: runs[base]["seconds"] / max(1e-9, r["seconds"]) for name, r in runs.items() if name != base
+        }
         for size, runs in result["runs"].items()
     }
     result["cpu_speedup"] = {
-        size: runs["hf_before"]["cpu_seconds"] / max(1e-9, runs["hf_shared_prefix"]["cpu_seconds"])
+        size: {
+            name: runs[base]["cpu_seconds"] / max(1e-9, r["cpu_seconds"])
+            for name, r in runs.items()
+            if name != base
+        }
         for size, runs in result["runs"].items()
     }
     return result
@@ -731,20 +816,30 @@ def format_compare(result: dict[str, Any]) -> str:
                 f"{size} {name}: wall seconds of each run {r['all_seconds']}; CPU seconds of the reported run "
                 f"{r['cpu_seconds']}"
             )
-    for size, ratio in result["speedup"].items():
+    base = result.get("baseline", "hf_before")
+    for size, ratios in result["speedup"].items():
         runs = result["runs"][size]
-        same = runs["hf_before"]["generated_tokens"] == runs["hf_shared_prefix"]["generated_tokens"]
+        for name, ratio in ratios.items():
+            r, b = runs[name], runs[base]
+            lines.append(
+                f"{size}: rollout seconds {base} / {name} = {ratio:.2f}x wall, "
+                f"{result['cpu_speedup'][size][name]:.2f}x CPU (prefilled tokens "
+                f"{r['prefill_tokens'] / max(1, b['prefill_tokens']):.2f}x; generated tokens "
+                f"{r['generated_tokens']} vs {b['generated_tokens']})"
+            )
+    if "vllm" in result:
+        v = result["vllm"]
+        pushes = {size: runs[VLLM_PATH]["weight_push_seconds"] for size, runs in result["runs"].items()}
         lines.append(
-            f"{size}: rollout seconds hf_before / hf_shared_prefix = {ratio:.2f}x wall, "
-            f"{result['cpu_speedup'][size]:.2f}x CPU "
-            f"(prefilled tokens {runs['hf_shared_prefix']['prefill_tokens'] / max(1, runs['hf_before']['prefill_tokens']):.2f}x; "
-            f"same generated token count: {same})"
+            f"vllm {v['vllm_version']}: start-up {v['startup_seconds']:.1f} s (engine {v['engine_start_seconds']:.1f}"
+            f" s, first weight push {v['first_push_seconds']:.2f} s, warm-up request {v['warmup_seconds']:.1f} s), "
+            f"RSS added {v['rss_added_mib']:.0f} MiB (VLLM_CPU_KVCACHE_SPACE={v['kv_cache_gib']} GiB); weight push "
+            f"before each reported run: {pushes} s; its prefilled = request prompt tokens not in vLLM's prefix "
+            "cache"
         )
     if "naive" in result:
         first = result["runs"][next(iter(result["runs"]))]
         naive = result["naive"]["tokens_per_s"]
-        lines.append(
-            f"generated tok/s vs naive: hf_before {first['hf_before']['tokens_per_s'] / max(1e-9, naive):.1f}x, "
-            f"hf_shared_prefix {first['hf_shared_prefix']['tokens_per_s'] / max(1e-9, naive):.1f}x"
-        )
+        ratios = ", ".join(f"{name} {r['tokens_per_s'] / max(1e-9, naive):.1f}x" for name, r in first.items())
+        lines.append(f"generated tok/s vs naive: {ratios}")
     return "\n".join(lines)

@@ -437,3 +437,111 @@ class HFBackend(Backend):
             self.stats.decode_tokens += int(n_real.sum())
             self.stats.decode_seconds += seconds
         return {self._seq_at[r]: logits[b] for b, r in enumerate(rows) if tokens[b]}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Backends that generate whole segments (vLLM): the engine's one other kind of backend (issue 33)
+
+
+@dataclass(frozen=True)
+class SegmentRequest:
+    """Generate one policy segment (or the rest of one) after ``prompt``, the sequence's full token prefix.
+
+    ``max_tokens``: the segment's remaining budget (already capped by the context limit); ``stop``: the protocol's
+    candidate stop strings (:meth:`~agentcredit.protocols.base.Protocol.stop_strings`; the engine confirms each
+    hit with ``segment_ends``); ``seed``: the request's own seed, so a sampled segment does not depend on the
+    other requests it is batched with.
+    """
+
+    prompt: list[int]
+    max_tokens: int
+    stop: tuple[str, ...] = ()
+    seed: int = 0
+
+
+@dataclass
+class SegmentOutput:
+    """The tokens a :class:`SegmentRequest` produced and the behaviour log-prob of each (the engine's convention,
+    :mod:`agentcredit.rollout.sampling`: log softmax(logits / temperature) before top-k / top-p)."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+
+
+class SegmentBackend(Backend):
+    """A backend that samples whole segments itself (an inference server such as vLLM) instead of returning
+    next-token logits: the engine keeps protocols, tools, trees and budgets, and asks :meth:`generate` for the
+    tokens of each policy segment (:meth:`RolloutEngine._generate <agentcredit.rollout.engine.RolloutEngine>`).
+
+    Its sequences are token lists (the server keeps the KV cache and reuses prefixes through its own prefix
+    cache): :meth:`extend` appends and returns no logits, :meth:`fork` copies the list, an exported block is a
+    token span. No per-token entropy is available, so segments it generates record ``entropies=None``.
+    """
+
+    def __init__(self) -> None:
+        self._tokens: dict[int, list[int]] = {}
+        self._next_id = 0
+        self.stats = BackendStats()
+
+    @abstractmethod
+    def generate(
+        self, requests: Sequence[SegmentRequest], sampling: Any, stop_token_ids: Sequence[int]
+    ) -> list[SegmentOutput]:
+        """One :class:`SegmentOutput` per request (at least one token each), sampled with ``sampling`` (a
+        :class:`~agentcredit.rollout.sampling.SamplingParams`), each stopping at a ``stop_token_ids`` token (kept
+        as its last token), a stop string (kept), or ``max_tokens``."""
+
+    def tokens(self, seq: int) -> list[int]:
+        return list(self._seq(seq))
+
+    def _seq(self, seq: int) -> list[int]:
+        try:
+            return self._tokens[seq]
+        except KeyError:
+            raise ValueError(
+                f"{type(self).__name__}: sequence {seq} does not exist (released or never created)"
+            ) from None
+
+    def new_sequence(self) -> int:
+        seq, self._next_id = self._next_id, self._next_id + 1
+        self._tokens[seq] = []
+        return seq
+
+    def extend(self, feeds: Mapping[int, Sequence[int]]) -> dict[int, torch.Tensor]:
+        for seq, tokens in feeds.items():
+            if len(tokens) == 0:
+                raise ValueError(f"{type(self).__name__}.extend: sequence {seq} was fed no tokens")
+            self._seq(seq).extend(int(t) for t in tokens)
+        return {}
+
+    def fork(self, seq: int) -> int:
+        new = self.new_sequence()
+        self._tokens[new] = list(self._seq(seq))
+        return new
+
+    def truncate(self, seq: int, length: int) -> None:
+        tokens = self._seq(seq)
+        if not 0 <= length <= len(tokens):
+            raise ValueError(f"{type(self).__name__}.truncate: length {length} outside 0..{len(tokens)}")
+        del tokens[length:]
+
+    def length(self, seq: int) -> int:
+        return len(self._seq(seq))
+
+    def release(self, seq: int) -> None:
+        self._seq(seq)
+        del self._tokens[seq]
+
+    def export_block(self, seq: int, start: int, end: int) -> list[int]:
+        tokens = self._seq(seq)
+        if not 0 <= start <= end <= len(tokens):
+            raise ValueError(
+                f"{type(self).__name__}.export_block: span {start}..{end} outside 0..{len(tokens)}"
+            )
+        return tokens[start:end]
+
+    def sequence_from_blocks(self, blocks: Sequence[Any]) -> int:
+        seq = self.new_sequence()
+        for block in blocks:
+            self._tokens[seq].extend(block)
+        return seq

@@ -35,6 +35,13 @@ tokens for jsoncall) is prefilled once in a sequence of its own, exported as a c
 question's sequence, which prefills only the rest of its prompt (``share_prompt_prefix``; issue 33).
 ``reuse_prefix=False`` turns all of this off (each job prefills its whole context): the benchmark compares both.
 
+Backends that generate (``rollout.backend: vllm``, :class:`~agentcredit.rollout.backend.SegmentBackend`): step 3
+only appends the pending tokens to the sequence's token list, and step 4 asks the backend for the rest of every ready
+episode's segment in one batched call (the full token prefix, the remaining budget, the protocol's stop strings, one
+seed per request: :meth:`RolloutEngine._generate`); the returned tokens are replayed through the same per-token
+checks, so segment ends, budgets, tools, splices and trees are the engine's own. The server's prefix cache replaces
+the engine's prefix sharing (no shared-prompt block is built), and its segments carry no entropies.
+
 Token accounting (:class:`EngineStats`): ``generated_tokens`` are sampled tokens; ``prefill_tokens`` are
 tokens fed that were not just sampled by that sequence (prompts, observations, spliced extractions, recomputed
 fork tokens); ``decode_tokens`` are sampled tokens fed back.
@@ -57,7 +64,7 @@ from typing import Any
 import torch
 
 from agentcredit.protocols.base import EpisodeState, Protocol, Turn
-from agentcredit.rollout.backend import Backend
+from agentcredit.rollout.backend import Backend, SegmentBackend, SegmentRequest
 from agentcredit.rollout.sampling import SamplingParams, draw_uniforms, sample_tokens
 from agentcredit.rollout.tree import RolloutTree, Segment
 from agentcredit.tools.base import ToolCall, ToolResult, ToolRuntime
@@ -67,6 +74,8 @@ RewardFn = Callable[[Any, "str | None"], float]
 #: The prompts' common prefix is prefilled once only from this many tokens on: below it, the extra forward and the
 #: cache copies cost about what they save.
 SHARED_PREFIX_MIN = 32
+#: The "logits" of a :class:`SegmentBackend` sequence whose tokens are all fed: it is ready to generate.
+_READY = torch.empty(0)
 #: How long a failed run waits for its tool steps still running, to close their environments before it raises.
 _CLEANUP_SECONDS = 30.0
 
@@ -245,7 +254,7 @@ class _JobRun:
     clones: list[_JobRun] = field(default_factory=list)  # jobs waiting for this sequence's first logits
     seg_ids: list[int] = field(default_factory=list)
     seg_logprobs: list[float] = field(default_factory=list)
-    seg_entropies: list[float] = field(default_factory=list)
+    seg_entropies: list[float | None] = field(default_factory=list)  # None: a SegmentBackend (no entropy)
     seg_budget: int = 0
     transient_start: int | None = None  # column where a not-yet-replaced transient observation starts
     future: Future | None = None
@@ -254,6 +263,7 @@ class _JobRun:
     pause: bool = False
     added: list[int] = field(default_factory=list)
     env: Any = None  # its per-episode environment (EpisodeSession), opened at its first tool step
+    seed: int = 0  # the job's seed (its rng's); a SegmentBackend's requests derive theirs from it
 
 
 def _seed(*parts: object) -> int:
@@ -358,6 +368,8 @@ class RolloutEngine:
         self.max_context = min(self.config.max_context or backend.max_positions, backend.max_positions)
         self.stats = EngineStats()
         self._calls = 0
+        # a backend that generates whole segments (vLLM): the engine asks it for each segment's tokens
+        self._segments = backend if isinstance(backend, SegmentBackend) else None
 
     @classmethod
     def for_hf_model(
@@ -446,6 +458,8 @@ class RolloutEngine:
         """The token prefix every prompt shares (at most the shortest prompt minus one token, so every question
         still feeds at least one token of its own), or [] when it is not worth prefilling apart."""
         if not (self.config.share_prompt_prefix and self.config.reuse_prefix) or len(prompts) < 2:
+            return []
+        if self._segments is not None:  # the server's own prefix cache shares it (and every other prefix)
             return []
         first, n = prompts[0], min(len(p) for p in prompts) - 1
         for other in prompts[1:]:
@@ -572,8 +586,9 @@ class RolloutEngine:
         job = run.batch[slot]
         snap = run.states[job.node]
         rng = None
+        seed = _seed(self._seed, "job", run.prompt_id, run.jobs_started)
         if not self.config.sampling.greedy:
-            rng = torch.Generator().manual_seed(_seed(self._seed, "job", run.prompt_id, run.jobs_started))
+            rng = torch.Generator().manual_seed(seed)
         run.jobs_started += 1
         self.stats.jobs += 1
         return _JobRun(
@@ -586,6 +601,7 @@ class RolloutEngine:
             node=job.node,
             generated=snap.generated,
             layout=[],
+            seed=seed,
         )
 
     def _take_over(self, ep: _JobRun, parked: _JobRun) -> None:
@@ -687,7 +703,7 @@ class RolloutEngine:
             self.stats.prefill_tokens += ep.pending_prefill
             self.stats.decode_tokens += len(ep.pending) - ep.pending_prefill
             ep.pending, ep.pending_prefill = [], 0
-            ep.logits = logits[ep.seq]
+            ep.logits = logits[ep.seq] if self._segments is None else _READY
             if self._store:
                 self._save_blocks(ep)
             self._after_feed(ep)
@@ -715,6 +731,9 @@ class RolloutEngine:
         eps = [ep for ep in self._live if ep.logits is not None and ep.seg_budget > 0 and not ep.pause]
         if not eps:
             return False
+        if self._segments is not None:
+            self._generate(eps)
+            return True
         logits = torch.stack([ep.logits for ep in eps])
         params = self.config.sampling
         uniforms = None if params.greedy else draw_uniforms([ep.rng for ep in eps])  # type: ignore[misc]
@@ -723,6 +742,38 @@ class RolloutEngine:
             ep.logits = None
             self._on_token(ep, tok, lp, ent)
         return True
+
+    def _generate(self, eps: list[_JobRun]) -> None:
+        """A :class:`SegmentBackend` samples the rest of each episode's segment in one batched call; its tokens are
+        then replayed through :meth:`_on_token`, so stops, budgets and segment ends are decided exactly as for
+        sampled logits. Tokens after the first confirmed end are dropped (exact: each kept token was drawn from the
+        distribution it would have been drawn from had generation stopped there); a segment the backend stopped
+        early (a stop string the protocol did not confirm) goes on with a new request at the next iteration."""
+        backend = self._segments
+        assert backend is not None
+        requests = []
+        for ep in eps:
+            length = backend.length(ep.seq)
+            budget = min(ep.seg_budget - len(ep.seg_ids), self.max_context - length)
+            stops = tuple(self.protocol.stop_strings(ep.state))
+            seed = _seed(ep.seed, "segment", ep.generated) & 0x7FFFFFFF
+            requests.append(SegmentRequest(backend.tokens(ep.seq), max(1, budget), stops, seed))
+        outputs = backend.generate(requests, self.config.sampling, sorted(self.stop_ids))
+        for ep, out in zip(eps, outputs, strict=True):
+            if not out.token_ids or len(out.logprobs) != len(out.token_ids):
+                raise RuntimeError(
+                    f"{type(backend).__name__}.generate returned {len(out.token_ids)} tokens and "
+                    f"{len(out.logprobs)} log-probs for one request (backend bug)"
+                )
+            ep.logits = None
+            last = len(out.token_ids) - 1
+            for k, (token, logprob) in enumerate(zip(out.token_ids, out.logprobs, strict=True)):
+                self._on_token(ep, int(token), float(logprob), None)
+                if ep.seg_budget == 0 or k == last:  # the segment ended, or its next token is pending
+                    break
+                backend.extend({ep.seq: [int(token)]})  # the segment goes on: the token is in the context
+                ep.pending, ep.pending_prefill = [], 0
+                self.stats.decode_tokens += 1
 
     # ------------------------------------------------------------------ segments
     def _begin_segment(self, ep: _JobRun) -> None:
@@ -738,7 +789,7 @@ class RolloutEngine:
         ep.seg_budget = budget
         ep.seg_ids, ep.seg_logprobs, ep.seg_entropies = [], [], []
 
-    def _on_token(self, ep: _JobRun, token: int, logprob: float, entropy: float) -> None:
+    def _on_token(self, ep: _JobRun, token: int, logprob: float, entropy: float | None) -> None:
         ep.seg_ids.append(token)
         ep.seg_logprobs.append(logprob)
         ep.seg_entropies.append(entropy)
@@ -767,7 +818,7 @@ class RolloutEngine:
             role="policy",
             kind=turn.kind,
             logprobs=ep.seg_logprobs,
-            entropies=ep.seg_entropies,
+            entropies=None if self._segments is not None else ep.seg_entropies,
             info={"finish": finish, "calls": [c.to_dict() for c in turn.calls]},
         )
         node = tree.add(segment, ep.node)

@@ -60,6 +60,12 @@ def signal_metrics(batch: TrainBatch, signals: Signals) -> dict[str, float]:
     mask = batch.policy_mask
     if batch.old_entropy is not None and mask.any():
         out["policy/entropy"] = float(batch.old_entropy[mask].mean())
+    if mask.any():
+        # the rollout's recorded log-probs against the trainer's own forward on the same tokens: ~0 for the HF engine
+        # in fp32, a kernel mismatch with another backend (vLLM) or a bf16 rollout copy (issue 33)
+        gap = (batch.behaviour_logp - batch.old_logp)[mask]
+        out["rollout/logp_gap"] = float(gap.abs().mean())
+        out["rollout/logp_gap_max"] = float(gap.abs().max())
     if batch.ref_logp is not None and mask.any():
         out["policy/kl_ref"] = float((batch.old_logp - batch.ref_logp)[mask].mean())
     if batch.value_mask is not None and batch.returns is not None and batch.old_values is not None:

@@ -122,6 +122,9 @@ class Trainer:
         self.sampler = PromptSampler(self.examples, config.train.seed)
         self.step = 0
         self.nonfinite_in_row = 0
+        self._vllm: Any = None  # rollout.backend=vllm: the running engine (vllm_backend)
+        self._vllm_step = 0  # the step whose weights it holds
+        self._backend_stats: dict[str, float] = {}
         self.ev_positive_step: int | None = None  # the first step whose critic explained variance was > 0
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.logger = (
@@ -182,6 +185,42 @@ class Trainer:
             return self._bf16_copy
         return self.model
 
+    def vllm_backend(self) -> Any:
+        """``rollout.backend: vllm``: the running vLLM engine (started on first use), holding the policy's current
+        weights: they are pushed in after every update (no reload from disk), and the push is timed
+        (``rollout/weight_push_seconds``; the start-up is ``rollout/backend_startup_seconds`` at the first step)."""
+        if self._vllm is None:
+            from agentcredit.rollout.vllm_backend import VLLMBackend, vllm_available
+
+            if not vllm_available():
+                raise RuntimeError(
+                    "rollout.backend=vllm: vllm is not installed here (pip install 'agentcredit[vllm]', the "
+                    "CPU build; on a GPU the CUDA build), or set rollout.backend=hf"
+                )
+            if self.lora:
+                raise ValueError(
+                    "rollout.backend=vllm does not push LoRA adapters (model.lora.enabled); use rollout.backend=hf"
+                )
+            r = self.cfg.rollout
+            self._vllm = VLLMBackend(
+                self.rollout_model(),
+                self.tokenizer,
+                threads=torch.get_num_threads(),
+                temperature=r.temperature,
+                seed=self.cfg.train.seed,
+            )
+            self._vllm_step = self.step
+            self._backend_stats = {
+                "rollout/backend_startup_seconds": self._vllm.startup_seconds,
+                "rollout/weight_push_seconds": self._vllm.push_seconds[-1],
+            }
+        elif self._vllm_step != self.step:  # the policy was updated since the last push
+            self._backend_stats = {
+                "rollout/weight_push_seconds": self._vllm.push_weights(self.rollout_model())
+            }
+            self._vllm_step = self.step
+        return self._vllm
+
     def make_engine(self, *, temperature: float | None = None, seed: int | None = None):
         from agentcredit.rollout.engine import EngineConfig, RolloutEngine
         from agentcredit.rollout.sampling import SamplingParams
@@ -198,6 +237,12 @@ class Trainer:
             seed=self.cfg.train.seed * 1_000_003 + self.step if seed is None else seed,
             max_batch=r.max_batch,
         )
+        if (
+            r.backend == "vllm" and temperature is None
+        ):  # training rollouts (evaluation stays on the HF engine)
+            return RolloutEngine(
+                self.vllm_backend(), self.tokenizer, self.env.protocol, self.env.tools, engine_cfg
+            )
         return RolloutEngine.for_hf_model(
             self.rollout_model(), self.tokenizer, self.env.protocol, self.env.tools, engine_cfg
         )
@@ -221,6 +266,8 @@ class Trainer:
         self.model.train(was_training)
         raise_on_infra_failures(trees, f"training (step {self.step + 1})")
         stats = {f"rollout/{k}": float(v) for k, v in engine.stats.to_dict().items()}
+        stats.update(self._backend_stats)
+        self._backend_stats = {}
         return trees, stats
 
     # -------------------------------------------------------------- signals
@@ -435,7 +482,12 @@ class Trainer:
         trees, rollout_stats = self.rollout(examples)
         rollout_time = time.perf_counter() - t0
         result = self.learn(trees, examples)
-        kept = ("rollout/generated_tokens", "rollout/tokens_per_second")
+        kept = (
+            "rollout/generated_tokens",
+            "rollout/tokens_per_second",
+            "rollout/backend_startup_seconds",
+            "rollout/weight_push_seconds",
+        )
         result.metrics.update({k: v for k, v in rollout_stats.items() if k in kept})
         result.metrics["time/rollout"] = rollout_time
         # rollout + signals + update, as before learn() was split out (not the metric bookkeeping after them)
@@ -616,4 +668,7 @@ class Trainer:
     def close(self) -> None:
         if self.logger is not None:
             self.logger.close()
+        if self._vllm is not None:
+            self._vllm.close()
+            self._vllm = None
         self.env.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from agentcredit.bench.rollout import BenchSettings, bench_rollout, ceiling_efficiency, format_result
@@ -163,3 +164,15 @@ def test_bench_compare_runs_both_engine_paths_at_each_size_and_the_naive_loop():
     text = format_compare(result)
     assert "rollout seconds hf_before / hf_shared_prefix" in text and "load average" in text
     assert set(result["cpu_speedup"]) == {"2x2", "3x2"}
+    assert result["baseline"] == "hf_before" and set(result["speedup"]["2x2"]) == {"hf_shared_prefix"}
+
+
+def test_bench_compare_refuses_unknown_or_missing_paths():
+    from agentcredit.bench.rollout import bench_compare
+    from agentcredit.rollout.vllm_backend import vllm_available
+
+    with pytest.raises(ValueError, match="--paths"):
+        bench_compare("tiny", paths=["hf_fast"], log=lambda _m: None)
+    if not vllm_available():
+        with pytest.raises(ValueError, match="vllm is not installed"):
+            bench_compare("tiny", sizes=((2, 2),), paths=["vllm"], skip_naive=True, log=lambda _m: None)

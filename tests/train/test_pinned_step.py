@@ -94,7 +94,9 @@ def learn_metrics(name: str, trees: list[RolloutTree]) -> dict[str, float]:
             result = trainer.learn(trees, [examples[t.prompt_id] for t in trees])
         finally:
             trainer.close()
-    metrics = {k: v for k, v in result.metrics.items() if not k.startswith("time/")}
+    # rollout/logp_gap* (issue 33) set the stored trees' behaviour log-probs against this fresh model: a check of the
+    # rollout backend, not a number of the learning step
+    metrics = {k: v for k, v in result.metrics.items() if not k.startswith(("time/", "rollout/logp_gap"))}
     adv = result.batch.advantages[result.batch.loss_mask]
     metrics["pin/advantage_sum"] = float(adv.sum())
     metrics["pin/advantage_abs_sum"] = float(adv.abs().sum())
