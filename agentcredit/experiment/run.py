@@ -363,9 +363,11 @@ def run_sft(
             trees, per_prompt = _prompted_demonstrations(
                 config, tokenizer, data, prompts, tool_share, locate, log
             )
-            source = "scripted demonstrations under prompts " + ", ".join(
-                f"{mode} {n}" for mode, n in per_prompt.items()
-            ) + (f" (tool on {tool_share:.0%} under the own prompt)" if tool_share is not None else "")
+            source = (
+                "scripted demonstrations under prompts "
+                + ", ".join(f"{mode} {n}" for mode, n in per_prompt.items())
+                + (f" (tool on {tool_share:.0%} under the own prompt)" if tool_share is not None else "")
+            )
         else:
             trees = demonstrations(
                 env,

@@ -95,7 +95,9 @@ class SftSpec(_Spec):
 
             unknown = sorted(set(self.prompts) - set(SYSTEM_PROMPTS))
             if unknown:
-                raise ValueError(f"prompts: unknown prompt mode(s) {unknown}; one of {sorted(SYSTEM_PROMPTS)}")
+                raise ValueError(
+                    f"prompts: unknown prompt mode(s) {unknown}; one of {sorted(SYSTEM_PROMPTS)}"
+                )
             if any(v < 0 for v in self.prompts.values()) or abs(sum(self.prompts.values()) - 1.0) > 1e-6:
                 raise ValueError(f"prompts: shares must be >= 0 and sum to 1, got {self.prompts}")
         return self

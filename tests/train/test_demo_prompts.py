@@ -114,6 +114,8 @@ def test_a_bad_prompt_mix_in_a_study_file_is_one_line_naming_the_field(tmp_path)
 
     text = open("studies/arith-tool-can-hurt.yaml").read()
     bad = tmp_path / "bad.yaml"
-    bad.write_text(text.replace("prompts: {optional: 0.25, forced: 0.25, no_tool: 0.5}", "prompts: {quiet: 1.0}"))
+    bad.write_text(
+        text.replace("prompts: {optional: 0.25, forced: 0.25, no_tool: 0.5}", "prompts: {quiet: 1.0}")
+    )
     with pytest.raises(StudyError, match=r"start\.sft.*unknown prompt mode"):
         load_study(bad)
