@@ -36,8 +36,9 @@ from agentcredit.credit import (  # noqa: E402
     tips_turn_rewards,
 )
 from agentcredit.credit.methods import BUILT_IN  # noqa: E402
-from agentcredit.integrations.verl.advantages import apply_to_dataproto  # noqa: E402
+from agentcredit.integrations.verl.advantages import apply_to_dataproto, teacher_call_metrics  # noqa: E402
 from agentcredit.integrations.verl.episode import EpisodeResult, episode_rows  # noqa: E402
+from agentcredit.integrations.verl.fields import RowRecord  # noqa: E402
 from agentcredit.integrations.verl.settings import load_settings  # noqa: E402
 from agentcredit.integrations.verl.trainer import fields_to_dataproto  # noqa: E402
 from agentcredit.rollout.tree import RolloutTree, Segment  # noqa: E402
@@ -713,3 +714,19 @@ def test_a_method_registered_outside_the_package_runs_on_the_verl_adapter():
         assert bool((b.proto.batch["advantages"] != 0).any())
     finally:
         unregister_method("halved")
+
+
+def test_teacher_call_metrics_sum_the_episodes_records():
+    """Hand-worked: two episodes counted 5 and 3 teacher calls, of which 1 and 2 were resent whole (a prefix-cache hit
+    that reached the scored tokens): 8 requests, resent share 3 / 8. A row without counts (a second view, or a
+    method without a teacher) adds nothing; a batch without any gives no metric."""
+
+    def record(calls: dict[str, int]) -> RowRecord:
+        return RowRecord(episode_id="e", spans=[], outcome=0.0, segment_kinds=[], teacher_calls=calls)
+
+    rows = [record({"requests": 5, "resent": 1}), record({}), record({"requests": 3, "resent": 2})]
+    assert teacher_call_metrics(rows) == {
+        "agentcredit/teacher_requests": 8.0,
+        "agentcredit/teacher_resent_frac": pytest.approx(0.375),
+    }
+    assert teacher_call_metrics([record({})]) == {}

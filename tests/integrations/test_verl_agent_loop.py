@@ -161,6 +161,7 @@ def test_grpo_loop_returns_one_output_with_the_record(byte_tokenizer):
     assert sum(out.response_mask) == sum(s.end - s.start for s in rec.spans if s.trained)
     assert out.response_logprobs == [-0.25 if m else 0.0 for m in out.response_mask]
     assert server.scored == []  # grpo asks the server for no teacher scores
+    assert rec.teacher_calls == {}
     # the weight versions the episode was sampled with, for verl's staleness tags and metrics
     assert (out.extra_fields["min_global_steps"], out.extra_fields["max_global_steps"]) == (7, 8)
 
@@ -180,6 +181,8 @@ def test_tips_loop_records_teacher_potentials_at_each_boundary(byte_tokenizer):
     assert rec.potentials is not None and len(rec.potentials) == 2  # Phi(S_0), Phi(S_1)
     # 2 boundaries x 2 aliases scored, each = boundary context + "<answer>alias</answer>"
     assert len(server.scored) == 4
+    # counted in the record, for agentcredit/teacher_requests and teacher_resent_frac
+    assert rec.teacher_calls == {"requests": 4, "resent": 0}
     assert out.reward_score == pytest.approx(1.2)  # EM + TIPS's 0.2 format bonus
     # with log p(token j) = -0.001 j, Phi(S) = logsumexp over aliases of -0.001 * sum of the answer positions
     import math
@@ -203,6 +206,7 @@ def test_gear_loop_records_teacher_logprobs_per_response_token(byte_tokenizer):
     rec = RowRecord.model_validate(out.extra_fields["agentcredit"])
     assert len(rec.teacher_logprobs) == len(out.response_ids)
     (scored,) = server.scored
+    assert rec.teacher_calls == {"requests": 1, "resent": 0}
     # the teacher sequence is the ground-truth-conditioned prompt followed by exactly the student's response tokens
     assert scored[-len(out.response_ids) :] == out.response_ids
     # the ground truth is tau* (GEAR §3.3): the task's demonstration played through the worker's search tool

@@ -373,6 +373,21 @@ def _tips_alpha(
     return float(alpha), metrics
 
 
+def teacher_call_metrics(records: Sequence[RowRecord]) -> dict[str, float]:
+    """The batch's teacher scoring calls (TIPS, GEAR): ``agentcredit/teacher_requests`` sent and
+    ``agentcredit/teacher_resent_frac``, the share of them that vLLM's prefix cache answered too far into the scored
+    tokens, so they were sent again whole (:mod:`.scoring`). Empty when no record counted a call (no teacher)."""
+    calls = [r.teacher_calls for r in records if r.teacher_calls]
+    if not calls:
+        return {}
+    requests = sum(c.get("requests", 0) for c in calls)
+    resent = sum(c.get("resent", 0) for c in calls)
+    return {
+        "agentcredit/teacher_requests": float(requests),
+        "agentcredit/teacher_resent_frac": resent / requests if requests else 0.0,
+    }
+
+
 def apply_to_dataproto(
     data: Any,
     settings: AgentCreditSettings,
@@ -446,6 +461,7 @@ def apply_to_dataproto(
         teacher_logprobs=optional(TEACHER_FIELD),
     )
     result.metrics["agentcredit/infra_failed_episodes"] = float(len(set(failed.values())))
+    result.metrics.update(teacher_call_metrics(records))
     kept = trained[index].cpu().to(torch.float32)
     stored = [("advantages", result.advantages), ("returns", result.returns)]
     if result.loss_weights is not None:

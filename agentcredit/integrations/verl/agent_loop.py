@@ -446,13 +446,15 @@ class AgentCreditAgentLoop(AgentLoopBase):
         )
 
         potentials = teacher = None
+        scorers: list[TeacherScorer] = []  # their call counts go into the episode's record
         if "potentials" in s.needs.signals:
             t = s.settings_for("potentials")
+            scorers.append(self._tips_scorer())
             potentials = await answer_potentials(
                 episode.boundaries,
                 golds,
                 tokenizer=self.tokenizer,
-                score=self._tips_scorer(),
+                score=scorers[-1],
                 answer_template=t.answer_template,
                 reduce=t.reduce,
                 max_aliases=t.max_aliases,
@@ -461,7 +463,8 @@ class AgentCreditAgentLoop(AgentLoopBase):
             view.token_ids[len(prompt_ids) :] for view in episode.tree.training_views(episode.leaf)
         ]
         if t_prompt is not None:
-            teacher = await teacher_logprobs(t_prompt, views_response, score=self._scorer())
+            scorers.append(self._scorer())
+            teacher = await teacher_logprobs(t_prompt, views_response, score=scorers[-1])
 
         rows = episode_rows(
             episode,
@@ -471,6 +474,9 @@ class AgentCreditAgentLoop(AgentLoopBase):
             teacher=teacher,
             tree_id=tree_id,
             fork_counts=forks,
+            teacher_calls={k: sum(x.stats[k] for x in scorers) for k in ("requests", "resent")}
+            if scorers
+            else None,
         )
         return [self._output(row, prompt_ids, episode, outcome, accuracy, timing, kwargs) for row in rows]
 

@@ -448,6 +448,7 @@ def episode_rows(
     episode_id: str | None = None,
     tree_id: str | None = None,
     fork_counts: dict[int, int] | None = None,
+    teacher_calls: dict[str, int] | None = None,
 ) -> list[Row]:
     """The episode as verl rows, one per training view (one row unless tool outputs were transient)."""
     tree, leaf, p = episode.tree, episode.leaf, episode.prompt_length
@@ -479,6 +480,7 @@ def episode_rows(
             tree_id=tree_id,
             step_nodes=nodes if tree_id is not None else [],
             fork_counts=fork_counts or {},
+            teacher_calls=(teacher_calls or {}) if i == 0 else {},  # counted once per episode
             potentials=potentials,
             teacher_logprobs=teacher[i] if teacher is not None else None,
             infra_failures=episode.infra_failures,

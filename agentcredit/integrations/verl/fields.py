@@ -94,6 +94,13 @@ class RowRecord(BaseModel):
     teacher_logprobs: list[float] | None = Field(
         None, description="GEAR: log p(a_t | answer-conditioned context) per response token of this row"
     )
+    teacher_calls: dict[str, int] = Field(
+        default_factory=dict,
+        description="the episode's teacher scoring calls (TIPS, GEAR; view 0 only): requests sent, and resent = "
+        "vLLM calls whose prefix-cache hit reached the scored tokens and were sent again on the whole-sequence "
+        "path (agentcredit.integrations.verl.scoring); logged as agentcredit/teacher_* so a cache path that "
+        "keeps falling back is visible",
+    )
     infra_failures: list[str] = Field(
         default_factory=list,
         description='tool calls that could not run ("tool: output"): the episode ended there, its tokens are not '
