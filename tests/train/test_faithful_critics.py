@@ -150,6 +150,7 @@ def _batch(returns: list[float], values: list[float]) -> SimpleNamespace:
         old_entropy=None,
         ref_logp=None,
         old_logp=torch.zeros(1, n),
+        behaviour_logp=torch.zeros(1, n),
         value_mask=torch.ones(1, n, dtype=torch.bool),
         returns=torch.tensor([returns]),
         old_values=torch.tensor([values]),
@@ -190,3 +191,15 @@ def test_compare_shows_when_the_critic_first_explains_anything(tmp_path):
     header, rows = metrics_table(list(runs.values()))
     col = header.index("critic EV > 0 from step")
     assert [row[col] for row in rows] == ["3", "never", "–"]
+
+
+def test_rollout_logp_gap_by_hand():
+    """The rollout-vs-trainer log-prob gap (issue 33): rollout log-probs [-0.1, 0, 0.3, 9] against the trainer's
+    [0, 0, 0, 0] on the policy tokens [T, T, T, F]: |delta| = [0.1, 0, 0.3] -> mean 0.4 / 3, max 0.3 (the masked
+    observation token's 9 does not count)."""
+    batch = _batch([0.0, 1.0, 1.0, 0.0], [0.5, 0.5, 1.0, 0.0])
+    batch.policy_mask = torch.tensor([[True, True, True, False]])
+    batch.behaviour_logp = torch.tensor([[-0.1, 0.0, 0.3, 9.0]])
+    out = signal_metrics(batch, Signals(values=None, entropy=None))
+    assert out["rollout/logp_gap"] == pytest.approx(0.4 / 3)
+    assert out["rollout/logp_gap_max"] == pytest.approx(0.3)
