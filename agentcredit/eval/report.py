@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from agentcredit.config import OLD_ESTIMATORS
-from agentcredit.credit.methods import resolve_method
+from agentcredit.credit.methods import Method, resolve_method
 
 CURVES = (
     ("reward/mean", "mean reward"),
@@ -67,49 +67,44 @@ DIAGNOSTICS = (
     ("critical/rounds", "fork rounds"),
     ("policy/kl_ref", "KL to ref"),
 )
-# The settings whose reading differs between a paper and its spec, or that make a run a variant: the report names
-# the ones a run used (a method of "portool-shifted-outcome" with outcome_shift != 0 is a variant, not PORTool).
-RUN_SETTINGS = {
-    "portool": (
-        "algorithm.portool.combine",
-        "algorithm.portool.root_is_fork",
-        "algorithm.portool.unfinished_reward",
-        "algorithm.portool.outcome_shift",
-    ),
-    "tips": ("algorithm.tips.potential_scope",),
-    "carl_critical": ("rollout.forks_per_round",),
-}
 
 
-def method_sections(algorithm: dict[str, Any]) -> list[str]:
-    """The settings sections of a saved config's method, each part's: from ``algorithm.method``, or, in a config
-    written before issue 37, from its ``estimator`` / ``shaping`` / ``reweight`` parts (old runs stay readable)."""
+def method_parts(algorithm: dict[str, Any]) -> tuple[Method, ...]:
+    """The parts (estimating method, then modifiers) of a saved config's method: from ``algorithm.method``, or, in a
+    config written before issue 37, from its ``estimator`` / ``shaping`` / ``reweight`` parts (old runs stay
+    readable)."""
     name = algorithm.get("method")
     if name is None:
         parts = [algorithm.get("estimator"), algorithm.get("shaping"), algorithm.get("reweight")]
         parts[0] = OLD_ESTIMATORS.get(str(parts[0]), parts[0])
         name = "+".join(str(p) for p in parts if p and p != "none")
     try:
-        return [part.section for part in resolve_method(str(name))[0].parts]
+        return resolve_method(str(name))[0].parts
     except ValueError:  # a method registered by the run's own code, or no method at all
-        return []
+        return ()
+
+
+def method_sections(algorithm: dict[str, Any]) -> list[str]:
+    """The settings sections of a saved config's method, each part's."""
+    return [part.section for part in method_parts(algorithm)]
 
 
 def run_settings(cfg: dict[str, Any]) -> str:
-    """The :data:`RUN_SETTINGS` of a run's method as ``key=value`` pairs; "VARIANT" flags a non-paper outcome."""
+    """The settings each part of a run's method asks a report to show (``Method.report_settings``) as
+    ``key=value`` pairs, after the label its ``Method.variant`` gives a run that is not the paper's method."""
     algorithm = cfg.get("algorithm") or {}
-    sections = method_sections(algorithm)
-    out = []
-    for section in sections:
-        for dotted in RUN_SETTINGS.get(section, ()):
+    labels, out = [], []
+    for part in method_parts(algorithm):
+        for dotted in part.report_settings:
             node: Any = cfg
             for key in dotted.split("."):
                 node = node.get(key) if isinstance(node, dict) else None
             if node is not None:
                 out.append(f"{dotted.rsplit('.', 1)[-1]}={node}")
-    if (algorithm.get("portool") or {}).get("outcome_shift") and "portool" in sections:
-        out.insert(0, "VARIANT (not PORTool)")
-    return ", ".join(out)
+        label = part.variant(algorithm.get(part.section) or {}) if part.variant else None
+        if label:
+            labels.append(label)
+    return ", ".join([*labels, *out])
 
 
 @dataclass

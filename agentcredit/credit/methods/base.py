@@ -134,6 +134,11 @@ class Method:
     modifier: Literal["shaping", "reweight"] | None = None
     base: str | None = None
     composed_of: tuple[Method, ...] = field(default=(), repr=False)
+    #: dotted config keys a run report lists for this method's runs: the settings whose reading differs between
+    #: the paper and its spec, or that make a run a variant (agentcredit.eval.report.run_settings)
+    report_settings: tuple[str, ...] = ()
+    #: the saved settings section (a dict) -> a label when those settings make the run not the paper's method
+    variant: Callable[[dict[str, Any]], str | None] | None = None
 
     def __post_init__(self) -> None:
         if not self.composed_of:

@@ -61,4 +61,5 @@ METHOD = Method(
     needs=Needs(rollout="entropy_guided", step_inputs=frozenset({"tree"})),
     source="carl-critical Eqs. 9-13, 2",
     estimate=estimate,
+    report_settings=("rollout.forks_per_round",),
 )

@@ -123,4 +123,12 @@ METHOD = Method(
     ),
     source="PORTool Eqs. 1-3, Thm 3.1",
     estimate=estimate,
+    report_settings=(
+        "algorithm.portool.combine",
+        "algorithm.portool.root_is_fork",
+        "algorithm.portool.unfinished_reward",
+        "algorithm.portool.outcome_shift",
+    ),
+    # Eq. 2 decays the outcome as written; shifting it first is agentcredit's variant (portool-shifted-outcome)
+    variant=lambda saved: "VARIANT (not PORTool)" if saved.get("outcome_shift") else None,
 )

@@ -116,4 +116,5 @@ METHOD = Method(
     shape=shape,
     modifier="shaping",
     base="ppo",
+    report_settings=("algorithm.tips.potential_scope",),
 )
