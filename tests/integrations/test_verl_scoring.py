@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -41,12 +42,7 @@ def true_logprob(ids, p):
 
 
 def common_prefix(a, b):
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
+    return len(os.path.commonprefix([list(a), list(b)]))
 
 
 class ScriptedVllm:

@@ -4,7 +4,7 @@ every test directory has a ``conftest``, so ``from conftest import ...`` would p
 from __future__ import annotations
 
 import pytest
-from rollout_helpers import DEMOS, demo_tree, make_tools, one_thread, overfit
+from rollout_helpers import make_tools, one_thread, overfit_on_demos
 
 from agentcredit.models.tiny import tiny_llama
 
@@ -28,15 +28,7 @@ def trained_tiny(tiny):
     model, _ = tiny_llama(
         seed=1, tokenizer=tokenizer, hidden_size=64, intermediate_size=256, initializer_range=0.1
     )
-    tools = make_tools()
-    sequences = []
-    for demo in DEMOS:
-        tree = demo_tree(demo, tokenizer, tools)
-        for view in tree.training_views(tree.leaves()[0]):
-            sequences.append((view.token_ids, view.policy_mask))
-    with one_thread():
-        overfit(model, sequences)
-    tools.close()
+    overfit_on_demos(model, tokenizer)
     return model, tokenizer
 
 

@@ -223,6 +223,31 @@ def overfit(
     model.eval()
 
 
+def overfit_on_demos(model: Any, tokenizer: Any) -> None:
+    """:func:`overfit` ``model`` on the first leaf's training views of every :data:`DEMOS` tree."""
+    tools = make_tools()
+    sequences = []
+    for demo in DEMOS:
+        tree = demo_tree(demo, tokenizer, tools)
+        for view in tree.training_views(tree.leaves()[0]):
+            sequences.append((view.token_ids, view.policy_mask))
+    tools.close()
+    with one_thread():
+        overfit(model, sequences)
+
+
+def greedy_engine(backend: Any, tokenizer: Any, demo: Demo, tools: ToolRuntime) -> Any:
+    """A greedy :class:`RolloutEngine` on ``backend`` with the demo's protocol and the budgets the backend tests
+    compare at (60 tokens per segment, 200 per episode)."""
+    from agentcredit.rollout.engine import EngineConfig, RolloutEngine
+    from agentcredit.rollout.sampling import SamplingParams
+
+    config = EngineConfig(
+        sampling=SamplingParams(temperature=0), max_segment_tokens=60, max_episode_tokens=200
+    )
+    return RolloutEngine(backend, tokenizer, demo.build_protocol(), tools, config)
+
+
 @contextlib.contextmanager
 def one_thread():
     """Run torch on one thread: the tiny model's ops are too small to gain from two, and on a shared machine

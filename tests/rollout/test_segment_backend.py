@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from rollout_helpers import DEMOS
+from rollout_helpers import DEMOS, greedy_engine
 
 from agentcredit.rollout.backend import HFBackend, SegmentBackend, SegmentOutput, SegmentRequest
-from agentcredit.rollout.engine import EngineConfig, RolloutEngine
-from agentcredit.rollout.sampling import SamplingParams, recorded_logprobs
+from agentcredit.rollout.sampling import recorded_logprobs
 from agentcredit.rollout.strategies import entropy_guided, independent
 
 
@@ -55,13 +54,7 @@ class GreedyHFSegments(SegmentBackend):
 
 
 def run(backend, model, tokenizer, demo, tools, strategy=None):
-    engine = RolloutEngine(
-        backend,
-        tokenizer,
-        demo.build_protocol(),
-        tools,
-        EngineConfig(sampling=SamplingParams(temperature=0), max_segment_tokens=60, max_episode_tokens=200),
-    )
+    engine = greedy_engine(backend, tokenizer, demo, tools)
     trees = engine.run(
         [demo.question, demo.question + " Quick."], strategy or independent(2), lambda i, a: 0.0
     )

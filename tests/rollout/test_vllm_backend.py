@@ -14,7 +14,7 @@ import os
 
 import pytest
 import torch
-from rollout_helpers import DEMOS, demo_tree, make_tools, one_thread, overfit
+from rollout_helpers import DEMOS, greedy_engine, one_thread, overfit, overfit_on_demos
 
 from agentcredit.rollout.backend import HFBackend
 from agentcredit.rollout.engine import EngineConfig, RolloutEngine
@@ -49,16 +49,7 @@ def fitted(tiny):
         intermediate_size=256,
         initializer_range=0.1,
     )
-    tools = make_tools()
-    sequences = []
-    for demo in DEMOS:
-        tree = demo_tree(demo, tokenizer, tools)
-        for view in tree.training_views(tree.leaves()[0]):
-            sequences.append((view.token_ids, view.policy_mask))
-    tools.close()
-    with one_thread():
-        overfit(model, sequences)
-    model.eval()
+    overfit_on_demos(model, tokenizer)
     return model, tokenizer
 
 
@@ -75,13 +66,7 @@ def backend(fitted):
 
 
 def greedy_trees(backend, tokenizer, demo, tools):
-    engine = RolloutEngine(
-        backend,
-        tokenizer,
-        demo.build_protocol(),
-        tools,
-        EngineConfig(sampling=SamplingParams(temperature=0), max_segment_tokens=60, max_episode_tokens=200),
-    )
+    engine = greedy_engine(backend, tokenizer, demo, tools)
     questions = [demo.question, demo.question + " Quick."][:QUESTIONS]
     return engine, engine.run(questions, independent(EPISODES), lambda item, answer: 0.0)
 
