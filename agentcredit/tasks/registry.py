@@ -274,7 +274,8 @@ def load_task(
             train / test for arith-tools, 1500 / 300 / 300 train / test / novel for kb-multihop).
         seed: the subset seed for real data; the generation seed (and kb-multihop's world) for synthetic.
         data_dir: read real files from here instead of the default data root (no sample fallback then).
-        options: extra keyword arguments for the generator (``easy_fraction=`` for arith-tools) or for
+        options: extra keyword arguments for the generator (``easy_fraction=`` for arith-tools,
+            ``train_hop_fractions=`` for kb-multihop: the hop mix of its train split only) or for
             :func:`~agentcredit.tasks.datasets.load_jsonl` (``question_field=``, ``answer_field=``, ...).
     """
     if name.startswith("jsonl:"):
