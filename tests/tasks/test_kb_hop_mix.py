@@ -120,3 +120,27 @@ def test_a_bad_value_is_one_line_and_exit_2(tmp_path):
         "error: kb-multihop: task.options.train_hop_fractions must sum to 1, got 0.8 ({1: 0.5, 2: 0.3})"
     )
     assert "Traceback" not in res.output
+
+
+def test_a_study_with_an_easier_training_mix_keeps_its_fixed_held_out_sets(tmp_path):
+    """The issue-32 study's held-out files (written before any run) regenerate byte for byte when the study's common
+    settings add a training mix: the option cannot silently move a published held-out set."""
+    from pathlib import Path
+
+    import yaml
+
+    from agentcredit.experiment.study import Study, load_study
+
+    root = Path(__file__).resolve().parents[2]
+    data = yaml.safe_load((root / "studies" / "kb-jsoncall-portool-regime.yaml").read_text())
+    data["set"].append("task.options={train_hop_fractions: {1: 0.6, 2: 0.3, 3: 0.1}}")
+    config = tmp_path / "study.yaml"
+    config.write_text(yaml.safe_dump(data))
+    study = Study(load_study(config), tmp_path / "out", log=lambda *_: None)
+    assert study._task()[2] == {"train_hop_fractions": {1: 0.6, 2: 0.3, 3: 0.1}}
+    study.dir.mkdir(parents=True)
+    study._fix_heldout()
+    published = root / "docs" / "results" / "kb-jsoncall-portool-regime" / "heldout"
+    for name in ("test", "novel"):
+        written = (study.dir / "heldout" / f"{name}.jsonl").read_text()
+        assert written == (published / f"{name}.jsonl").read_text()
