@@ -73,7 +73,7 @@ TASKS: dict[str, TaskSpec] = {
         TaskSpec(
             "kb-multihop",
             "synthetic fictional world, 1/2/3-hop questions answered by BM25 search; info['hops']; split 'novel':"
-            " kinds, relations, phrasings and prose training never used",
+            " kinds, relations, phrasings and prose training never used; train hop mix: train_hop_fractions",
             {"train": (), "test": (), "novel": ()},
             "train",
             generator=kb.generate,
