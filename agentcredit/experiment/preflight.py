@@ -71,6 +71,25 @@ def group_success_share(successes: Sequence[bool]) -> tuple[float, float, int]:
     return p, math.sqrt(p * (1 - p) / n), n
 
 
+def group_breakdown(groups: Sequence[tuple[Any, int, int]]) -> dict[str, dict[str, Any]]:
+    """Per part of a training set (kb-multihop's hop count, arith's tier: ``groups`` holds, per group, its part,
+    its correct trajectories and its trajectories): groups, groups holding a success and their share, correct
+    trajectories and their share. Parts are keyed by ``str(part)``; groups without a part are left out."""
+    out: dict[str, dict[str, Any]] = {}
+    for part, correct, total in groups:
+        if part is None:
+            continue
+        row = out.setdefault(str(part), {"groups": 0, "with_success": 0, "correct": 0, "trajectories": 0})
+        row["groups"] += 1
+        row["with_success"] += int(correct > 0)
+        row["correct"] += correct
+        row["trajectories"] += total
+    for row in out.values():
+        row["share"] = row["with_success"] / row["groups"]
+        row["accuracy"] = row["correct"] / row["trajectories"] if row["trajectories"] else math.nan
+    return dict(sorted(out.items()))
+
+
 _VALUE = {
     "accuracy": lambda r: float(r["correct"]),
     "em": lambda r: float(r["em"]),
@@ -226,11 +245,17 @@ def measure_policy(study: Study, pre: PreconditionSpec, model_dir: Path) -> dict
         try:
             per = cfg.rollout.prompts_per_step
             successes = []
+            per_question: dict[str, list[Any]] = {}  # id -> [part (hops / tier), correct, trajectories]
             for i in range(0, len(examples), per):
                 engine = trainer.make_engine(seed=spec.seeds[0] * 1_000_003 + i)
-                trees = engine.run(examples[i : i + per], trainer.strategy(), trainer.env.reward)
+                batch = examples[i : i + per]
+                trees = engine.run(batch, trainer.strategy(), trainer.env.reward)
                 raise_on_infra_failures(trees, f"precondition {pre.name!r}")
-                successes += [any(r >= 1.0 for r in t.outcomes().values()) for t in trees]
+                for tree, example in zip(trees, batch, strict=True):
+                    outcomes = list(tree.outcomes().values())
+                    successes.append(any(r >= 1.0 for r in outcomes))
+                    part = example.info.get("hops", example.info.get("tier"))
+                    per_question[example.id] = [part, sum(1 for r in outcomes if r >= 1.0), len(outcomes)]
         finally:
             trainer.close()
         value, se, n = group_success_share(successes)
@@ -239,6 +264,10 @@ def measure_policy(study: Study, pre: PreconditionSpec, model_dir: Path) -> dict
             "trajectories_per_group": cfg.rollout.n,
             "strategy": cfg.rollout.strategy,
             "temperature": cfg.rollout.temperature,
+            "task_options": dict(cfg.task.options),
+            # the step-1 trajectories' accuracy and the share per hop count (kb-multihop) or tier (arith)
+            "by_part": group_breakdown(list(per_question.values())),
+            "per_question": per_question,
         }
     else:
         model, tokenizer = load_base_model(str(model_dir), start.model.dtype)

@@ -374,8 +374,16 @@ def preflight_sections(
             extra = ", ".join(
                 f"{k} {_fmt(v) if isinstance(v, float) else v}"
                 for k, v in d.items()
-                if k not in ("gate", "per_question") and v is not None
+                if k not in ("gate", "per_question", "by_part", "task_options") and v is not None
             )
+            if d.get("task_options"):
+                extra += ", task options " + ", ".join(f"{k}={v}" for k, v in d["task_options"].items())
+            if d.get("by_part"):  # group_success per hop count (kb-multihop) or tier (arith)
+                extra += "; per hop / tier: " + "; ".join(
+                    f"{part}: {r['with_success']}/{r['groups']} trees, {r['correct']}/{r['trajectories']} "
+                    "trajectories correct"
+                    for part, r in d["by_part"].items()
+                )
             rows.append(
                 [
                     p["name"],

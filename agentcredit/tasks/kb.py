@@ -29,11 +29,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from fractions import Fraction
 from pathlib import Path
+from typing import Any
 
 from agentcredit.tasks.example import Example, stable_rng
 from agentcredit.tasks.paths import default_cache_dir
@@ -574,8 +577,55 @@ def available_questions(seed: int = 0, split: str = "train") -> dict[int, int]:
     return {h: sum(1 for _ in _chains(world, split, h)) for h in HOPS}
 
 
-def generate(n: int, seed: int = 0, *, split: str = "train") -> list[Example]:
-    """``n`` questions about the world of ``seed``: hop counts as equal as possible (1, 2, 3), no repeats.
+EQUAL_THIRDS: dict[int, Fraction] = {h: Fraction(1, len(HOPS)) for h in HOPS}
+OPTION = "task.options.train_hop_fractions"
+
+
+def hop_fractions(value: Any) -> dict[int, Fraction]:
+    """``train_hop_fractions`` checked and read: a mapping hop count (1, 2, 3; YAML ints or, after a JSON round
+    trip, the strings "1".."3") -> share in [0, 1], the shares summing to 1 (within 1e-6); a hop left out gets 0.
+    None means equal thirds. Each share is read as the decimal it was written as (``Fraction(str(x))``), so 0.3
+    of 10 questions is exactly 3. Raises ValueError naming the option."""
+    if value is None:
+        return dict(EQUAL_THIRDS)
+    if not isinstance(value, Mapping) or not value:
+        raise ValueError(
+            f"{TASK}: {OPTION} must be a mapping of hop count to share, e.g. {{1: 0.5, 2: 0.3, 3: 0.2}}, "
+            f"got {value!r}"
+        )
+    shares: dict[int, Fraction] = dict.fromkeys(HOPS, Fraction(0))
+    for key, share in value.items():
+        hop = int(key) if isinstance(key, str) and key.strip().isdigit() else key
+        if isinstance(hop, bool) or hop not in HOPS:
+            raise ValueError(f"{TASK}: {OPTION} keys must be hop counts {list(HOPS)}, got {key!r}")
+        if isinstance(share, bool) or not isinstance(share, int | float) or not 0.0 <= share <= 1.0:
+            raise ValueError(f"{TASK}: {OPTION}[{hop}] must be a number in [0, 1], got {share!r}")
+        shares[hop] = Fraction(str(share))
+    total = sum(shares.values())
+    if abs(total - 1) > Fraction(1, 10**6):
+        raise ValueError(f"{TASK}: {OPTION} must sum to 1, got {float(total):g} ({dict(value)!r})")
+    # renormalised to exactly 1, so that hop_counts splits n exactly
+    return {h: share / total for h, share in shares.items()}
+
+
+def hop_counts(n: int, fractions: Mapping[int, Fraction]) -> dict[int, int]:
+    """How many of ``n`` questions get each hop count: ``floor(n * share)``, then the questions left over (at most
+    two) to the hops with the largest remainders, ties to the fewer hops. Equal thirds give the split the
+    generator always made: ``n // 3`` each, the first ``n % 3`` hops one more."""
+    floors = {h: math.floor(n * fractions[h]) for h in HOPS}
+    left = n - sum(floors.values())
+    ranked = sorted(HOPS, key=lambda h: (-(n * fractions[h] - floors[h]), h))
+    return {h: floors[h] + (1 if h in ranked[:left] else 0) for h in HOPS}
+
+
+def generate(
+    n: int, seed: int = 0, *, split: str = "train", train_hop_fractions: Mapping[Any, float] | None = None
+) -> list[Example]:
+    """``n`` questions about the world of ``seed``, no repeats. Hop counts (1, 2, 3) as equal as possible, or, on
+    the ``train`` split only, in the shares ``train_hop_fractions`` asks for (:func:`hop_fractions`,
+    :func:`hop_counts`): an easier training mix for a small start. ``test`` and ``novel`` keep equal thirds
+    whatever it says (it is still checked), so a held-out set drawn with a run's task options never changes
+    with its training mix.
 
     ``info`` holds ``hops``, the ``chain`` of ``[subject, relation, object]`` triples (the answer is the last
     object), and ``supporting_titles`` (the passage titles, one per hop). Same inputs, same output.
@@ -584,9 +634,10 @@ def generate(n: int, seed: int = 0, *, split: str = "train") -> list[Example]:
         raise ValueError(f"{TASK}: split must be one of {SPLITS}, got {split!r}")
     if n < 0:
         raise ValueError(f"{TASK}: n must be >= 0, got {n}")
+    fractions = hop_fractions(train_hop_fractions)
     world = build_world(seed)
     rng = stable_rng(TASK, "questions", split, seed)
-    per_hop = {h: n // len(HOPS) + (1 if i < n % len(HOPS) else 0) for i, h in enumerate(HOPS)}
+    per_hop = hop_counts(n, fractions if split == "train" else EQUAL_THIRDS)
     picked: list[tuple[int, list[tuple[str, str, str]]]] = []
     for hops, count in per_hop.items():
         chains = list(_chains(world, split, hops))

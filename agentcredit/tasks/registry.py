@@ -73,7 +73,7 @@ TASKS: dict[str, TaskSpec] = {
         TaskSpec(
             "kb-multihop",
             "synthetic fictional world, 1/2/3-hop questions answered by BM25 search; info['hops']; split 'novel':"
-            " kinds, relations, phrasings and prose training never used",
+            " kinds, relations, phrasings and prose training never used; train hop mix: train_hop_fractions",
             {"train": (), "test": (), "novel": ()},
             "train",
             generator=kb.generate,
@@ -274,7 +274,8 @@ def load_task(
             train / test for arith-tools, 1500 / 300 / 300 train / test / novel for kb-multihop).
         seed: the subset seed for real data; the generation seed (and kb-multihop's world) for synthetic.
         data_dir: read real files from here instead of the default data root (no sample fallback then).
-        options: extra keyword arguments for the generator (``easy_fraction=`` for arith-tools) or for
+        options: extra keyword arguments for the generator (``easy_fraction=`` for arith-tools,
+            ``train_hop_fractions=`` for kb-multihop: the hop mix of its train split only) or for
             :func:`~agentcredit.tasks.datasets.load_jsonl` (``question_field=``, ``answer_field=``, ...).
     """
     if name.startswith("jsonl:"):

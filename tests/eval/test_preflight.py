@@ -72,9 +72,17 @@ def test_an_unmet_regime_stops_before_the_warm_up_with_the_measured_values(tmp_p
     record = json.loads((tmp_path / "study" / "preflight" / "preflight.json").read_text())
     assert [p["met"] for p in record["preconditions"]] == [False, False, False]
     assert all(p["source"] for p in record["preconditions"])
+    trees = next(p for p in record["preconditions"] if p["measure"] == "group_success")["detail"]
+    assert len(trees["per_question"]) == 4  # per training question: [tier, correct, trajectories]
+    assert sum(r["groups"] for r in trees["by_part"].values()) == 4
+    # the untrained model answers nothing
+    assert all(r["with_success"] == 0 for r in trees["by_part"].values())
     assert not (tmp_path / "study" / "start" / "model").exists()  # the warm-up was not paid for
     assert not (tmp_path / "study" / "runs").exists()
-    assert "regime" in (tmp_path / "study" / "report" / "report.md").read_text().lower()
+    report = (tmp_path / "study" / "report" / "report.md").read_text()
+    assert "regime" in report.lower()
+    # the per-tier breakdown of the trees, as counts, not as a raw dict
+    assert "per hop / tier: " in report and " trees, 0/" in report and "'groups'" not in report
 
 
 def test_the_override_measures_power_and_budget_and_stamps_every_verdict(tmp_path):

@@ -11,6 +11,7 @@ import yaml
 from agentcredit.experiment.preflight import (
     claim_effect,
     claim_power,
+    group_breakdown,
     group_success_share,
     holds,
     per_question_values,
@@ -35,6 +36,19 @@ def test_group_success_share_by_hand():
     assert group_success_share([True, True, False, False]) == (0.5, 0.25, 4)
     value, se, n = group_success_share([])
     assert math.isnan(value) and n == 0
+
+
+def test_group_breakdown_by_hand():
+    # per group: (hop count, correct trajectories, trajectories)
+    groups = [(1, 3, 8), (1, 0, 8), (2, 1, 8), (3, 0, 8), (None, 8, 8)]
+    out = group_breakdown(groups)
+    keys = ("groups", "with_success", "correct", "trajectories", "share", "accuracy")
+    assert out == {  # the group without a part is left out
+        "1": dict(zip(keys, (2, 1, 3, 16, 0.5, 3 / 16), strict=True)),
+        "2": dict(zip(keys, (1, 1, 1, 8, 1.0, 1 / 8), strict=True)),
+        "3": dict(zip(keys, (1, 0, 0, 8, 0.0, 0.0), strict=True)),
+    }
+    assert group_breakdown([]) == {}
 
 
 def test_holds():

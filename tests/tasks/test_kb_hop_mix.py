@@ -1,0 +1,146 @@
+"""kb-multihop's training hop mix, ``task.options.train_hop_fractions`` (issue 32: an easier training mix for a
+135M start). Default: the equal thirds the generator always made; held-out splits never follow the option."""
+
+from collections import Counter
+from fractions import Fraction
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from agentcredit.tasks import kb, load_task
+
+
+def _hops(examples) -> dict[int, int]:
+    return dict(Counter(ex.info["hops"] for ex in examples))
+
+
+# ------------------------------------------------------------------------------------------------ the counts
+def test_hop_counts_by_hand():
+    # 48 x (0.5, 0.3, 0.2) = 24, 14.4, 9.6: floors 24, 14, 9, one left over to the largest remainder (hop 3, .6)
+    assert kb.hop_counts(48, kb.hop_fractions({1: 0.5, 2: 0.3, 3: 0.2})) == {1: 24, 2: 14, 3: 10}
+    # 10 x (0.45, 0.45, 0.1) = 4.5, 4.5, 1: one left over, remainders tie at .5 -> the fewer hops (hop 1)
+    assert kb.hop_counts(10, kb.hop_fractions({1: 0.45, 2: 0.45, 3: 0.1})) == {1: 5, 2: 4, 3: 1}
+    # 7 x (0.6, 0.4, 0) = 4.2, 2.8, 0: floors 4, 2, 0, one left over to hop 2 (.8); a zero share gets nothing
+    assert kb.hop_counts(7, kb.hop_fractions({1: 0.6, 2: 0.4})) == {1: 4, 2: 3, 3: 0}
+    # equal thirds: 100 -> 34, 33, 33 and 2 -> 1, 1, 0 (the first n % 3 hops one more)
+    assert kb.hop_counts(100, kb.EQUAL_THIRDS) == {1: 34, 2: 33, 3: 33}
+    assert kb.hop_counts(2, kb.EQUAL_THIRDS) == {1: 1, 2: 1, 3: 0}
+
+
+def test_shares_are_read_as_written_and_renormalised():
+    # 0.3 is exactly 3/10 (not the binary float just below it), so 0.3 of 10 questions is exactly 3
+    assert kb.hop_fractions({1: 0.7, 2: 0.3}) == {1: Fraction(7, 10), 2: Fraction(3, 10), 3: Fraction(0)}
+    assert kb.hop_counts(10, kb.hop_fractions({1: 0.7, 2: 0.3})) == {1: 7, 2: 3, 3: 0}
+    # thirds written as decimals sum to 0.999999: within the tolerance, and split n as equal thirds do
+    third = kb.hop_fractions({1: 0.333333, 2: 0.333333, 3: 0.333333})
+    assert sum(third.values()) == 1
+    assert all(kb.hop_counts(n, third) == kb.hop_counts(n, kb.EQUAL_THIRDS) for n in range(60))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 5000), st.tuples(*(st.integers(0, 20) for _ in range(3))).filter(lambda w: sum(w) > 0))
+def test_counts_sum_to_n_and_follow_the_shares_within_rounding(n, weights):
+    fractions = kb.hop_fractions({h: w / sum(weights) for h, w in zip(kb.HOPS, weights, strict=True)})
+    counts = kb.hop_counts(n, fractions)
+    assert sum(counts.values()) == n
+    for h in kb.HOPS:
+        assert abs(counts[h] - n * fractions[h]) < 1  # largest remainder: never a whole question off
+        if fractions[h] == 0:
+            assert counts[h] == 0
+
+
+@given(st.integers(0, 3000))
+def test_equal_thirds_are_the_old_split(n):
+    # the generator before the option
+    old = {h: n // 3 + (1 if i < n % 3 else 0) for i, h in enumerate(kb.HOPS)}
+    assert kb.hop_counts(n, kb.EQUAL_THIRDS) == old
+
+
+# ------------------------------------------------------------------------------------------------ the generator
+def test_the_default_mix_is_unchanged():
+    assert kb.generate(48, 0, train_hop_fractions=None) == kb.generate(48, 0)
+    assert kb.generate(48, 0, train_hop_fractions={1: 1 / 3, 2: 1 / 3, 3: 1 / 3}) == kb.generate(48, 0)
+    assert _hops(kb.generate(48, 0)) == {1: 16, 2: 16, 3: 16}
+
+
+def test_training_questions_follow_the_mix():
+    examples = load_task("kb-multihop", "train", 48, seed=0, train_hop_fractions={1: 0.5, 2: 0.3, 3: 0.2})
+    assert _hops(examples) == {1: 24, 2: 14, 3: 10}
+    assert len({ex.question for ex in examples}) == 48
+    assert _hops(kb.generate(30, 0, train_hop_fractions={1: 1.0})) == {1: 30}
+    # a run's saved config, after a JSON round trip, has string keys: the same questions
+    strings = kb.generate(48, 0, train_hop_fractions={"1": 0.5, "2": 0.3, "3": 0.2})
+    assert strings == examples
+    # more questions of a hop count than the region holds: the generator's clear error
+    with pytest.raises(ValueError, match="has 648 1-hop questions, asked for 700"):
+        kb.generate(700, 0, train_hop_fractions={1: 1.0})
+
+
+@pytest.mark.parametrize("split", ["test", "novel"])
+def test_held_out_splits_keep_equal_thirds(split):
+    """A study draws its held-out sets with the study's task options: the training mix must not move them."""
+    mixed = load_task("kb-multihop", split, 60, seed=0, train_hop_fractions={1: 0.8, 2: 0.2})
+    assert mixed == load_task("kb-multihop", split, 60, seed=0)
+    assert _hops(mixed) == {1: 20, 2: 20, 3: 20}
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ({1: 0.5, 2: 0.3}, "must sum to 1, got 0.8"),
+        ({1: 1.5, 2: -0.5}, r"\[1\] must be a number in \[0, 1\], got 1.5"),
+        ({1: 0.5, 4: 0.5}, r"keys must be hop counts \[1, 2, 3\], got 4"),
+        ({1: True}, r"\[1\] must be a number"),
+        ({1: "half", 2: 0.5}, r"\[1\] must be a number"),
+        ([0.5, 0.3, 0.2], "must be a mapping of hop count to share"),
+        ({}, "must be a mapping of hop count to share"),
+    ],
+)
+def test_bad_values_name_the_option(value, says):
+    with pytest.raises(ValueError, match=r"kb-multihop: task\.options\.train_hop_fractions.*" + says):
+        kb.generate(10, 0, train_hop_fractions=value)
+    # checked on every split, so a typo fails an evaluation too, not only training
+    with pytest.raises(ValueError, match="train_hop_fractions"):
+        kb.generate(10, 0, split="test", train_hop_fractions=value)
+
+
+def test_a_bad_value_is_one_line_and_exit_2(tmp_path):
+    from agentcredit.cli import app
+
+    res = CliRunner().invoke(
+        app,
+        ["eval", "--model", "tiny", "-c", "grpo-kb-multihop", "--limit", "1", "--out", str(tmp_path / "e"),
+         "--set", "task.options.train_hop_fractions={1: 0.5, 2: 0.3}"],
+    )  # fmt: skip
+    assert res.exit_code == 2, res.output
+    lines = [line for line in res.output.splitlines() if line.strip()]
+    assert lines[-1] == (
+        "error: kb-multihop: task.options.train_hop_fractions must sum to 1, got 0.8 ({1: 0.5, 2: 0.3})"
+    )
+    assert "Traceback" not in res.output
+
+
+def test_a_study_with_an_easier_training_mix_keeps_its_fixed_held_out_sets(tmp_path):
+    """The issue-32 study's held-out files (written before any run) regenerate byte for byte when the study's common
+    settings add a training mix: the option cannot silently move a published held-out set."""
+    from pathlib import Path
+
+    import yaml
+
+    from agentcredit.experiment.study import Study, load_study
+
+    root = Path(__file__).resolve().parents[2]
+    data = yaml.safe_load((root / "studies" / "kb-jsoncall-portool-regime.yaml").read_text())
+    data["set"].append("task.options={train_hop_fractions: {1: 0.6, 2: 0.3, 3: 0.1}}")
+    config = tmp_path / "study.yaml"
+    config.write_text(yaml.safe_dump(data))
+    study = Study(load_study(config), tmp_path / "out", log=lambda *_: None)
+    assert study._task()[2] == {"train_hop_fractions": {1: 0.6, 2: 0.3, 3: 0.1}}
+    study.dir.mkdir(parents=True)
+    study._fix_heldout()
+    published = root / "docs" / "results" / "kb-jsoncall-portool-regime" / "heldout"
+    for name in ("test", "novel"):
+        written = (study.dir / "heldout" / f"{name}.jsonl").read_text()
+        assert written == (published / f"{name}.jsonl").read_text()
