@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -22,11 +23,23 @@ FLOPS_PER_TOKEN = {"rollout": 2, "signals": 2, "update": 6}  # x N (non-embeddin
 
 
 def matmul_flops(
-    dtype: torch.dtype = torch.float32, *, n: int = 1024, trials: int = 5, min_seconds: float = 0.3
+    dtype: torch.dtype = torch.float32,
+    *,
+    n: int = 1024,
+    trials: int = 5,
+    min_seconds: float = 0.3,
+    clock: str = "wall",
 ) -> dict[str, float]:
-    """FLOP/s of ``n x n @ n x n`` matmuls in ``dtype``: ``{"best", "median", "n", "threads"}``."""
+    """FLOP/s of ``n x n @ n x n`` matmuls in ``dtype``: ``{"best", "median", "n", "threads"}``.
+
+    ``clock="cpu"`` times them in CPU seconds of this process (``time.process_time``) instead of wall seconds:
+    FLOP per CPU-second, the peak to set a CPU-second count against on a machine whose other processes take
+    turns on the cores (with one torch thread, one CPU-second is one core busy for a second)."""
     if n < 1 or trials < 1:
         raise ValueError(f"matmul_flops: need n >= 1 and trials >= 1, got n={n}, trials={trials}")
+    if clock not in ("wall", "cpu"):
+        raise ValueError(f"matmul_flops: clock must be 'wall' or 'cpu', got {clock!r}")
+    now = time.perf_counter if clock == "wall" else time.process_time
     gen = torch.Generator().manual_seed(0)
     a = torch.randn(n, n, generator=gen).to(dtype)
     b = torch.randn(n, n, generator=gen).to(dtype)
@@ -34,11 +47,11 @@ def matmul_flops(
     torch.matmul(a, b, out=out)  # warm-up: thread pool, caches
     rates = []
     for _ in range(trials):
-        reps, start = 0, time.perf_counter()
+        reps, start = 0, now()
         while True:
             torch.matmul(a, b, out=out)
             reps += 1
-            elapsed = time.perf_counter() - start
+            elapsed = now() - start
             if elapsed >= min_seconds:
                 break
         rates.append(2.0 * n**3 * reps / elapsed)
@@ -80,3 +93,93 @@ def phase_fractions(bench: dict[str, Any], peak_flops: float) -> dict[str, dict[
                 "fraction_of_peak": achieved / peak_flops,
             }
     return out
+
+
+# ------------------------------------------------------------------------------------------------ rollout FLOPs
+# A decoder's forward FLOPs counted from its shape (2 FLOPs per multiply-add), for ``bench rollout --compare``:
+# the linear layers per token fed, the LM head per row whose logits are kept, attention per query-key pair.
+# Norms, RoPE, activations, softmax and sampling are left out (each < 1% of a 135M model's linear FLOPs).
+
+
+@dataclass(frozen=True)
+class DecoderShape:
+    """What a Llama-style decoder's FLOPs depend on (``from_config`` reads a transformers config)."""
+
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    vocab: int
+    head_dim: int | None = None  # default hidden // heads
+
+    @property
+    def dim(self) -> int:
+        return self.head_dim if self.head_dim is not None else self.hidden // self.heads
+
+    @classmethod
+    def from_config(cls, config: Any) -> DecoderShape:
+        c = config.get_text_config() if hasattr(config, "get_text_config") else config
+        return cls(
+            layers=int(c.num_hidden_layers),
+            hidden=int(c.hidden_size),
+            heads=int(c.num_attention_heads),
+            kv_heads=int(getattr(c, "num_key_value_heads", None) or c.num_attention_heads),
+            intermediate=int(c.intermediate_size),
+            vocab=int(c.vocab_size),
+            head_dim=getattr(c, "head_dim", None),
+        )
+
+
+def linear_flops_per_token(shape: DecoderShape) -> int:
+    """FLOPs of every layer's projections for one token: q and o (hidden x heads*dim), k and v (hidden x
+    kv_heads*dim), the gated MLP's gate, up and down (3 x hidden x intermediate); 2 per multiply-add."""
+    attn = 2 * shape.hidden * shape.heads * shape.dim + 2 * shape.hidden * shape.kv_heads * shape.dim
+    mlp = 3 * shape.hidden * shape.intermediate
+    return 2 * shape.layers * (attn + mlp)
+
+
+def lm_head_flops_per_row(shape: DecoderShape) -> int:
+    """FLOPs of the LM head for one position whose logits are computed (hidden x vocab)."""
+    return 2 * shape.hidden * shape.vocab
+
+
+def attention_flops(shape: DecoderShape, pairs: int) -> int:
+    """FLOPs of attention over ``pairs`` query-key pairs (one query position against one cached position): per
+    layer and head, ``q . k`` and the weighted sum of ``v`` are ``dim`` multiply-adds each."""
+    return 2 * 2 * shape.layers * shape.heads * shape.dim * int(pairs)
+
+
+def forward_flops(
+    shape: DecoderShape, *, tokens: int, logit_rows: int, attention_pairs: int
+) -> dict[str, int]:
+    """FLOPs of forwards that fed ``tokens`` positions, kept ``logit_rows`` positions' logits and computed
+    ``attention_pairs`` query-key pairs: ``{"linear", "lm_head", "attention", "total"}``."""
+    out = {
+        "linear": linear_flops_per_token(shape) * int(tokens),
+        "lm_head": lm_head_flops_per_row(shape) * int(logit_rows),
+        "attention": attention_flops(shape, attention_pairs),
+    }
+    out["total"] = sum(out.values())
+    return out
+
+
+def context_pairs(start: int, n: int) -> int:
+    """Query-key pairs of ``n`` tokens fed at positions ``start .. start + n - 1`` of a causal sequence (the token at
+    position p attends to positions 0..p: p + 1 pairs)."""
+    if start < 0 or n < 0:
+        raise ValueError(f"context_pairs: need start >= 0 and n >= 0, got start={start}, n={n}")
+    return n * (start + 1) + n * (n - 1) // 2
+
+
+def amdahl_bound(baseline_cpu_seconds: float, needed_flops: float, peak_flops_per_cpu_second: float) -> dict:
+    """The fewest CPU seconds the ``needed_flops`` can take at ``peak_flops_per_cpu_second`` (the measured matmul
+    peak: no fp32 engine on this CPU computes faster), and the largest speed-up over ``baseline_cpu_seconds`` any
+    engine that computes at least those FLOPs could reach: ``{"min_cpu_seconds", "max_speedup"}``."""
+    if peak_flops_per_cpu_second <= 0:
+        raise ValueError(f"amdahl_bound: peak must be positive, got {peak_flops_per_cpu_second}")
+    seconds = float(needed_flops) / peak_flops_per_cpu_second
+    return {
+        "min_cpu_seconds": seconds,
+        "max_speedup": baseline_cpu_seconds / seconds if seconds > 0 else float("inf"),
+    }

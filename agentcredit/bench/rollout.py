@@ -101,9 +101,10 @@ def build_task(task: str, prompts: int, overrides: Sequence[str] = ()) -> tuple[
 
     if task not in TASKS:
         raise ValueError(f"bench rollout: task must be one of {sorted(TASKS)}, got {task!r}")
-    env = build_environment(load_config(f"grpo-{task}", list(overrides)))
-    try:
-        examples = load_task(task, split="train", limit=prompts, seed=0)
+    config = load_config(f"grpo-{task}", list(overrides))
+    env = build_environment(config)
+    try:  # the task's options (arith-tools' tier fractions, ...) as training loads them
+        examples = load_task(task, split="train", limit=prompts, seed=0, **config.task.options)
     except BaseException:
         env.close()
         raise
@@ -609,6 +610,8 @@ def _compare_run(
     n_params: int,
     peak_flops: float,
     vllm: Any = None,
+    shape: Any = None,
+    cpu_peak_flops: float | None = None,
 ) -> dict[str, Any]:
     """One path's rollout; ``vllm``: a started :class:`~agentcredit.rollout.vllm_backend.VLLMBackend`, into which
     the weights are pushed first, as the trainer does before every step's rollout (this also empties vLLM's
@@ -656,7 +659,138 @@ def _compare_run(
     # 2 N FLOPs per token fed (agentcredit.bench.flops' convention: attention and the LM head left out)
     fed = out["prefill_tokens"] + out["decode_tokens"]
     out["of_fp32_peak"] = 2.0 * n_params * fed / seconds / peak_flops
+    out["prefill_by_kind"] = prefill_decomposition(trees, out["shared_prefix_tokens"], out["prefill_tokens"])
+    if vllm is None and shape is not None and cpu_peak_flops:
+        out["flops"] = flop_accounting(shape, engine.backend.stats, trees, cpu, cpu_peak_flops)
+    else:  # what a run must compute is the same whatever computes it
+        out["needed"] = needed_work(trees)
     return out
+
+
+def common_prompt_prefix(prompts: Sequence[Sequence[int]]) -> int:
+    """Length of the token prefix all ``prompts`` share, at most the shortest minus one (each question feeds at
+    least one token of its own), as the engine's shared-prompt prefix takes it; 0 for fewer than two prompts."""
+    if len(prompts) < 2:
+        return 0
+    first, n = prompts[0], min(len(p) for p in prompts) - 1
+    for other in prompts[1:]:
+        k = 0
+        while k < n and other[k] == first[k]:
+            k += 1
+        n = k
+    return n
+
+
+def prefill_decomposition(
+    trees: Sequence[Any], shared_prefix_tokens: int, prefill_tokens: int
+) -> dict[str, int]:
+    """What an engine run prefilled, by kind: the shared prompt prefix (prefilled once), the rest of each question's
+    prompt (once per question: its episodes share one sequence until their first sampled token), the observations
+    (tool outputs; every observation node once) and the rest, re-fed tokens (carl-segment's spliced extractions
+    fed again after a truncation, a fork's recomputed last token): ``prefill_tokens`` less the other three."""
+    prompts = sum(len(t.segment(0).token_ids) for t in trees)
+    observations = sum(
+        len(t.segment(i).token_ids)
+        for t in trees
+        for i in range(1, len(t))
+        if t.segment(i).role == "observation"
+    )
+    shared = int(shared_prefix_tokens)
+    question = prompts - (len(trees) * shared if shared else 0)
+    return {
+        "shared_prompt": shared,
+        "question_prompt": question,
+        "observations": observations,
+        "refed": int(prefill_tokens) - shared - question - observations,
+    }
+
+
+def needed_work(trees: Sequence[Any]) -> dict[str, int]:
+    """The forward work no engine can skip to produce these trees: the prompts' common prefix once, the rest of
+    each prompt once, every observation once and every sampled token that the episode went on from (a leaf's last
+    token is never fed), each at its position in the context (for attention: a token at position p reads p + 1
+    positions), and one row of logits per context a token is sampled from. Re-fed tokens (a spliced extraction fed again at its new
+    place, recomputed fork tokens) and padding are left out. ``{"tokens", "logit_rows", "attention_pairs",
+    "prompt_tokens", "observation_tokens", "generated_fed_tokens"}``."""
+    from agentcredit.bench.flops import context_pairs
+
+    prompts = [t.segment(0).token_ids for t in trees]
+    shared = common_prompt_prefix(prompts)
+    prompt_tokens, pairs = shared, context_pairs(0, shared)
+    observation_tokens = generated_fed = logit_rows = 0
+    for tree, prompt in zip(trees, prompts, strict=True):
+        prompt_tokens += len(prompt) - shared
+        pairs += context_pairs(shared, len(prompt) - shared)
+        # nodes whose last logits a policy segment's first token was drawn from
+        sampled_after: set[int] = set()
+        start = {0: 0}  # node -> position of its first token
+        end = {0: len(prompt)}  # node -> length of the context that continues after it
+        for node in range(1, len(tree)):  # a child's id is larger than its parent's
+            seg, parent = tree.segment(node), tree.parent(node)
+            n = len(seg.token_ids)
+            start[node] = at = end[parent]
+            end[node] = at + n
+            if seg.role == "observation":
+                observation_tokens += n
+                pairs += context_pairs(at, n)
+                continue
+            # one row of logits per sampled token, but siblings draw their first token from the same row (the
+            # episodes of a question all start from its prompt's last logits)
+            logit_rows += n - 1
+            sampled_after.add(parent)
+            fed = n - 1 if tree.is_leaf(node) else n
+            generated_fed += fed
+            pairs += context_pairs(at, fed)
+            if seg.info.get("spliced"):  # replacement: it goes on from the transient observation's place
+                end[node] = start[parent] + n
+        logit_rows += len(sampled_after)
+    return {
+        "tokens": prompt_tokens + observation_tokens + generated_fed,
+        "logit_rows": logit_rows,
+        "attention_pairs": pairs,
+        "prompt_tokens": prompt_tokens,
+        "observation_tokens": observation_tokens,
+        "generated_fed_tokens": generated_fed,
+    }
+
+
+def flop_accounting(
+    shape: Any, backend_stats: Any, trees: Sequence[Any], cpu_seconds: float, peak_per_cpu_second: float
+) -> dict[str, Any]:
+    """The FLOPs an HF-engine run computed (every fed position, padding and idle decode rows included; the LM head
+    once per row and forward; attention over each step's whole width), the part real tokens needed, the FLOPs no
+    engine can skip (:func:`needed_work`), and the GFLOP per CPU-second achieved against the measured peak."""
+    from agentcredit.bench.flops import forward_flops
+
+    b = backend_stats
+    computed = forward_flops(
+        shape,
+        tokens=b.tokens_computed,
+        logit_rows=b.rows_computed,
+        attention_pairs=b.attention_pairs_computed,
+    )
+    real = forward_flops(
+        shape, tokens=b.tokens_fed, logit_rows=b.rows_computed, attention_pairs=b.attention_pairs_real
+    )
+    need = needed_work(trees)
+    needed = forward_flops(
+        shape, tokens=need["tokens"], logit_rows=need["logit_rows"], attention_pairs=need["attention_pairs"]
+    )
+    cpu = max(1e-9, cpu_seconds)
+    return {
+        "computed_gflop": {k: v / 1e9 for k, v in computed.items()},
+        "real_tokens_gflop": real["total"] / 1e9,
+        "needed_gflop": {k: v / 1e9 for k, v in needed.items()},
+        "needed": need,
+        "tokens_computed": b.tokens_computed,
+        "tokens_fed": b.tokens_fed,
+        "rows_computed": b.rows_computed,
+        "gflop_per_cpu_second": computed["total"] / 1e9 / cpu,
+        "of_cpu_peak": computed["total"] / cpu / peak_per_cpu_second,
+        "forward_cpu_seconds": round(b.forward_cpu_seconds, 3),
+        "decode_cpu_seconds": round(b.decode_cpu_seconds, 3),
+        "forward_gflop_per_cpu_second": computed["total"] / 1e9 / max(1e-9, b.forward_cpu_seconds),
+    }
 
 
 def bench_compare(
@@ -679,7 +813,13 @@ def bench_compare(
     seconds are kept), so a shared machine's drifting load hits both alike; the ratios are the numbers to quote.
     ``paths`` may add ``vllm`` (:data:`VLLM_PATH`): started once before the runs (its start-up, first weight push and
     warm-up are reported apart), its weights pushed again before each of its runs (timed)."""
-    from agentcredit.bench.flops import matmul_flops
+    from agentcredit.bench.flops import (
+        DecoderShape,
+        attention_flops,
+        linear_flops_per_token,
+        lm_head_flops_per_row,
+        matmul_flops,
+    )
     from agentcredit.bench.train import non_embedding_parameters
     from agentcredit.models.loading import load_base_model
 
@@ -700,8 +840,20 @@ def bench_compare(
     )
     peak = matmul_flops(torch.float32)
     result["fp32_matmul_peak_gflops"] = peak["best"] / 1e9
+    # per CPU-second of this process: the peak to set the runs' CPU seconds against (the wall peak above is
+    # depressed by whatever else runs on the machine; a CPU-second is the core's while this process holds it)
+    cpu_peak = matmul_flops(torch.float32, clock="cpu")
+    result["fp32_matmul_peak_gflop_per_cpu_second"] = cpu_peak["best"] / 1e9
+    result["fp32_matmul_peak_gflop_per_cpu_second_median"] = cpu_peak["median"] / 1e9
     model, tokenizer = load_base_model(model_path, dtype=dtype, seed=settings.seed)
     n_params = non_embedding_parameters(model)
+    shape = DecoderShape.from_config(model.config)
+    result["model_shape"] = dict(vars(shape))
+    result["flops_per_token"] = {
+        "linear": linear_flops_per_token(shape),
+        "lm_head_per_row": lm_head_flops_per_row(shape),
+        "attention_per_context_position": attention_flops(shape, 1),
+    }
     examples, env = build_task(settings.task, max(q for q, _ in sizes), settings.overrides)
     result["protocol"] = env.protocol.name
     result["runs"] = {}
@@ -737,6 +889,8 @@ def bench_compare(
                         n_params=n_params,
                         peak_flops=peak["best"],
                         vllm=vllm if name == VLLM_PATH else None,
+                        shape=shape,
+                        cpu_peak_flops=cpu_peak["best"],
                     )
                     log(
                         f"  {r['seconds']:.1f} s, {r['tokens_per_s']:.1f} generated tok/s, generated "
@@ -744,6 +898,14 @@ def bench_compare(
                         f"{r['shared_prefix_tokens']}), CPU {r['cpu_seconds']:.1f} s, peak RSS "
                         f"{r['peak_rss_mib']:.0f} MiB, load {_load_average()}"
                     )
+                    if "flops" in r:
+                        f = r["flops"]
+                        log(
+                            f"  computed {f['computed_gflop']['total']:.0f} GFLOP, "
+                            f"{f['gflop_per_cpu_second']:.2f} GFLOP per CPU-second ({f['of_cpu_peak']:.2f} of "
+                            f"the peak), forward CPU {f['forward_cpu_seconds']:.1f} s (decode "
+                            f"{f['decode_cpu_seconds']:.1f} s)"
+                        )
                     best = result["runs"][size].get(name)
                     r["all_seconds"] = [*(best["all_seconds"] if best else []), r["seconds"]]
                     if best is None or r["seconds"] < best["seconds"]:  # the least disturbed run is kept
@@ -783,7 +945,26 @@ def bench_compare(
         }
         for size, runs in result["runs"].items()
     }
+    result["bound"] = {size: _bound(runs, base, cpu_peak["best"]) for size, runs in result["runs"].items()}
     return result
+
+
+def _bound(runs: dict[str, Any], base: str, cpu_peak_flops: float) -> dict[str, Any]:
+    """The Amdahl bound of one size: the CPU seconds the FLOPs no engine can skip (the baseline run's trees:
+    :func:`needed_work`) take at the measured peak per CPU-second, and the largest speed-up over the baseline's
+    CPU seconds that any fp32 engine on this CPU could reach."""
+    from agentcredit.bench.flops import amdahl_bound
+
+    b = runs[base]
+    needed = b["flops"]["needed_gflop"]["total"] if "flops" in b else None
+    if needed is None:
+        return {}
+    out = amdahl_bound(b["cpu_seconds"], needed * 1e9, cpu_peak_flops)
+    out["needed_gflop"] = needed
+    out["measured_cpu_speedup"] = {
+        name: b["cpu_seconds"] / max(1e-9, r["cpu_seconds"]) for name, r in runs.items() if name != base
+    }
+    return out
 
 
 def format_compare(result: dict[str, Any]) -> str:
@@ -827,6 +1008,7 @@ def format_compare(result: dict[str, Any]) -> str:
                 f"{r['prefill_tokens'] / max(1, b['prefill_tokens']):.2f}x; generated tokens "
                 f"{r['generated_tokens']} vs {b['generated_tokens']})"
             )
+    lines.extend(_format_flops(result))
     if "vllm" in result:
         v = result["vllm"]
         pushes = {size: runs[VLLM_PATH]["weight_push_seconds"] for size, runs in result["runs"].items()}
@@ -843,3 +1025,70 @@ def format_compare(result: dict[str, Any]) -> str:
         ratios = ", ".join(f"{name} {r['tokens_per_s'] / max(1e-9, naive):.1f}x" for name, r in first.items())
         lines.append(f"generated tok/s vs naive: {ratios}")
     return "\n".join(lines)
+
+
+def _format_flops(result: dict[str, Any]) -> list[str]:
+    """The FLOP accounting of :func:`bench_compare`: per run, the prefill by kind, the FLOPs computed and needed,
+    GFLOP per CPU-second against the peak, where the CPU seconds went; per size, the Amdahl bound."""
+    if "fp32_matmul_peak_gflop_per_cpu_second" not in result:
+        return []
+    per = result["flops_per_token"]
+    lines = [
+        "",
+        f"FLOPs (2 per multiply-add): linear layers {per['linear'] / 1e6:.1f} MFLOP per position fed, LM head "
+        f"{per['lm_head_per_row'] / 1e6:.1f} MFLOP per row whose logits are computed, attention "
+        f"{per['attention_per_context_position'] / 1e3:.1f} kFLOP per query-key pair; fp32 matmul peak "
+        f"{result['fp32_matmul_peak_gflop_per_cpu_second']:.1f} GFLOP per CPU-second (best of 5; median "
+        f"{result['fp32_matmul_peak_gflop_per_cpu_second_median']:.1f})",
+        "prefilled by kind: shared prompt (once) + rest of each question's prompt + observations + re-fed "
+        "(splices, fork recomputes)",
+    ]
+    for size, runs in result["runs"].items():
+        for name, r in runs.items():
+            k = r.get("prefill_by_kind")
+            if k:
+                lines.append(
+                    f"  {size} {name}: {k['shared_prompt']} + {k['question_prompt']} + {k['observations']} + "
+                    f"{k['refed']} = {r['prefill_tokens']}; decoded (sampled tokens fed back) {r['decode_tokens']}"
+                )
+    lines.append(
+        f"{'size':<7}{'path':<18}{'fed':>8}{'computed':>9}{'logit rows':>11}{'GFLOP lin':>10}{'head':>7}"
+        f"{'attn':>7}{'total':>7}{'needed':>7}{'CPU s':>8}{'GFLOP/CPUs':>11}{'of peak':>8}{'fwd CPU':>8}"
+        f"{'decode':>7}{'other':>7}"
+    )
+    for size, runs in result["runs"].items():
+        for name, r in runs.items():
+            f = r.get("flops")
+            if not f:
+                continue
+            c = f["computed_gflop"]
+            other = r["cpu_seconds"] - f["forward_cpu_seconds"]
+            lines.append(
+                f"{size:<7}{name:<18}{f['tokens_fed']:>8}{f['tokens_computed']:>9}{f['rows_computed']:>11}"
+                f"{c['linear']:>10.0f}{c['lm_head']:>7.0f}{c['attention']:>7.0f}{c['total']:>7.0f}"
+                f"{f['needed_gflop']['total']:>7.0f}{r['cpu_seconds']:>8.1f}{f['gflop_per_cpu_second']:>11.2f}"
+                f"{f['of_cpu_peak']:>8.2f}{f['forward_cpu_seconds']:>8.1f}{f['decode_cpu_seconds']:>7.1f}"
+                f"{other:>7.1f}"
+            )
+    lines.append(
+        "(fed: real positions; computed: with padding and idle decode rows; needed: what no engine can skip, "
+        "see below; fwd CPU: CPU seconds inside the model's forwards, decode: of which one-token steps; other: "
+        "the rest of the rollout's CPU seconds: sampling, Python, cache copies, tools)"
+    )
+    for size, bound in result.get("bound", {}).items():
+        if not bound:
+            continue
+        b = result["runs"][size][result["baseline"]]
+        need = b["flops"]["needed"]
+        g = b["flops"]["needed_gflop"]
+        measured = ", ".join(f"{n} {x:.2f}x" for n, x in bound["measured_cpu_speedup"].items())
+        lines.append(
+            f"{size}: Amdahl bound: the work no engine can skip is {need['tokens']} positions (prompts "
+            f"{need['prompt_tokens']} with the shared prefix once, observations {need['observation_tokens']}, "
+            f"sampled tokens fed back {need['generated_fed_tokens']}) and {need['logit_rows']} logit rows: "
+            f"{g['total']:.0f} GFLOP (linear {g['linear']:.0f}, LM head {g['lm_head']:.0f}, attention "
+            f"{g['attention']:.0f}), {bound['min_cpu_seconds']:.1f} CPU s at the peak, so no fp32 engine on this "
+            f"CPU can beat {result['baseline']}'s {b['cpu_seconds']:.1f} CPU s by more than "
+            f"{bound['max_speedup']:.2f}x (measured: {measured})"
+        )
+    return lines
