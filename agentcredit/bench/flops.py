@@ -183,3 +183,61 @@ def amdahl_bound(baseline_cpu_seconds: float, needed_flops: float, peak_flops_pe
         "min_cpu_seconds": seconds,
         "max_speedup": baseline_cpu_seconds / seconds if seconds > 0 else float("inf"),
     }
+
+
+def weight_bytes_per_forward(shape: DecoderShape, element_size: int) -> int:
+    """Bytes of weights one forward reads, whatever its batch: every linear layer's weights and the LM head's
+    (hidden x vocab; the input embedding only gathers rows, left out), ``element_size`` bytes each (fp32: 4)."""
+    return (linear_flops_per_token(shape) // 2 + shape.hidden * shape.vocab) * int(element_size)
+
+
+def matvec_bandwidth(
+    dtype: torch.dtype = torch.float32,
+    *,
+    n: int = 8192,
+    trials: int = 5,
+    min_seconds: float = 0.3,
+    clock: str = "cpu",
+) -> dict[str, float]:
+    """Bytes of matrix this CPU streams per second through a matrix-vector product (``[1, n] @ [n, n]`` in
+    ``dtype``: the shape of a batch-1 decode step, bound by memory, not arithmetic), timed per CPU-second of this
+    process (``clock="cpu"``) or wall second: ``{"best", "median", "n"}`` in bytes per second. The matrix
+    (n = 8192: 256 MiB in fp32) is far larger than any cache, so each product reads it from memory."""
+    if n < 1 or trials < 1:
+        raise ValueError(f"matvec_bandwidth: need n >= 1 and trials >= 1, got n={n}, trials={trials}")
+    if clock not in ("wall", "cpu"):
+        raise ValueError(f"matvec_bandwidth: clock must be 'wall' or 'cpu', got {clock!r}")
+    now = time.perf_counter if clock == "wall" else time.process_time
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(n, n, generator=gen).to(dtype)
+    x = torch.randn(1, n, generator=gen).to(dtype)
+    out = torch.empty(1, n, dtype=dtype)
+    torch.matmul(x, w, out=out)
+    size = w.numel() * w.element_size()
+    rates = []
+    for _ in range(trials):
+        reps, start = 0, now()
+        while True:
+            torch.matmul(x, w, out=out)
+            reps += 1
+            elapsed = now() - start
+            if elapsed >= min_seconds:
+                break
+        rates.append(size * reps / elapsed)
+    return {"best": max(rates), "median": statistics.median(rates), "n": float(n)}
+
+
+def weight_stream_bound(
+    baseline_cpu_seconds: float, steps: int, bytes_per_step: float, bytes_per_cpu_second: float
+) -> dict[str, float]:
+    """The other floor of a rollout's CPU seconds: its episodes sample token after token, so it needs at least
+    ``steps`` forwards one after another (the longest episode's sampled tokens), and each forward reads all the
+    weights (``bytes_per_step``) whatever its batch. At the measured streaming rate that takes ``min_cpu_seconds``;
+    ``max_speedup`` over ``baseline_cpu_seconds`` follows."""
+    if bytes_per_cpu_second <= 0:
+        raise ValueError(f"weight_stream_bound: bandwidth must be positive, got {bytes_per_cpu_second}")
+    seconds = float(steps) * float(bytes_per_step) / bytes_per_cpu_second
+    return {
+        "min_cpu_seconds": seconds,
+        "max_speedup": baseline_cpu_seconds / seconds if seconds > 0 else float("inf"),
+    }

@@ -711,13 +711,15 @@ def needed_work(trees: Sequence[Any]) -> dict[str, int]:
     token is never fed), each at its position in the context (for attention: a token at position p reads p + 1
     positions), and one row of logits per context a token is sampled from. Re-fed tokens (a spliced extraction fed again at its new
     place, recomputed fork tokens) and padding are left out. ``{"tokens", "logit_rows", "attention_pairs",
-    "prompt_tokens", "observation_tokens", "generated_fed_tokens"}``."""
+    "prompt_tokens", "observation_tokens", "generated_fed_tokens", "sequential_steps"}``; the last: forwards that
+    must run one after another, the most tokens sampled on one root-to-leaf path (each needs the logits of a forward
+    that fed the token before it)."""
     from agentcredit.bench.flops import context_pairs
 
     prompts = [t.segment(0).token_ids for t in trees]
     shared = common_prompt_prefix(prompts)
     prompt_tokens, pairs = shared, context_pairs(0, shared)
-    observation_tokens = generated_fed = logit_rows = 0
+    observation_tokens = generated_fed = logit_rows = steps = 0
     for tree, prompt in zip(trees, prompts, strict=True):
         prompt_tokens += len(prompt) - shared
         pairs += context_pairs(shared, len(prompt) - shared)
@@ -744,6 +746,11 @@ def needed_work(trees: Sequence[Any]) -> dict[str, int]:
             if seg.info.get("spliced"):  # replacement: it goes on from the transient observation's place
                 end[node] = start[parent] + n
         logit_rows += len(sampled_after)
+        for leaf in tree.leaves():  # forwards one after another: one per token sampled on the way to the leaf
+            chain = sum(
+                len(tree.segment(i).token_ids) for i in tree.path(leaf) if tree.segment(i).role == "policy"
+            )
+            steps = max(steps, chain)
     return {
         "tokens": prompt_tokens + observation_tokens + generated_fed,
         "logit_rows": logit_rows,
@@ -751,6 +758,7 @@ def needed_work(trees: Sequence[Any]) -> dict[str, int]:
         "prompt_tokens": prompt_tokens,
         "observation_tokens": observation_tokens,
         "generated_fed_tokens": generated_fed,
+        "sequential_steps": steps,
     }
 
 
@@ -819,6 +827,8 @@ def bench_compare(
         linear_flops_per_token,
         lm_head_flops_per_row,
         matmul_flops,
+        matvec_bandwidth,
+        weight_bytes_per_forward,
     )
     from agentcredit.bench.train import non_embedding_parameters
     from agentcredit.models.loading import load_base_model
@@ -845,6 +855,11 @@ def bench_compare(
     cpu_peak = matmul_flops(torch.float32, clock="cpu")
     result["fp32_matmul_peak_gflop_per_cpu_second"] = cpu_peak["best"] / 1e9
     result["fp32_matmul_peak_gflop_per_cpu_second_median"] = cpu_peak["median"] / 1e9
+    # a decode step reads every weight whatever its batch: the rate this CPU streams a matrix through a
+    # matrix-vector product is the other floor (weight_stream_bound)
+    bandwidth = matvec_bandwidth(torch.float32, clock="cpu")
+    result["fp32_matvec_gb_per_cpu_second"] = bandwidth["best"] / 1e9
+    result["fp32_matvec_gb_per_cpu_second_median"] = bandwidth["median"] / 1e9
     model, tokenizer = load_base_model(model_path, dtype=dtype, seed=settings.seed)
     n_params = non_embedding_parameters(model)
     shape = DecoderShape.from_config(model.config)
@@ -854,6 +869,8 @@ def bench_compare(
         "lm_head_per_row": lm_head_flops_per_row(shape),
         "attention_per_context_position": attention_flops(shape, 1),
     }
+    weight_bytes = weight_bytes_per_forward(shape, next(model.parameters()).element_size())
+    result["weight_bytes_per_forward"] = weight_bytes
     examples, env = build_task(settings.task, max(q for q, _ in sizes), settings.overrides)
     result["protocol"] = env.protocol.name
     result["runs"] = {}
@@ -945,15 +962,21 @@ def bench_compare(
         }
         for size, runs in result["runs"].items()
     }
-    result["bound"] = {size: _bound(runs, base, cpu_peak["best"]) for size, runs in result["runs"].items()}
+    result["bound"] = {
+        size: _bound(runs, base, cpu_peak["best"], weight_bytes, bandwidth["best"])
+        for size, runs in result["runs"].items()
+    }
     return result
 
 
-def _bound(runs: dict[str, Any], base: str, cpu_peak_flops: float) -> dict[str, Any]:
+def _bound(
+    runs: dict[str, Any], base: str, cpu_peak_flops: float, weight_bytes: int, bytes_per_cpu_second: float
+) -> dict[str, Any]:
     """The Amdahl bound of one size: the CPU seconds the FLOPs no engine can skip (the baseline run's trees:
     :func:`needed_work`) take at the measured peak per CPU-second, and the largest speed-up over the baseline's
-    CPU seconds that any fp32 engine on this CPU could reach."""
-    from agentcredit.bench.flops import amdahl_bound
+    CPU seconds that any fp32 engine on this CPU could reach; beside it the weight-streaming floor (the longest
+    episode's forwards, one after another, each reading every weight: :func:`weight_stream_bound`)."""
+    from agentcredit.bench.flops import amdahl_bound, weight_stream_bound
 
     b = runs[base]
     needed = b["flops"]["needed_gflop"]["total"] if "flops" in b else None
@@ -961,6 +984,11 @@ def _bound(runs: dict[str, Any], base: str, cpu_peak_flops: float) -> dict[str, 
         return {}
     out = amdahl_bound(b["cpu_seconds"], needed * 1e9, cpu_peak_flops)
     out["needed_gflop"] = needed
+    steps = b["flops"]["needed"]["sequential_steps"]
+    out["weight_stream"] = weight_stream_bound(b["cpu_seconds"], steps, weight_bytes, bytes_per_cpu_second)
+    out["weight_stream"]["steps"] = steps
+    floor = max(out["min_cpu_seconds"], out["weight_stream"]["min_cpu_seconds"])
+    out["both"] = {"min_cpu_seconds": floor, "max_speedup": b["cpu_seconds"] / max(1e-9, floor)}
     out["measured_cpu_speedup"] = {
         name: b["cpu_seconds"] / max(1e-9, r["cpu_seconds"]) for name, r in runs.items() if name != base
     }
@@ -1039,7 +1067,9 @@ def _format_flops(result: dict[str, Any]) -> list[str]:
         f"{per['lm_head_per_row'] / 1e6:.1f} MFLOP per row whose logits are computed, attention "
         f"{per['attention_per_context_position'] / 1e3:.1f} kFLOP per query-key pair; fp32 matmul peak "
         f"{result['fp32_matmul_peak_gflop_per_cpu_second']:.1f} GFLOP per CPU-second (best of 5; median "
-        f"{result['fp32_matmul_peak_gflop_per_cpu_second_median']:.1f})",
+        f"{result['fp32_matmul_peak_gflop_per_cpu_second_median']:.1f}); matrix-vector streaming "
+        f"{result['fp32_matvec_gb_per_cpu_second']:.1f} GB per CPU-second (median "
+        f"{result['fp32_matvec_gb_per_cpu_second_median']:.1f})",
         "prefilled by kind: shared prompt (once) + rest of each question's prompt + observations + re-fed "
         "(splices, fork recomputes)",
     ]
@@ -1090,5 +1120,13 @@ def _format_flops(result: dict[str, Any]) -> list[str]:
             f"{g['attention']:.0f}), {bound['min_cpu_seconds']:.1f} CPU s at the peak, so no fp32 engine on this "
             f"CPU can beat {result['baseline']}'s {b['cpu_seconds']:.1f} CPU s by more than "
             f"{bound['max_speedup']:.2f}x (measured: {measured})"
+        )
+        w = bound["weight_stream"]
+        lines.append(
+            f"{size}: weight-streaming floor: the longest episode samples {w['steps']} tokens, so at least "
+            f"{w['steps']} forwards run one after another, each reading {result['weight_bytes_per_forward'] / 2**20:.0f}"
+            f" MiB of weights: {w['min_cpu_seconds']:.1f} CPU s at {result['fp32_matvec_gb_per_cpu_second']:.1f} GB"
+            f" per CPU-second (alone: <= {w['max_speedup']:.2f}x); both floors: {bound['both']['min_cpu_seconds']:.1f}"
+            f" CPU s, <= {bound['both']['max_speedup']:.2f}x"
         )
     return lines

@@ -74,3 +74,22 @@ def test_matmul_flops_per_cpu_second():
     assert peak["best"] >= peak["median"] > 0
     with pytest.raises(ValueError, match="clock"):
         matmul_flops(n=8, clock="gpu")
+
+
+def test_weight_bytes_and_weight_stream_bound_by_hand():
+    from agentcredit.bench.flops import weight_bytes_per_forward, weight_stream_bound
+
+    # linear weights 1,152 (the multiply-adds per token above) + LM head 8 x 10 = 1,232 weights, 4 bytes each
+    assert weight_bytes_per_forward(TINY, 4) == 4928
+    # 100 forwards one after another, 1 GB each, at 20 GB per CPU-second: 5 s; a 30 s baseline: at most 6x
+    b = weight_stream_bound(30.0, 100, 1e9, 20e9)
+    assert b["min_cpu_seconds"] == pytest.approx(5.0) and b["max_speedup"] == pytest.approx(6.0)
+    with pytest.raises(ValueError):
+        weight_stream_bound(1.0, 1, 1.0, 0.0)
+
+
+def test_matvec_bandwidth_measures_bytes_per_second():
+    from agentcredit.bench.flops import matvec_bandwidth
+
+    rate = matvec_bandwidth(n=256, trials=2, min_seconds=0.01)
+    assert rate["best"] >= rate["median"] > 0

@@ -184,7 +184,9 @@ def test_bench_compare_runs_both_engine_paths_at_each_size_and_the_naive_loop():
         assert after["flops"]["tokens_fed"] == after["flops"]["needed"]["tokens"]
         bound = result["bound"][size]
         assert bound["max_speedup"] == pytest.approx(before["cpu_seconds"] / bound["min_cpu_seconds"])
-    assert "Amdahl bound" in text and "GFLOP per CPU-second" in text
+        assert 0 < bound["both"]["max_speedup"] <= bound["max_speedup"]
+        assert bound["weight_stream"]["steps"] == before["flops"]["needed"]["sequential_steps"] > 0
+    assert "Amdahl bound" in text and "GFLOP per CPU-second" in text and "weight-streaming floor" in text
 
 
 def test_needed_work_and_prefill_decomposition_by_hand():
@@ -220,6 +222,8 @@ def test_needed_work_and_prefill_decomposition_by_hand():
         (1 + 2 + 3) + (4 + 5) + (6 + 7) + (8 + 9 + 10) + 11 + 4 + (5 + 6) + (7 + 8 + 9 + 10) + (11 + 12 + 13)
     )
     assert work["attention_pairs"] == expected
+    # the longest chain of sampled tokens: b's 2 + 3 + 1 (a: 2 + 2)
+    assert work["sequential_steps"] == 6
     # an engine run that prefilled 30 tokens with a 3-token shared prefix: 3 + (5 + 4 - 2 x 3) + 7 + the rest
     assert prefill_decomposition([a, b], 3, 30) == {
         "shared_prompt": 3,
