@@ -780,6 +780,13 @@ def flop_accounting(
     real = forward_flops(
         shape, tokens=b.tokens_fed, logit_rows=b.rows_computed, attention_pairs=b.attention_pairs_real
     )
+    decode = forward_flops(
+        shape,
+        tokens=b.decode_tokens_computed,
+        logit_rows=b.decode_tokens_computed,
+        attention_pairs=b.decode_attention_pairs_computed,
+    )
+    prefill_cpu = max(1e-9, b.forward_cpu_seconds - b.decode_cpu_seconds)
     need = needed_work(trees)
     needed = forward_flops(
         shape, tokens=need["tokens"], logit_rows=need["logit_rows"], attention_pairs=need["attention_pairs"]
@@ -798,6 +805,14 @@ def flop_accounting(
         "forward_cpu_seconds": round(b.forward_cpu_seconds, 3),
         "decode_cpu_seconds": round(b.decode_cpu_seconds, 3),
         "forward_gflop_per_cpu_second": computed["total"] / 1e9 / max(1e-9, b.forward_cpu_seconds),
+        # the one-token steps apart from the prefills: their FLOPs, rows and rate
+        "decode_steps": b.decode_steps,
+        "decode_rows_computed": b.decode_tokens_computed,
+        "decode_rows_real": b.decode_tokens,
+        "decode_gflop": decode["total"] / 1e9,
+        "decode_gflop_per_cpu_second": decode["total"] / 1e9 / max(1e-9, b.decode_cpu_seconds),
+        "decode_cpu_ms_per_step": 1e3 * b.decode_cpu_seconds / max(1, b.decode_steps),
+        "prefill_gflop_per_cpu_second": (computed["total"] - decode["total"]) / 1e9 / prefill_cpu,
     }
 
 
@@ -1100,6 +1115,18 @@ def _format_flops(result: dict[str, Any]) -> list[str]:
                 f"{f['of_cpu_peak']:>8.2f}{f['forward_cpu_seconds']:>8.1f}{f['decode_cpu_seconds']:>7.1f}"
                 f"{other:>7.1f}"
             )
+    for size, runs in result["runs"].items():
+        for name, r in runs.items():
+            f = r.get("flops")
+            if f and "decode_steps" in f:
+                steps = max(1, f["decode_steps"])
+                lines.append(
+                    f"  {size} {name}: decode {f['decode_steps']} one-token steps, "
+                    f"{f['decode_rows_real'] / steps:.1f} real rows per step ({f['decode_rows_computed'] / steps:.1f}"
+                    f" computed), {f['decode_cpu_ms_per_step']:.1f} CPU ms per step, "
+                    f"{f['decode_gflop_per_cpu_second']:.1f} GFLOP per CPU-second; prefill forwards "
+                    f"{f['prefill_gflop_per_cpu_second']:.1f} GFLOP per CPU-second"
+                )
     lines.append(
         "(fed: real positions; computed: with padding and idle decode rows; needed: what no engine can skip, "
         "see below; fwd CPU: CPU seconds inside the model's forwards, decode: of which one-token steps; other: "

@@ -73,6 +73,9 @@ class BackendStats:
     # seconds above also hold the time spent waiting for a core)
     forward_cpu_seconds: float = 0.0
     decode_cpu_seconds: float = 0.0
+    # the one-token steps' share of tokens_computed (one per row, idle rows included) and attention_pairs_computed
+    decode_tokens_computed: int = 0
+    decode_attention_pairs_computed: int = 0
     extra: dict[str, float] = field(default_factory=dict)
 
 
@@ -454,6 +457,8 @@ class HFBackend(Backend):
             self.stats.decode_tokens += int(n_real.sum())
             self.stats.decode_seconds += seconds
             self.stats.decode_cpu_seconds += cpu
+            self.stats.decode_tokens_computed += batch
+            self.stats.decode_attention_pairs_computed += batch * width
         return {self._seq_at[r]: logits[b] for b, r in enumerate(rows) if tokens[b]}
 
 

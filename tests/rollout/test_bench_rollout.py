@@ -174,6 +174,8 @@ def test_bench_compare_runs_both_engine_paths_at_each_size_and_the_naive_loop():
             assert f["tokens_fed"] == r["prefill_tokens"] + r["decode_tokens"] <= f["tokens_computed"]
             assert f["computed_gflop"]["total"] >= f["real_tokens_gflop"] >= f["needed_gflop"]["total"] > 0
             assert 0 < f["forward_cpu_seconds"] <= r["cpu_seconds"] and f["of_cpu_peak"] > 0
+            assert 0 < f["decode_rows_real"] <= f["decode_rows_computed"] and 0 < f["decode_steps"]
+            assert 0 < f["decode_gflop"] < f["computed_gflop"]["total"]
             assert (
                 k["shared_prompt"] + k["question_prompt"] + k["observations"] + k["refed"]
                 == r["prefill_tokens"]
