@@ -8,6 +8,11 @@ plus backward, with N the non-embedding parameters and the tokens counted by :cl
 PhaseTokens` (every position fed to a decoder). Rollout and signals are forward-only (2 N); the update runs
 forward + backward (6 N). Attention's own FLOPs (~ 2 n_layer n_ctx d per token) and the LM head, applied only
 where a log-prob is needed, are left out, so the fractions are slight underestimates.
+
+Rollout FLOPs (``bench rollout --compare``, issue 33) are counted exactly from the decoder's shape instead
+(:class:`DecoderShape`): linear layers per position fed, the LM head per row whose logits are kept, attention per
+query-key pair; with the peak measured per CPU-second (``clock="cpu"``) and the matrix-vector streaming rate
+(:func:`matvec_bandwidth`), they give a rollout's floors (:func:`amdahl_bound`, :func:`weight_stream_bound`).
 """
 
 from __future__ import annotations

@@ -33,7 +33,12 @@ The machine's load average is recorded before and after: on a shared machine, qu
 ``--compare`` (:func:`bench_compare`, issue 33) instead sets today's HF engine (every question prefills its whole
 prompt) against the engine with the prompts' common prefix prefilled once per call, in one run, at the study's
 size and at 16 questions x 4 episodes: wall and CPU seconds, generated and prefilled tok/s, peak RSS and the
-fraction of this CPU's measured fp32 matmul peak, then their ratios.
+fraction of this CPU's measured fp32 matmul peak, then their ratios; and what bounds them: the FLOPs each HF run
+computed (:func:`flop_accounting`: linear layers per position fed, padding included, LM head per logit row, attention
+per query-key pair), the prefill by kind (:func:`prefill_decomposition`), the work no engine can skip
+(:func:`needed_work`), the GFLOP per CPU-second against the fp32 matmul peak per CPU-second, where the CPU seconds
+went (forwards, one-token decode steps, the rest), and two floors: the Amdahl bound (the needed FLOPs at the peak)
+and the weight-streaming floor (the longest episode's forwards one after another, each reading every weight).
 """
 
 from __future__ import annotations
