@@ -246,3 +246,68 @@ def weight_stream_bound(
         "min_cpu_seconds": seconds,
         "max_speedup": baseline_cpu_seconds / seconds if seconds > 0 else float("inf"),
     }
+
+
+def layer_shapes(shape: DecoderShape) -> list[tuple[int, int]]:
+    """``(in, out)`` of each linear layer of one decoder layer: q, k, v, o, gate, up, down."""
+    q, kv = shape.heads * shape.dim, shape.kv_heads * shape.dim
+    h, i = shape.hidden, shape.intermediate
+    return [(h, q), (h, kv), (h, kv), (q, h), (h, i), (h, i), (i, h)]
+
+
+def linear_seconds(
+    shapes: list[tuple[int, int]], rows: int, *, trials: int = 3, min_seconds: float = 0.1
+) -> float:
+    """CPU seconds (``time.process_time``) of ``F.linear`` on ``rows`` rows through each fp32 ``(in, out)`` weight of
+    ``shapes`` once, best of ``trials``: what one forward of ``rows`` positions costs in these products."""
+    if rows < 1:
+        raise ValueError(f"linear_seconds: need rows >= 1, got {rows}")
+    gen = torch.Generator().manual_seed(0)
+    total = 0.0
+    for k, n in shapes:
+        w = torch.randn(n, k, generator=gen)
+        x = torch.randn(rows, k, generator=gen)
+        torch.nn.functional.linear(x, w)
+        best = float("inf")
+        for _ in range(trials):
+            reps, start = 0, time.process_time()
+            while True:
+                torch.nn.functional.linear(x, w)
+                reps += 1
+                elapsed = time.process_time() - start
+                if elapsed >= min_seconds:
+                    break
+            best = min(best, elapsed / reps)
+        total += best
+    return total
+
+
+def kernel_floor(
+    baseline_cpu_seconds: float,
+    *,
+    sampled_positions: int,
+    logit_rows: int,
+    other_flops: float,
+    layer_seconds_per_row: float,
+    layers: int,
+    head_seconds_per_row: float,
+    peak_flops_per_cpu_second: float,
+) -> dict[str, float]:
+    """A floor for an engine built on this CPU's fp32 products at a given decode batch: the sampled tokens fed back
+    pass every layer's products at the measured cost per row of that batch (``layer_seconds_per_row`` for one
+    layer), each logit row the LM head's (``head_seconds_per_row``), and the rest of the work (prompts, observations,
+    attention: ``other_flops``) runs at the peak. ``{"min_cpu_seconds", "max_speedup", "decode_seconds",
+    "head_seconds", "other_seconds"}``."""
+    if peak_flops_per_cpu_second <= 0:
+        raise ValueError(f"kernel_floor: peak must be positive, got {peak_flops_per_cpu_second}")
+    decode = sampled_positions * layers * layer_seconds_per_row
+    head = logit_rows * head_seconds_per_row
+    other = other_flops / peak_flops_per_cpu_second
+    seconds = decode + head + other
+    return {
+        "min_cpu_seconds": seconds,
+        "max_speedup": baseline_cpu_seconds / seconds if seconds > 0 else float("inf"),
+        "decode_seconds": decode,
+        "head_seconds": head,
+        "other_seconds": other,
+    }

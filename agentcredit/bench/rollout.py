@@ -986,7 +986,44 @@ def bench_compare(
         size: _bound(runs, base, cpu_peak["best"], weight_bytes, bandwidth["best"])
         for size, runs in result["runs"].items()
     }
+    # the kernel floor: every decode step at all the size's episodes (the most rows a step can hold), through this
+    # CPU's fp32 products at that row count, measured now
+    rows = {f"{q}x{e}": q * e for q, e in sizes}
+    for size, bound in result["bound"].items():
+        if bound:
+            bound["kernel"] = _kernel_floor(result["runs"][size][base], shape, rows[size], cpu_peak["best"])
     return result
+
+
+def _kernel_floor(run: dict[str, Any], shape: Any, rows: int, cpu_peak_flops: float) -> dict[str, Any]:
+    """:func:`~agentcredit.bench.flops.kernel_floor` of one run's needed work, the products timed at ``rows`` rows."""
+    from agentcredit.bench.flops import (
+        attention_flops,
+        kernel_floor,
+        layer_shapes,
+        linear_flops_per_token,
+        linear_seconds,
+    )
+
+    need = run["flops"]["needed"]
+    layer = linear_seconds(layer_shapes(shape), rows) / rows
+    head = linear_seconds([(shape.hidden, shape.vocab)], rows) / rows
+    other = linear_flops_per_token(shape) * (need["prompt_tokens"] + need["observation_tokens"])
+    other += attention_flops(shape, need["attention_pairs"])
+    out = kernel_floor(
+        run["cpu_seconds"],
+        sampled_positions=need["generated_fed_tokens"],
+        logit_rows=need["logit_rows"],
+        other_flops=other,
+        layer_seconds_per_row=layer,
+        layers=shape.layers,
+        head_seconds_per_row=head,
+        peak_flops_per_cpu_second=cpu_peak_flops,
+    )
+    out["rows"] = rows
+    out["layer_gflop_per_cpu_second"] = linear_flops_per_token(shape) / shape.layers / layer / 1e9
+    out["head_gflop_per_cpu_second"] = 2 * shape.hidden * shape.vocab / head / 1e9
+    return out
 
 
 def _bound(
@@ -1161,4 +1198,15 @@ def _format_flops(result: dict[str, Any]) -> list[str]:
             f" per CPU-second (alone: <= {w['max_speedup']:.2f}x); both floors: {bound['both']['min_cpu_seconds']:.1f}"
             f" CPU s, <= {bound['both']['max_speedup']:.2f}x"
         )
+        k = bound.get("kernel")
+        if k:
+            lines.append(
+                f"{size}: kernel floor: even with every decode step at all {k['rows']} episodes' rows, this CPU's "
+                f"fp32 products at {k['rows']} rows run at {k['layer_gflop_per_cpu_second']:.1f} GFLOP per "
+                f"CPU-second through a layer's weights and {k['head_gflop_per_cpu_second']:.1f} through the LM "
+                f"head: the {need['generated_fed_tokens']} sampled tokens' forwards take {k['decode_seconds']:.1f} "
+                f"CPU s, the {need['logit_rows']} logit rows {k['head_seconds']:.1f} s, prompts, observations and "
+                f"attention at the peak {k['other_seconds']:.1f} s: {k['min_cpu_seconds']:.1f} CPU s, so no engine "
+                f"on these fp32 kernels beats {result['baseline']} by more than {k['max_speedup']:.2f}x"
+            )
     return lines

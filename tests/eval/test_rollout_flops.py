@@ -93,3 +93,29 @@ def test_matvec_bandwidth_measures_bytes_per_second():
 
     rate = matvec_bandwidth(n=256, trials=2, min_seconds=0.01)
     assert rate["best"] >= rate["median"] > 0
+
+
+def test_layer_shapes_and_kernel_floor_by_hand():
+    from agentcredit.bench.flops import kernel_floor, layer_shapes, linear_seconds
+
+    # q 8->8, k and v 8->4, o 8->8, gate and up 8->16, down 16->8: 64 + 32 + 32 + 64 + 128 + 128 + 128 = 576
+    # multiply-adds, one layer of the 1,152 above
+    shapes = layer_shapes(TINY)
+    assert shapes == [(8, 8), (8, 4), (8, 4), (8, 8), (8, 16), (8, 16), (16, 8)]
+    assert 2 * TINY.layers * sum(k * n for k, n in shapes) == linear_flops_per_token(TINY)
+    # 10 sampled tokens x 2 layers x 0.5 s + 4 logit rows x 1 s + 100 FLOPs at 50 per second = 10 + 4 + 2 = 16 s
+    f = kernel_floor(
+        32.0,
+        sampled_positions=10,
+        logit_rows=4,
+        other_flops=100.0,
+        layer_seconds_per_row=0.5,
+        layers=2,
+        head_seconds_per_row=1.0,
+        peak_flops_per_cpu_second=50.0,
+    )
+    assert (f["decode_seconds"], f["head_seconds"], f["other_seconds"]) == (10.0, 4.0, 2.0)
+    assert f["min_cpu_seconds"] == 16.0 and f["max_speedup"] == 2.0
+    assert linear_seconds(shapes, 4, trials=1, min_seconds=0.01) > 0
+    with pytest.raises(ValueError):
+        linear_seconds(shapes, 0)

@@ -187,8 +187,14 @@ def test_bench_compare_runs_both_engine_paths_at_each_size_and_the_naive_loop():
         bound = result["bound"][size]
         assert bound["max_speedup"] == pytest.approx(before["cpu_seconds"] / bound["min_cpu_seconds"])
         assert 0 < bound["both"]["max_speedup"] <= bound["max_speedup"]
+        kernel = bound["kernel"]
+        assert kernel["rows"] == int(size.split("x")[0]) * 2 and 0 < kernel["min_cpu_seconds"]
+        assert kernel["min_cpu_seconds"] == pytest.approx(
+            kernel["decode_seconds"] + kernel["head_seconds"] + kernel["other_seconds"]
+        )
         assert bound["weight_stream"]["steps"] == before["flops"]["needed"]["sequential_steps"] > 0
     assert "Amdahl bound" in text and "GFLOP per CPU-second" in text and "weight-streaming floor" in text
+    assert "kernel floor" in text
 
 
 def test_needed_work_and_prefill_decomposition_by_hand():
