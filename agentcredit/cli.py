@@ -513,6 +513,12 @@ def bench_rollout_cmd(
             "hf_shared_prefix, vllm (needs vllm installed)."
         ),
     ] = "hf_before,hf_shared_prefix",
+    temperature: Annotated[
+        float, typer.Option(min=0.0, help="Sampling temperature of every loop (the studies: 1.0).")
+    ] = 0.7,
+    top_p: Annotated[
+        float, typer.Option(min=0.0, max=1.0, help="Top-p of every loop (the studies: 1.0).")
+    ] = 0.95,
 ) -> None:
     """Tokens/s of the batched engine vs a naive generate loop, and prefix reuse in tree rollouts."""
     import json
@@ -535,6 +541,8 @@ def bench_rollout_cmd(
         max_episode_tokens=max_episode_tokens,
         max_turns=max_turns,
         overrides=tuple(set_ or ()),
+        temperature=temperature,
+        top_p=top_p,
     )
     if compare:
         try:

@@ -8,12 +8,18 @@ plus backward, with N the non-embedding parameters and the tokens counted by :cl
 PhaseTokens` (every position fed to a decoder). Rollout and signals are forward-only (2 N); the update runs
 forward + backward (6 N). Attention's own FLOPs (~ 2 n_layer n_ctx d per token) and the LM head, applied only
 where a log-prob is needed, are left out, so the fractions are slight underestimates.
+
+Rollout FLOPs (``bench rollout --compare``, issue 33) are counted exactly from the decoder's shape instead
+(:class:`DecoderShape`): linear layers per position fed, the LM head per row whose logits are kept, attention per
+query-key pair; with the peak measured per CPU-second (``clock="cpu"``) and the matrix-vector streaming rate
+(:func:`matvec_bandwidth`), they give a rollout's floors (:func:`amdahl_bound`, :func:`weight_stream_bound`).
 """
 
 from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -22,11 +28,23 @@ FLOPS_PER_TOKEN = {"rollout": 2, "signals": 2, "update": 6}  # x N (non-embeddin
 
 
 def matmul_flops(
-    dtype: torch.dtype = torch.float32, *, n: int = 1024, trials: int = 5, min_seconds: float = 0.3
+    dtype: torch.dtype = torch.float32,
+    *,
+    n: int = 1024,
+    trials: int = 5,
+    min_seconds: float = 0.3,
+    clock: str = "wall",
 ) -> dict[str, float]:
-    """FLOP/s of ``n x n @ n x n`` matmuls in ``dtype``: ``{"best", "median", "n", "threads"}``."""
+    """FLOP/s of ``n x n @ n x n`` matmuls in ``dtype``: ``{"best", "median", "n", "threads"}``.
+
+    ``clock="cpu"`` times them in CPU seconds of this process (``time.process_time``) instead of wall seconds:
+    FLOP per CPU-second, the peak to set a CPU-second count against on a machine whose other processes take
+    turns on the cores (with one torch thread, one CPU-second is one core busy for a second)."""
     if n < 1 or trials < 1:
         raise ValueError(f"matmul_flops: need n >= 1 and trials >= 1, got n={n}, trials={trials}")
+    if clock not in ("wall", "cpu"):
+        raise ValueError(f"matmul_flops: clock must be 'wall' or 'cpu', got {clock!r}")
+    now = time.perf_counter if clock == "wall" else time.process_time
     gen = torch.Generator().manual_seed(0)
     a = torch.randn(n, n, generator=gen).to(dtype)
     b = torch.randn(n, n, generator=gen).to(dtype)
@@ -34,11 +52,11 @@ def matmul_flops(
     torch.matmul(a, b, out=out)  # warm-up: thread pool, caches
     rates = []
     for _ in range(trials):
-        reps, start = 0, time.perf_counter()
+        reps, start = 0, now()
         while True:
             torch.matmul(a, b, out=out)
             reps += 1
-            elapsed = time.perf_counter() - start
+            elapsed = now() - start
             if elapsed >= min_seconds:
                 break
         rates.append(2.0 * n**3 * reps / elapsed)
@@ -80,3 +98,216 @@ def phase_fractions(bench: dict[str, Any], peak_flops: float) -> dict[str, dict[
                 "fraction_of_peak": achieved / peak_flops,
             }
     return out
+
+
+# ------------------------------------------------------------------------------------------------ rollout FLOPs
+# A decoder's forward FLOPs counted from its shape (2 FLOPs per multiply-add), for ``bench rollout --compare``:
+# the linear layers per token fed, the LM head per row whose logits are kept, attention per query-key pair.
+# Norms, RoPE, activations, softmax and sampling are left out (each < 1% of a 135M model's linear FLOPs).
+
+
+@dataclass(frozen=True)
+class DecoderShape:
+    """What a Llama-style decoder's FLOPs depend on (``from_config`` reads a transformers config)."""
+
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    vocab: int
+    head_dim: int | None = None  # default hidden // heads
+
+    @property
+    def dim(self) -> int:
+        return self.head_dim if self.head_dim is not None else self.hidden // self.heads
+
+    @classmethod
+    def from_config(cls, config: Any) -> DecoderShape:
+        c = config.get_text_config() if hasattr(config, "get_text_config") else config
+        return cls(
+            layers=int(c.num_hidden_layers),
+            hidden=int(c.hidden_size),
+            heads=int(c.num_attention_heads),
+            kv_heads=int(getattr(c, "num_key_value_heads", None) or c.num_attention_heads),
+            intermediate=int(c.intermediate_size),
+            vocab=int(c.vocab_size),
+            head_dim=getattr(c, "head_dim", None),
+        )
+
+
+def linear_flops_per_token(shape: DecoderShape) -> int:
+    """FLOPs of every layer's projections for one token: q and o (hidden x heads*dim), k and v (hidden x
+    kv_heads*dim), the gated MLP's gate, up and down (3 x hidden x intermediate); 2 per multiply-add."""
+    attn = 2 * shape.hidden * shape.heads * shape.dim + 2 * shape.hidden * shape.kv_heads * shape.dim
+    mlp = 3 * shape.hidden * shape.intermediate
+    return 2 * shape.layers * (attn + mlp)
+
+
+def lm_head_flops_per_row(shape: DecoderShape) -> int:
+    """FLOPs of the LM head for one position whose logits are computed (hidden x vocab)."""
+    return 2 * shape.hidden * shape.vocab
+
+
+def attention_flops(shape: DecoderShape, pairs: int) -> int:
+    """FLOPs of attention over ``pairs`` query-key pairs (one query position against one cached position): per
+    layer and head, ``q . k`` and the weighted sum of ``v`` are ``dim`` multiply-adds each."""
+    return 2 * 2 * shape.layers * shape.heads * shape.dim * int(pairs)
+
+
+def forward_flops(
+    shape: DecoderShape, *, tokens: int, logit_rows: int, attention_pairs: int
+) -> dict[str, int]:
+    """FLOPs of forwards that fed ``tokens`` positions, kept ``logit_rows`` positions' logits and computed
+    ``attention_pairs`` query-key pairs: ``{"linear", "lm_head", "attention", "total"}``."""
+    out = {
+        "linear": linear_flops_per_token(shape) * int(tokens),
+        "lm_head": lm_head_flops_per_row(shape) * int(logit_rows),
+        "attention": attention_flops(shape, attention_pairs),
+    }
+    out["total"] = sum(out.values())
+    return out
+
+
+def context_pairs(start: int, n: int) -> int:
+    """Query-key pairs of ``n`` tokens fed at positions ``start .. start + n - 1`` of a causal sequence (the token at
+    position p attends to positions 0..p: p + 1 pairs)."""
+    if start < 0 or n < 0:
+        raise ValueError(f"context_pairs: need start >= 0 and n >= 0, got start={start}, n={n}")
+    return n * (start + 1) + n * (n - 1) // 2
+
+
+def amdahl_bound(baseline_cpu_seconds: float, needed_flops: float, peak_flops_per_cpu_second: float) -> dict:
+    """The fewest CPU seconds the ``needed_flops`` can take at ``peak_flops_per_cpu_second`` (the measured matmul
+    peak: no fp32 engine on this CPU computes faster), and the largest speed-up over ``baseline_cpu_seconds`` any
+    engine that computes at least those FLOPs could reach: ``{"min_cpu_seconds", "max_speedup"}``."""
+    if peak_flops_per_cpu_second <= 0:
+        raise ValueError(f"amdahl_bound: peak must be positive, got {peak_flops_per_cpu_second}")
+    seconds = float(needed_flops) / peak_flops_per_cpu_second
+    return {
+        "min_cpu_seconds": seconds,
+        "max_speedup": baseline_cpu_seconds / seconds if seconds > 0 else float("inf"),
+    }
+
+
+def weight_bytes_per_forward(shape: DecoderShape, element_size: int) -> int:
+    """Bytes of weights one forward reads, whatever its batch: every linear layer's weights and the LM head's
+    (hidden x vocab; the input embedding only gathers rows, left out), ``element_size`` bytes each (fp32: 4)."""
+    return (linear_flops_per_token(shape) // 2 + shape.hidden * shape.vocab) * int(element_size)
+
+
+def matvec_bandwidth(
+    dtype: torch.dtype = torch.float32,
+    *,
+    n: int = 8192,
+    trials: int = 5,
+    min_seconds: float = 0.3,
+    clock: str = "cpu",
+) -> dict[str, float]:
+    """Bytes of matrix this CPU streams per second through a matrix-vector product (``[1, n] @ [n, n]`` in
+    ``dtype``: the shape of a batch-1 decode step, bound by memory, not arithmetic), timed per CPU-second of this
+    process (``clock="cpu"``) or wall second: ``{"best", "median", "n"}`` in bytes per second. The matrix
+    (n = 8192: 256 MiB in fp32) is far larger than any cache, so each product reads it from memory."""
+    if n < 1 or trials < 1:
+        raise ValueError(f"matvec_bandwidth: need n >= 1 and trials >= 1, got n={n}, trials={trials}")
+    if clock not in ("wall", "cpu"):
+        raise ValueError(f"matvec_bandwidth: clock must be 'wall' or 'cpu', got {clock!r}")
+    now = time.perf_counter if clock == "wall" else time.process_time
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(n, n, generator=gen).to(dtype)
+    x = torch.randn(1, n, generator=gen).to(dtype)
+    out = torch.empty(1, n, dtype=dtype)
+    torch.matmul(x, w, out=out)
+    size = w.numel() * w.element_size()
+    rates = []
+    for _ in range(trials):
+        reps, start = 0, now()
+        while True:
+            torch.matmul(x, w, out=out)
+            reps += 1
+            elapsed = now() - start
+            if elapsed >= min_seconds:
+                break
+        rates.append(size * reps / elapsed)
+    return {"best": max(rates), "median": statistics.median(rates), "n": float(n)}
+
+
+def weight_stream_bound(
+    baseline_cpu_seconds: float, steps: int, bytes_per_step: float, bytes_per_cpu_second: float
+) -> dict[str, float]:
+    """The other floor of a rollout's CPU seconds: its episodes sample token after token, so it needs at least
+    ``steps`` forwards one after another (the longest episode's sampled tokens), and each forward reads all the
+    weights (``bytes_per_step``) whatever its batch. At the measured streaming rate that takes ``min_cpu_seconds``;
+    ``max_speedup`` over ``baseline_cpu_seconds`` follows."""
+    if bytes_per_cpu_second <= 0:
+        raise ValueError(f"weight_stream_bound: bandwidth must be positive, got {bytes_per_cpu_second}")
+    seconds = float(steps) * float(bytes_per_step) / bytes_per_cpu_second
+    return {
+        "min_cpu_seconds": seconds,
+        "max_speedup": baseline_cpu_seconds / seconds if seconds > 0 else float("inf"),
+    }
+
+
+def layer_shapes(shape: DecoderShape) -> list[tuple[int, int]]:
+    """``(in, out)`` of each linear layer of one decoder layer: q, k, v, o, gate, up, down."""
+    q, kv = shape.heads * shape.dim, shape.kv_heads * shape.dim
+    h, i = shape.hidden, shape.intermediate
+    return [(h, q), (h, kv), (h, kv), (q, h), (h, i), (h, i), (i, h)]
+
+
+def linear_seconds(
+    shapes: list[tuple[int, int]], rows: int, *, trials: int = 3, min_seconds: float = 0.1
+) -> float:
+    """CPU seconds (``time.process_time``) of ``F.linear`` on ``rows`` rows through each fp32 ``(in, out)`` weight of
+    ``shapes`` once, best of ``trials``: what one forward of ``rows`` positions costs in these products."""
+    if rows < 1:
+        raise ValueError(f"linear_seconds: need rows >= 1, got {rows}")
+    gen = torch.Generator().manual_seed(0)
+    total = 0.0
+    for k, n in shapes:
+        w = torch.randn(n, k, generator=gen)
+        x = torch.randn(rows, k, generator=gen)
+        torch.nn.functional.linear(x, w)
+        best = float("inf")
+        for _ in range(trials):
+            reps, start = 0, time.process_time()
+            while True:
+                torch.nn.functional.linear(x, w)
+                reps += 1
+                elapsed = time.process_time() - start
+                if elapsed >= min_seconds:
+                    break
+            best = min(best, elapsed / reps)
+        total += best
+    return total
+
+
+def kernel_floor(
+    baseline_cpu_seconds: float,
+    *,
+    sampled_positions: int,
+    logit_rows: int,
+    other_flops: float,
+    layer_seconds_per_row: float,
+    layers: int,
+    head_seconds_per_row: float,
+    peak_flops_per_cpu_second: float,
+) -> dict[str, float]:
+    """A floor for an engine built on this CPU's fp32 products at a given decode batch: the sampled tokens fed back
+    pass every layer's products at the measured cost per row of that batch (``layer_seconds_per_row`` for one
+    layer), each logit row the LM head's (``head_seconds_per_row``), and the rest of the work (prompts, observations,
+    attention: ``other_flops``) runs at the peak. ``{"min_cpu_seconds", "max_speedup", "decode_seconds",
+    "head_seconds", "other_seconds"}``."""
+    if peak_flops_per_cpu_second <= 0:
+        raise ValueError(f"kernel_floor: peak must be positive, got {peak_flops_per_cpu_second}")
+    decode = sampled_positions * layers * layer_seconds_per_row
+    head = logit_rows * head_seconds_per_row
+    other = other_flops / peak_flops_per_cpu_second
+    seconds = decode + head + other
+    return {
+        "min_cpu_seconds": seconds,
+        "max_speedup": baseline_cpu_seconds / seconds if seconds > 0 else float("inf"),
+        "decode_seconds": decode,
+        "head_seconds": head,
+        "other_seconds": other,
+    }

@@ -33,7 +33,12 @@ The machine's load average is recorded before and after: on a shared machine, qu
 ``--compare`` (:func:`bench_compare`, issue 33) instead sets today's HF engine (every question prefills its whole
 prompt) against the engine with the prompts' common prefix prefilled once per call, in one run, at the study's
 size and at 16 questions x 4 episodes: wall and CPU seconds, generated and prefilled tok/s, peak RSS and the
-fraction of this CPU's measured fp32 matmul peak, then their ratios.
+fraction of this CPU's measured fp32 matmul peak, then their ratios; and what bounds them: the FLOPs each HF run
+computed (:func:`flop_accounting`: linear layers per position fed, padding included, LM head per logit row, attention
+per query-key pair), the prefill by kind (:func:`prefill_decomposition`), the work no engine can skip
+(:func:`needed_work`), the GFLOP per CPU-second against the fp32 matmul peak per CPU-second, where the CPU seconds
+went (forwards, one-token decode steps, the rest), and two floors: the Amdahl bound (the needed FLOPs at the peak)
+and the weight-streaming floor (the longest episode's forwards one after another, each reading every weight).
 """
 
 from __future__ import annotations
@@ -101,9 +106,10 @@ def build_task(task: str, prompts: int, overrides: Sequence[str] = ()) -> tuple[
 
     if task not in TASKS:
         raise ValueError(f"bench rollout: task must be one of {sorted(TASKS)}, got {task!r}")
-    env = build_environment(load_config(f"grpo-{task}", list(overrides)))
-    try:
-        examples = load_task(task, split="train", limit=prompts, seed=0)
+    config = load_config(f"grpo-{task}", list(overrides))
+    env = build_environment(config)
+    try:  # the task's options (arith-tools' tier fractions, ...) as training loads them
+        examples = load_task(task, split="train", limit=prompts, seed=0, **config.task.options)
     except BaseException:
         env.close()
         raise
@@ -609,6 +615,8 @@ def _compare_run(
     n_params: int,
     peak_flops: float,
     vllm: Any = None,
+    shape: Any = None,
+    cpu_peak_flops: float | None = None,
 ) -> dict[str, Any]:
     """One path's rollout; ``vllm``: a started :class:`~agentcredit.rollout.vllm_backend.VLLMBackend`, into which
     the weights are pushed first, as the trainer does before every step's rollout (this also empties vLLM's
@@ -656,7 +664,161 @@ def _compare_run(
     # 2 N FLOPs per token fed (agentcredit.bench.flops' convention: attention and the LM head left out)
     fed = out["prefill_tokens"] + out["decode_tokens"]
     out["of_fp32_peak"] = 2.0 * n_params * fed / seconds / peak_flops
+    out["prefill_by_kind"] = prefill_decomposition(trees, out["shared_prefix_tokens"], out["prefill_tokens"])
+    if vllm is None and shape is not None and cpu_peak_flops:
+        out["flops"] = flop_accounting(shape, engine.backend.stats, trees, cpu, cpu_peak_flops)
+    else:  # what a run must compute is the same whatever computes it
+        out["needed"] = needed_work(trees)
     return out
+
+
+def common_prompt_prefix(prompts: Sequence[Sequence[int]]) -> int:
+    """Length of the token prefix all ``prompts`` share, at most the shortest minus one (each question feeds at
+    least one token of its own), as the engine's shared-prompt prefix takes it; 0 for fewer than two prompts."""
+    if len(prompts) < 2:
+        return 0
+    first, n = prompts[0], min(len(p) for p in prompts) - 1
+    for other in prompts[1:]:
+        k = 0
+        while k < n and other[k] == first[k]:
+            k += 1
+        n = k
+    return n
+
+
+def prefill_decomposition(
+    trees: Sequence[Any], shared_prefix_tokens: int, prefill_tokens: int
+) -> dict[str, int]:
+    """What an engine run prefilled, by kind: the shared prompt prefix (prefilled once), the rest of each question's
+    prompt (once per question: its episodes share one sequence until their first sampled token), the observations
+    (tool outputs; every observation node once) and the rest, re-fed tokens (carl-segment's spliced extractions
+    fed again after a truncation, a fork's recomputed last token): ``prefill_tokens`` less the other three."""
+    prompts = sum(len(t.segment(0).token_ids) for t in trees)
+    observations = sum(
+        len(t.segment(i).token_ids)
+        for t in trees
+        for i in range(1, len(t))
+        if t.segment(i).role == "observation"
+    )
+    shared = int(shared_prefix_tokens)
+    question = prompts - (len(trees) * shared if shared else 0)
+    return {
+        "shared_prompt": shared,
+        "question_prompt": question,
+        "observations": observations,
+        "refed": int(prefill_tokens) - shared - question - observations,
+    }
+
+
+def needed_work(trees: Sequence[Any]) -> dict[str, int]:
+    """The forward work no engine can skip to produce these trees: the prompts' common prefix once, the rest of
+    each prompt once, every observation once and every sampled token that the episode went on from (a leaf's last
+    token is never fed), each at its position in the context (for attention: a token at position p reads p + 1
+    positions), and one row of logits per context a token is sampled from. Re-fed tokens (a spliced extraction fed again at its new
+    place, recomputed fork tokens) and padding are left out. ``{"tokens", "logit_rows", "attention_pairs",
+    "prompt_tokens", "observation_tokens", "generated_fed_tokens", "sequential_steps"}``; the last: forwards that
+    must run one after another, the most tokens sampled on one root-to-leaf path (each needs the logits of a forward
+    that fed the token before it)."""
+    from agentcredit.bench.flops import context_pairs
+
+    prompts = [t.segment(0).token_ids for t in trees]
+    shared = common_prompt_prefix(prompts)
+    prompt_tokens, pairs = shared, context_pairs(0, shared)
+    observation_tokens = generated_fed = logit_rows = steps = 0
+    for tree, prompt in zip(trees, prompts, strict=True):
+        prompt_tokens += len(prompt) - shared
+        pairs += context_pairs(shared, len(prompt) - shared)
+        # nodes whose last logits a policy segment's first token was drawn from
+        sampled_after: set[int] = set()
+        start = {0: 0}  # node -> position of its first token
+        end = {0: len(prompt)}  # node -> length of the context that continues after it
+        for node in range(1, len(tree)):  # a child's id is larger than its parent's
+            seg, parent = tree.segment(node), tree.parent(node)
+            n = len(seg.token_ids)
+            start[node] = at = end[parent]
+            end[node] = at + n
+            if seg.role == "observation":
+                observation_tokens += n
+                pairs += context_pairs(at, n)
+                continue
+            # one row of logits per sampled token, but siblings draw their first token from the same row (the
+            # episodes of a question all start from its prompt's last logits)
+            logit_rows += n - 1
+            sampled_after.add(parent)
+            fed = n - 1 if tree.is_leaf(node) else n
+            generated_fed += fed
+            pairs += context_pairs(at, fed)
+            if seg.info.get("spliced"):  # replacement: it goes on from the transient observation's place
+                end[node] = start[parent] + n
+        logit_rows += len(sampled_after)
+        for leaf in tree.leaves():  # forwards one after another: one per token sampled on the way to the leaf
+            chain = sum(
+                len(tree.segment(i).token_ids) for i in tree.path(leaf) if tree.segment(i).role == "policy"
+            )
+            steps = max(steps, chain)
+    return {
+        "tokens": prompt_tokens + observation_tokens + generated_fed,
+        "logit_rows": logit_rows,
+        "attention_pairs": pairs,
+        "prompt_tokens": prompt_tokens,
+        "observation_tokens": observation_tokens,
+        "generated_fed_tokens": generated_fed,
+        "sequential_steps": steps,
+    }
+
+
+def flop_accounting(
+    shape: Any, backend_stats: Any, trees: Sequence[Any], cpu_seconds: float, peak_per_cpu_second: float
+) -> dict[str, Any]:
+    """The FLOPs an HF-engine run computed (every fed position, padding and idle decode rows included; the LM head
+    once per row and forward; attention over each step's whole width), the part real tokens needed, the FLOPs no
+    engine can skip (:func:`needed_work`), and the GFLOP per CPU-second achieved against the measured peak."""
+    from agentcredit.bench.flops import forward_flops
+
+    b = backend_stats
+    computed = forward_flops(
+        shape,
+        tokens=b.tokens_computed,
+        logit_rows=b.rows_computed,
+        attention_pairs=b.attention_pairs_computed,
+    )
+    real = forward_flops(
+        shape, tokens=b.tokens_fed, logit_rows=b.rows_computed, attention_pairs=b.attention_pairs_real
+    )
+    decode = forward_flops(
+        shape,
+        tokens=b.decode_tokens_computed,
+        logit_rows=b.decode_tokens_computed,
+        attention_pairs=b.decode_attention_pairs_computed,
+    )
+    prefill_cpu = max(1e-9, b.forward_cpu_seconds - b.decode_cpu_seconds)
+    need = needed_work(trees)
+    needed = forward_flops(
+        shape, tokens=need["tokens"], logit_rows=need["logit_rows"], attention_pairs=need["attention_pairs"]
+    )
+    cpu = max(1e-9, cpu_seconds)
+    return {
+        "computed_gflop": {k: v / 1e9 for k, v in computed.items()},
+        "real_tokens_gflop": real["total"] / 1e9,
+        "needed_gflop": {k: v / 1e9 for k, v in needed.items()},
+        "needed": need,
+        "tokens_computed": b.tokens_computed,
+        "tokens_fed": b.tokens_fed,
+        "rows_computed": b.rows_computed,
+        "gflop_per_cpu_second": computed["total"] / 1e9 / cpu,
+        "of_cpu_peak": computed["total"] / cpu / peak_per_cpu_second,
+        "forward_cpu_seconds": round(b.forward_cpu_seconds, 3),
+        "decode_cpu_seconds": round(b.decode_cpu_seconds, 3),
+        "forward_gflop_per_cpu_second": computed["total"] / 1e9 / max(1e-9, b.forward_cpu_seconds),
+        # the one-token steps apart from the prefills: their FLOPs, rows and rate
+        "decode_steps": b.decode_steps,
+        "decode_rows_computed": b.decode_tokens_computed,
+        "decode_rows_real": b.decode_tokens,
+        "decode_gflop": decode["total"] / 1e9,
+        "decode_gflop_per_cpu_second": decode["total"] / 1e9 / max(1e-9, b.decode_cpu_seconds),
+        "decode_cpu_ms_per_step": 1e3 * b.decode_cpu_seconds / max(1, b.decode_steps),
+        "prefill_gflop_per_cpu_second": (computed["total"] - decode["total"]) / 1e9 / prefill_cpu,
+    }
 
 
 def bench_compare(
@@ -679,7 +841,15 @@ def bench_compare(
     seconds are kept), so a shared machine's drifting load hits both alike; the ratios are the numbers to quote.
     ``paths`` may add ``vllm`` (:data:`VLLM_PATH`): started once before the runs (its start-up, first weight push and
     warm-up are reported apart), its weights pushed again before each of its runs (timed)."""
-    from agentcredit.bench.flops import matmul_flops
+    from agentcredit.bench.flops import (
+        DecoderShape,
+        attention_flops,
+        linear_flops_per_token,
+        lm_head_flops_per_row,
+        matmul_flops,
+        matvec_bandwidth,
+        weight_bytes_per_forward,
+    )
     from agentcredit.bench.train import non_embedding_parameters
     from agentcredit.models.loading import load_base_model
 
@@ -700,8 +870,27 @@ def bench_compare(
     )
     peak = matmul_flops(torch.float32)
     result["fp32_matmul_peak_gflops"] = peak["best"] / 1e9
+    # per CPU-second of this process: the peak to set the runs' CPU seconds against (the wall peak above is
+    # depressed by whatever else runs on the machine; a CPU-second is the core's while this process holds it)
+    cpu_peak = matmul_flops(torch.float32, clock="cpu")
+    result["fp32_matmul_peak_gflop_per_cpu_second"] = cpu_peak["best"] / 1e9
+    result["fp32_matmul_peak_gflop_per_cpu_second_median"] = cpu_peak["median"] / 1e9
+    # a decode step reads every weight whatever its batch: the rate this CPU streams a matrix through a
+    # matrix-vector product is the other floor (weight_stream_bound)
+    bandwidth = matvec_bandwidth(torch.float32, clock="cpu")
+    result["fp32_matvec_gb_per_cpu_second"] = bandwidth["best"] / 1e9
+    result["fp32_matvec_gb_per_cpu_second_median"] = bandwidth["median"] / 1e9
     model, tokenizer = load_base_model(model_path, dtype=dtype, seed=settings.seed)
     n_params = non_embedding_parameters(model)
+    shape = DecoderShape.from_config(model.config)
+    result["model_shape"] = dict(vars(shape))
+    result["flops_per_token"] = {
+        "linear": linear_flops_per_token(shape),
+        "lm_head_per_row": lm_head_flops_per_row(shape),
+        "attention_per_context_position": attention_flops(shape, 1),
+    }
+    weight_bytes = weight_bytes_per_forward(shape, next(model.parameters()).element_size())
+    result["weight_bytes_per_forward"] = weight_bytes
     examples, env = build_task(settings.task, max(q for q, _ in sizes), settings.overrides)
     result["protocol"] = env.protocol.name
     result["runs"] = {}
@@ -737,6 +926,8 @@ def bench_compare(
                         n_params=n_params,
                         peak_flops=peak["best"],
                         vllm=vllm if name == VLLM_PATH else None,
+                        shape=shape,
+                        cpu_peak_flops=cpu_peak["best"],
                     )
                     log(
                         f"  {r['seconds']:.1f} s, {r['tokens_per_s']:.1f} generated tok/s, generated "
@@ -744,6 +935,14 @@ def bench_compare(
                         f"{r['shared_prefix_tokens']}), CPU {r['cpu_seconds']:.1f} s, peak RSS "
                         f"{r['peak_rss_mib']:.0f} MiB, load {_load_average()}"
                     )
+                    if "flops" in r:
+                        f = r["flops"]
+                        log(
+                            f"  computed {f['computed_gflop']['total']:.0f} GFLOP, "
+                            f"{f['gflop_per_cpu_second']:.2f} GFLOP per CPU-second ({f['of_cpu_peak']:.2f} of "
+                            f"the peak), forward CPU {f['forward_cpu_seconds']:.1f} s (decode "
+                            f"{f['decode_cpu_seconds']:.1f} s)"
+                        )
                     best = result["runs"][size].get(name)
                     r["all_seconds"] = [*(best["all_seconds"] if best else []), r["seconds"]]
                     if best is None or r["seconds"] < best["seconds"]:  # the least disturbed run is kept
@@ -783,7 +982,74 @@ def bench_compare(
         }
         for size, runs in result["runs"].items()
     }
+    result["bound"] = {
+        size: _bound(runs, base, cpu_peak["best"], weight_bytes, bandwidth["best"])
+        for size, runs in result["runs"].items()
+    }
+    # the kernel floor: every decode step at all the size's episodes (the most rows a step can hold), through this
+    # CPU's fp32 products at that row count, measured now
+    rows = {f"{q}x{e}": q * e for q, e in sizes}
+    for size, bound in result["bound"].items():
+        if bound:
+            bound["kernel"] = _kernel_floor(result["runs"][size][base], shape, rows[size], cpu_peak["best"])
     return result
+
+
+def _kernel_floor(run: dict[str, Any], shape: Any, rows: int, cpu_peak_flops: float) -> dict[str, Any]:
+    """:func:`~agentcredit.bench.flops.kernel_floor` of one run's needed work, the products timed at ``rows`` rows."""
+    from agentcredit.bench.flops import (
+        attention_flops,
+        kernel_floor,
+        layer_shapes,
+        linear_flops_per_token,
+        linear_seconds,
+    )
+
+    need = run["flops"]["needed"]
+    layer = linear_seconds(layer_shapes(shape), rows) / rows
+    head = linear_seconds([(shape.hidden, shape.vocab)], rows) / rows
+    other = linear_flops_per_token(shape) * (need["prompt_tokens"] + need["observation_tokens"])
+    other += attention_flops(shape, need["attention_pairs"])
+    out = kernel_floor(
+        run["cpu_seconds"],
+        sampled_positions=need["generated_fed_tokens"],
+        logit_rows=need["logit_rows"],
+        other_flops=other,
+        layer_seconds_per_row=layer,
+        layers=shape.layers,
+        head_seconds_per_row=head,
+        peak_flops_per_cpu_second=cpu_peak_flops,
+    )
+    out["rows"] = rows
+    out["layer_gflop_per_cpu_second"] = linear_flops_per_token(shape) / shape.layers / layer / 1e9
+    out["head_gflop_per_cpu_second"] = 2 * shape.hidden * shape.vocab / head / 1e9
+    return out
+
+
+def _bound(
+    runs: dict[str, Any], base: str, cpu_peak_flops: float, weight_bytes: int, bytes_per_cpu_second: float
+) -> dict[str, Any]:
+    """The Amdahl bound of one size: the CPU seconds the FLOPs no engine can skip (the baseline run's trees:
+    :func:`needed_work`) take at the measured peak per CPU-second, and the largest speed-up over the baseline's
+    CPU seconds that any fp32 engine on this CPU could reach; beside it the weight-streaming floor (the longest
+    episode's forwards, one after another, each reading every weight: :func:`weight_stream_bound`)."""
+    from agentcredit.bench.flops import amdahl_bound, weight_stream_bound
+
+    b = runs[base]
+    needed = b["flops"]["needed_gflop"]["total"] if "flops" in b else None
+    if needed is None:
+        return {}
+    out = amdahl_bound(b["cpu_seconds"], needed * 1e9, cpu_peak_flops)
+    out["needed_gflop"] = needed
+    steps = b["flops"]["needed"]["sequential_steps"]
+    out["weight_stream"] = weight_stream_bound(b["cpu_seconds"], steps, weight_bytes, bytes_per_cpu_second)
+    out["weight_stream"]["steps"] = steps
+    floor = max(out["min_cpu_seconds"], out["weight_stream"]["min_cpu_seconds"])
+    out["both"] = {"min_cpu_seconds": floor, "max_speedup": b["cpu_seconds"] / max(1e-9, floor)}
+    out["measured_cpu_speedup"] = {
+        name: b["cpu_seconds"] / max(1e-9, r["cpu_seconds"]) for name, r in runs.items() if name != base
+    }
+    return out
 
 
 def format_compare(result: dict[str, Any]) -> str:
@@ -827,6 +1093,7 @@ def format_compare(result: dict[str, Any]) -> str:
                 f"{r['prefill_tokens'] / max(1, b['prefill_tokens']):.2f}x; generated tokens "
                 f"{r['generated_tokens']} vs {b['generated_tokens']})"
             )
+    lines.extend(_format_flops(result))
     if "vllm" in result:
         v = result["vllm"]
         pushes = {size: runs[VLLM_PATH]["weight_push_seconds"] for size, runs in result["runs"].items()}
@@ -843,3 +1110,103 @@ def format_compare(result: dict[str, Any]) -> str:
         ratios = ", ".join(f"{name} {r['tokens_per_s'] / max(1e-9, naive):.1f}x" for name, r in first.items())
         lines.append(f"generated tok/s vs naive: {ratios}")
     return "\n".join(lines)
+
+
+def _format_flops(result: dict[str, Any]) -> list[str]:
+    """The FLOP accounting of :func:`bench_compare`: per run, the prefill by kind, the FLOPs computed and needed,
+    GFLOP per CPU-second against the peak, where the CPU seconds went; per size, the Amdahl bound."""
+    if "fp32_matmul_peak_gflop_per_cpu_second" not in result:
+        return []
+    per = result["flops_per_token"]
+    lines = [
+        "",
+        f"FLOPs (2 per multiply-add): linear layers {per['linear'] / 1e6:.1f} MFLOP per position fed, LM head "
+        f"{per['lm_head_per_row'] / 1e6:.1f} MFLOP per row whose logits are computed, attention "
+        f"{per['attention_per_context_position'] / 1e3:.1f} kFLOP per query-key pair; fp32 matmul peak "
+        f"{result['fp32_matmul_peak_gflop_per_cpu_second']:.1f} GFLOP per CPU-second (best of 5; median "
+        f"{result['fp32_matmul_peak_gflop_per_cpu_second_median']:.1f}); matrix-vector streaming "
+        f"{result['fp32_matvec_gb_per_cpu_second']:.1f} GB per CPU-second (median "
+        f"{result['fp32_matvec_gb_per_cpu_second_median']:.1f})",
+        "prefilled by kind: shared prompt (once) + rest of each question's prompt + observations + re-fed "
+        "(splices, fork recomputes)",
+    ]
+    for size, runs in result["runs"].items():
+        for name, r in runs.items():
+            k = r.get("prefill_by_kind")
+            if k:
+                lines.append(
+                    f"  {size} {name}: {k['shared_prompt']} + {k['question_prompt']} + {k['observations']} + "
+                    f"{k['refed']} = {r['prefill_tokens']}; decoded (sampled tokens fed back) {r['decode_tokens']}"
+                )
+    lines.append(
+        f"{'size':<7}{'path':<18}{'fed':>8}{'computed':>9}{'logit rows':>11}{'GFLOP lin':>10}{'head':>7}"
+        f"{'attn':>7}{'total':>7}{'needed':>7}{'CPU s':>8}{'GFLOP/CPUs':>11}{'of peak':>8}{'fwd CPU':>8}"
+        f"{'decode':>7}{'other':>7}"
+    )
+    for size, runs in result["runs"].items():
+        for name, r in runs.items():
+            f = r.get("flops")
+            if not f:
+                continue
+            c = f["computed_gflop"]
+            other = r["cpu_seconds"] - f["forward_cpu_seconds"]
+            lines.append(
+                f"{size:<7}{name:<18}{f['tokens_fed']:>8}{f['tokens_computed']:>9}{f['rows_computed']:>11}"
+                f"{c['linear']:>10.0f}{c['lm_head']:>7.0f}{c['attention']:>7.0f}{c['total']:>7.0f}"
+                f"{f['needed_gflop']['total']:>7.0f}{r['cpu_seconds']:>8.1f}{f['gflop_per_cpu_second']:>11.2f}"
+                f"{f['of_cpu_peak']:>8.2f}{f['forward_cpu_seconds']:>8.1f}{f['decode_cpu_seconds']:>7.1f}"
+                f"{other:>7.1f}"
+            )
+    for size, runs in result["runs"].items():
+        for name, r in runs.items():
+            f = r.get("flops")
+            if f and "decode_steps" in f:
+                steps = max(1, f["decode_steps"])
+                lines.append(
+                    f"  {size} {name}: decode {f['decode_steps']} one-token steps, "
+                    f"{f['decode_rows_real'] / steps:.1f} real rows per step ({f['decode_rows_computed'] / steps:.1f}"
+                    f" computed), {f['decode_cpu_ms_per_step']:.1f} CPU ms per step, "
+                    f"{f['decode_gflop_per_cpu_second']:.1f} GFLOP per CPU-second; prefill forwards "
+                    f"{f['prefill_gflop_per_cpu_second']:.1f} GFLOP per CPU-second"
+                )
+    lines.append(
+        "(fed: real positions; computed: with padding and idle decode rows; needed: what no engine can skip, "
+        "see below; fwd CPU: CPU seconds inside the model's forwards, decode: of which one-token steps; other: "
+        "the rest of the rollout's CPU seconds: sampling, Python, cache copies, tools)"
+    )
+    for size, bound in result.get("bound", {}).items():
+        if not bound:
+            continue
+        b = result["runs"][size][result["baseline"]]
+        need = b["flops"]["needed"]
+        g = b["flops"]["needed_gflop"]
+        measured = ", ".join(f"{n} {x:.2f}x" for n, x in bound["measured_cpu_speedup"].items())
+        lines.append(
+            f"{size}: Amdahl bound: the work no engine can skip is {need['tokens']} positions (prompts "
+            f"{need['prompt_tokens']} with the shared prefix once, observations {need['observation_tokens']}, "
+            f"sampled tokens fed back {need['generated_fed_tokens']}) and {need['logit_rows']} logit rows: "
+            f"{g['total']:.0f} GFLOP (linear {g['linear']:.0f}, LM head {g['lm_head']:.0f}, attention "
+            f"{g['attention']:.0f}), {bound['min_cpu_seconds']:.1f} CPU s at the peak, so no fp32 engine on this "
+            f"CPU can beat {result['baseline']}'s {b['cpu_seconds']:.1f} CPU s by more than "
+            f"{bound['max_speedup']:.2f}x (measured: {measured})"
+        )
+        w = bound["weight_stream"]
+        lines.append(
+            f"{size}: weight-streaming floor: the longest episode samples {w['steps']} tokens, so at least "
+            f"{w['steps']} forwards run one after another, each reading {result['weight_bytes_per_forward'] / 2**20:.0f}"
+            f" MiB of weights: {w['min_cpu_seconds']:.1f} CPU s at {result['fp32_matvec_gb_per_cpu_second']:.1f} GB"
+            f" per CPU-second (alone: <= {w['max_speedup']:.2f}x); both floors: {bound['both']['min_cpu_seconds']:.1f}"
+            f" CPU s, <= {bound['both']['max_speedup']:.2f}x"
+        )
+        k = bound.get("kernel")
+        if k:
+            lines.append(
+                f"{size}: kernel floor: even with every decode step at all {k['rows']} episodes' rows, this CPU's "
+                f"fp32 products at {k['rows']} rows run at {k['layer_gflop_per_cpu_second']:.1f} GFLOP per "
+                f"CPU-second through a layer's weights and {k['head_gflop_per_cpu_second']:.1f} through the LM "
+                f"head: the {need['generated_fed_tokens']} sampled tokens' forwards take {k['decode_seconds']:.1f} "
+                f"CPU s, the {need['logit_rows']} logit rows {k['head_seconds']:.1f} s, prompts, observations and "
+                f"attention at the peak {k['other_seconds']:.1f} s: {k['min_cpu_seconds']:.1f} CPU s, so no engine "
+                f"on these fp32 kernels beats {result['baseline']} by more than {k['max_speedup']:.2f}x"
+            )
+    return lines

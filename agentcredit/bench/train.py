@@ -203,6 +203,7 @@ def bench_method(
             "epochs": o.epochs,
             "minibatch_size": o.minibatch_size,
             "lora": cfg.model.lora.enabled,
+            "rollout_backend": cfg.rollout.backend,
         },
         "steps": per_step,
         "seconds_per_step": _mean([s["seconds"] for s in per_step]),
@@ -318,6 +319,7 @@ def format_bench_table(result: dict[str, Any]) -> str:
             f"| {6 * n * e['update_tokens_forwarded'] / 1e9:.0f} / {6 * n * e['update_tokens_in_rows'] / 1e9:.0f} |"
         )
     load = f"load average {result.get('load_average_start')} -> {result.get('load_average_end')}"
+    backends = sorted({e["settings"].get("rollout_backend", "hf") for e in result["methods"].values()})
     repeat = result.get("grpo_repeat")
     if repeat is not None:
         load += (
@@ -326,5 +328,6 @@ def format_bench_table(result: dict[str, Any]) -> str:
         )
     return "\n".join(lines) + (
         f"\n\n{result['model']} on {result['task']}: {result['prompts']} prompts x {result['episodes_per_prompt']} "
-        f"episodes, {result['steps']} timed steps per method; {result['torch_threads']} torch threads; {load}"
+        f"episodes, {result['steps']} timed steps per method; {result['torch_threads']} torch threads; rollout "
+        f"backend {', '.join(backends)}; {load}"
     )

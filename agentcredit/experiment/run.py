@@ -212,7 +212,7 @@ def _train_in(config: Config, run_dir: Path, *, resume: bool, progress: bool, lo
         elif resume:
             trainer.resume(run_dir)
             log(f"resumed {run_dir} at step {trainer.step}")
-        log(f"run directory: {run_dir}")
+        log(f"run directory: {run_dir}; rollout backend: {config.rollout.backend}")
         on_step = None
         if config.train.eval_every:
             heldout = load_examples(config, split=config.task.eval_split, limit=config.task.eval_limit)
@@ -590,7 +590,7 @@ def run_demo(
     write_episodes(out_dir / "eval_after_sft.jsonl", before_records)
     del model, head
     collect_phase_garbage()
-    log(f"[4/5] carl-segment: {rl_steps} steps")
+    log(f"[4/5] carl-segment: {rl_steps} steps (rollout backend: {rl_config.rollout.backend})")
     trainer = Trainer(rl_config, run_dir=out_dir / "carl-segment")
     try:
         trainer.train()

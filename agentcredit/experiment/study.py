@@ -885,7 +885,10 @@ class Study:
                     )
 
                 if trainer.step == 0:
-                    self.log(f"[{arm.name} seed {seed}] training {self.spec.steps} steps in {run_dir}")
+                    self.log(
+                        f"[{arm.name} seed {seed}] training {self.spec.steps} steps in {run_dir} (rollout "
+                        f"backend: {cfg.rollout.backend})"
+                    )
                 try:
                     trainer.train(progress=False, on_step=on_step)
                 except NonFiniteLoss as exc:  # a diverged run: recorded and reported, the study goes on

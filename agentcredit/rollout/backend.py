@@ -62,6 +62,20 @@ class BackendStats:
     decode_tokens: int = 0
     decode_seconds: float = 0.0
     rows_copied: int = 0
+    # what the forwards computed, for a FLOP count (agentcredit.bench.flops.rollout_flops): rows whose logits
+    # were computed (one per row per forward: ``logits_to_keep=1``), query-key pairs the attention computed
+    # (every fed position, padding included, against the step's whole width: the mask hides, it does not skip)
+    # and those a real token needs (its own context length)
+    rows_computed: int = 0
+    attention_pairs_computed: int = 0
+    attention_pairs_real: int = 0
+    # CPU seconds of this process spent in the forwards (``time.process_time``; on a loaded machine the wall
+    # seconds above also hold the time spent waiting for a core)
+    forward_cpu_seconds: float = 0.0
+    decode_cpu_seconds: float = 0.0
+    # the one-token steps' share of tokens_computed (one per row, idle rows included) and attention_pairs_computed
+    decode_tokens_computed: int = 0
+    decode_attention_pairs_computed: int = 0
     extra: dict[str, float] = field(default_factory=dict)
 
 
@@ -375,7 +389,7 @@ class HFBackend(Backend):
     def _step(self, feeds: dict[int, list[int]], *, dense: bool) -> dict[int, torch.Tensor]:
         import time
 
-        start_time = time.perf_counter()
+        start_time, start_cpu = time.perf_counter(), time.process_time()
         slab = self.slab
         if dense:
             rows = list(range(slab.n_rows))
@@ -430,12 +444,21 @@ class HFBackend(Backend):
         self.stats.forward_calls += 1
         self.stats.tokens_fed += int(n_real.sum())
         self.stats.tokens_computed += batch * q
+        self.stats.rows_computed += batch
+        self.stats.attention_pairs_computed += batch * q * width
+        # real token k of a row sits at column lengths + k and attends to columns 0..lengths + k
+        self.stats.attention_pairs_real += int((n_real * (lengths + 1) + n_real * (n_real - 1) // 2).sum())
         seconds = time.perf_counter() - start_time
+        cpu = time.process_time() - start_cpu
         self.stats.forward_seconds += seconds
+        self.stats.forward_cpu_seconds += cpu
         if q == 1:
             self.stats.decode_steps += 1
             self.stats.decode_tokens += int(n_real.sum())
             self.stats.decode_seconds += seconds
+            self.stats.decode_cpu_seconds += cpu
+            self.stats.decode_tokens_computed += batch
+            self.stats.decode_attention_pairs_computed += batch * width
         return {self._seq_at[r]: logits[b] for b, r in enumerate(rows) if tokens[b]}
 
 

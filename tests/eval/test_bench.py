@@ -107,3 +107,33 @@ def test_matmul_flops_measures_something():
     assert out["best"] >= out["median"] > 0 and out["n"] == 64
     with pytest.raises(ValueError):
         matmul_flops(n=0)
+
+
+def test_bench_train_table_names_the_rollout_backend():
+    """Issue 33: `bench train` says which rollout backend ran."""
+    from agentcredit.bench.train import format_bench_table
+
+    entry = {
+        "seconds_per_step": 2.0,
+        "ratio_to_grpo": 1.0,
+        "episodes_per_step": 8,
+        "generated_tokens_per_step": 100,
+        "update_tokens_forwarded": 10,
+        "update_tokens_in_rows": 20,
+        "settings": {"epochs": 1, "rollout_backend": "hf"},
+        **{f"{p}_seconds": 1.0 for p in ("rollout", "signals", "update")},
+        **{f"{p}_ratio_to_grpo": 1.0 for p in ("rollout", "signals", "update")},
+    }
+    result = {
+        "methods": {"grpo": entry},
+        "non_embedding_parameters": 1000,
+        "model": "tiny",
+        "task": "arith-tools",
+        "prompts": 2,
+        "episodes_per_prompt": 4,
+        "steps": 1,
+        "torch_threads": 1,
+        "load_average_start": [1.0],
+        "load_average_end": [1.0],
+    }
+    assert "rollout backend hf;" in format_bench_table(result)

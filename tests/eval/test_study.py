@@ -266,6 +266,7 @@ def test_study_runs_resumes_and_reports(tmp_path):
     runner = CliRunner()
     first = runner.invoke(app, ["study", "--config", config, "--out", str(out), "--max-runs", "1"])
     assert first.exit_code == 0, first.output
+    assert "(rollout backend: hf)" in first.output  # issue 33: each run says which rollout backend it uses
     done = sorted(p.parent.name for p in out.glob("runs/*/done.json"))
     assert done == ["grpo-s0"]  # seed-major order: every arm gets seed 0 before any gets seed 1
     stamp = (out / "runs" / "grpo-s0" / "done.json").stat().st_mtime_ns

@@ -165,6 +165,93 @@ def test_bench_compare_runs_both_engine_paths_at_each_size_and_the_naive_loop():
     assert "rollout seconds hf_before / hf_shared_prefix" in text and "load average" in text
     assert set(result["cpu_speedup"]) == {"2x2", "3x2"}
     assert result["baseline"] == "hf_before" and set(result["speedup"]["2x2"]) == {"hf_shared_prefix"}
+    # the FLOP accounting (issue 33): what each run fed, computed and needed, and the Amdahl bound
+    assert result["fp32_matmul_peak_gflop_per_cpu_second"] > 0
+    for size, runs in result["runs"].items():
+        before, after = runs["hf_before"], runs["hf_shared_prefix"]
+        for r in (before, after):
+            f, k = r["flops"], r["prefill_by_kind"]
+            assert f["tokens_fed"] == r["prefill_tokens"] + r["decode_tokens"] <= f["tokens_computed"]
+            assert f["computed_gflop"]["total"] >= f["real_tokens_gflop"] >= f["needed_gflop"]["total"] > 0
+            assert 0 < f["forward_cpu_seconds"] <= r["cpu_seconds"] and f["of_cpu_peak"] > 0
+            assert 0 < f["decode_rows_real"] <= f["decode_rows_computed"] and 0 < f["decode_steps"]
+            assert 0 < f["decode_gflop"] < f["computed_gflop"]["total"]
+            assert (
+                k["shared_prompt"] + k["question_prompt"] + k["observations"] + k["refed"]
+                == r["prefill_tokens"]
+            )
+            assert k["refed"] == 0  # independent episodes, no replacement: nothing is fed twice
+        # the shared-prefix engine feeds exactly what no engine can skip (same trees: same work needed)
+        assert after["flops"]["needed"] == before["flops"]["needed"]
+        assert after["flops"]["tokens_fed"] == after["flops"]["needed"]["tokens"]
+        bound = result["bound"][size]
+        assert bound["max_speedup"] == pytest.approx(before["cpu_seconds"] / bound["min_cpu_seconds"])
+        assert 0 < bound["both"]["max_speedup"] <= bound["max_speedup"]
+        kernel = bound["kernel"]
+        assert kernel["rows"] == int(size.split("x")[0]) * 2 and 0 < kernel["min_cpu_seconds"]
+        assert kernel["min_cpu_seconds"] == pytest.approx(
+            kernel["decode_seconds"] + kernel["head_seconds"] + kernel["other_seconds"]
+        )
+        assert bound["weight_stream"]["steps"] == before["flops"]["needed"]["sequential_steps"] > 0
+    assert "Amdahl bound" in text and "GFLOP per CPU-second" in text and "weight-streaming floor" in text
+    assert "kernel floor" in text
+
+
+def test_needed_work_and_prefill_decomposition_by_hand():
+    """A tree by hand: prompts of 5 and 4 tokens sharing 3; question 0 has one episode that searches (2 sampled
+    tokens, a 3-token observation) and answers (2 tokens, a leaf); question 1 has a carl-segment replacement
+    (invoke 2, transient observation 4, extraction 3 spliced back to the observation's place, answer 1)."""
+    from agentcredit.bench.rollout import common_prompt_prefix, needed_work, prefill_decomposition
+    from agentcredit.rollout.tree import RolloutTree, Segment
+
+    a = RolloutTree(Segment([1, 2, 3, 4, 5], role="prompt"))
+    n = a.add(Segment([6, 7]), 0)
+    n = a.add(Segment([8, 8, 8], role="observation"), n)
+    a.add(Segment([9, 10]), n)
+    b = RolloutTree(Segment([1, 2, 3, 9], role="prompt"))
+    n = b.add(Segment([6, 7]), 0)
+    n = b.add(Segment([8, 8, 8, 8], role="observation", transient=True), n)
+    n = b.add(Segment([5, 5, 5], info={"spliced": True}), n)
+    b.add(Segment([2]), n)
+    assert common_prompt_prefix([a.segment(0).token_ids, b.segment(0).token_ids]) == 3
+    work = needed_work([a, b])
+    # prompts: 3 shared + 2 + 1; observations 3 + 4; fed sampled tokens: a 2 + (2 - 1), b 2 + 3 + (1 - 1)
+    assert (
+        work["prompt_tokens"] == 6 and work["observation_tokens"] == 7 and work["generated_fed_tokens"] == 8
+    )
+    # logit rows: one per sampled token (4 + 6), the first token of each policy segment drawn from its parent's row
+    assert work["tokens"] == 21 and work["logit_rows"] == 4 + 6
+    # pairs (position p reads p + 1): shared prefix at 0..2 -> 1+2+3; a's prompt rest at 3, 4 -> 4+5; a's search
+    # at 5, 6 -> 6+7; its observation at 7..9 -> 8+9+10; its answer at 10, 11, a leaf: only 10 is fed -> 11.
+    # b's prompt rest at 3 -> 4; invoke at 4, 5 -> 5+6; observation at 6..9 -> 7+8+9+10; extraction sampled at
+    # 10..12 -> 11+12+13 (spliced back to 6 afterwards: the re-feed is not needed work); its answer is a leaf's
+    # only token (not fed)
+    expected = (
+        (1 + 2 + 3) + (4 + 5) + (6 + 7) + (8 + 9 + 10) + 11 + 4 + (5 + 6) + (7 + 8 + 9 + 10) + (11 + 12 + 13)
+    )
+    assert work["attention_pairs"] == expected
+    # the longest chain of sampled tokens: b's 2 + 3 + 1 (a: 2 + 2)
+    assert work["sequential_steps"] == 6
+    # an engine run that prefilled 30 tokens with a 3-token shared prefix: 3 + (5 + 4 - 2 x 3) + 7 + the rest
+    assert prefill_decomposition([a, b], 3, 30) == {
+        "shared_prompt": 3,
+        "question_prompt": 3,
+        "observations": 7,
+        "refed": 17,
+    }
+    assert prefill_decomposition([a, b], 0, 16)["question_prompt"] == 9
+
+
+def test_build_task_passes_the_task_options():
+    """Regression: build_task loaded the task without its options, so a study's ``task.options`` (arith-tools'
+    tier fractions) did not reach the benchmarked questions."""
+    from agentcredit.bench.rollout import build_task
+
+    examples, env = build_task("arith-tools", 6, ["task.options={easy_fraction: 1.0, medium_fraction: 0.0}"])
+    try:
+        assert {e.info["tier"] for e in examples} == {"easy"}
+    finally:
+        env.close()
 
 
 def test_bench_compare_refuses_unknown_or_missing_paths():

@@ -34,6 +34,8 @@ def test_demo_runs_every_stage_and_writes_its_report(tmp_path):
         "[4/5]",
         "[5/5]",
     ]
+    # which rollout backend ran (issue 33: the demo says it)
+    assert [line for line in lines if line.startswith("[4/5]")][0].endswith("(rollout backend: hf)")
     for stage in ("before", "after"):
         assert result[stage]["episodes"] == 4
         assert 0.0 <= result[stage]["accuracy"] <= 1.0

@@ -27,6 +27,9 @@ def test_eval_every_logs_held_out_metrics_at_those_steps(tmp_path):
         )
         assert r["time/eval"] > 0
     assert sum("held-out" in line for line in lines) == 2
+    assert any(
+        line.endswith("; rollout backend: hf") for line in lines
+    )  # issue 33: it says which backend ran
     # the final evaluation has `agentcredit eval`'s summary.json shape: what was evaluated, then flat metrics
     final = json.loads((tmp_path / "run" / "eval_summary.json").read_text())
     assert list(final)[: len(SUMMARY_FIELDS)] == list(SUMMARY_FIELDS) and "metrics" not in final
