@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import json
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -325,11 +326,17 @@ def run_sft(
     system prompt (:func:`agentcredit.train.demos.demo_prompt`); under ``no_tool`` it answers directly, under
     ``forced`` it calls the tool (:data:`~agentcredit.train.demos.PROMPT_TOOL_SHARE`), under the protocol's own
     prompt ``tool_share`` decides. None: every demonstration under the protocol's own prompt.
+
+    Resumable: every optimizer step is checkpointed in :func:`sft_checkpoint_dir` (``<out_dir>.partial``); a run
+    killed mid-way and started again with the same settings continues from its last step, and the checkpoint is
+    deleted once the model and ``sft_summary.json`` are saved.
     """
     from agentcredit.tasks.registry import example_locations
     from agentcredit.train.demos import check_demo_calls
     from agentcredit.train.sft import demonstrations, rejection_sample, sft
 
+    out_dir = Path(out_dir)
+    partial = sft_checkpoint_dir(out_dir)
     seed_everything(config.train.seed)
     env = build_environment(config)
     try:
@@ -394,10 +401,11 @@ def run_sft(
             autocast=config.model.autocast_bf16,
             max_tokens=config.train.micro_batch_tokens,
             progress=True,
+            checkpoint_dir=partial,
+            log=log,
         )
     finally:
         env.close()
-    out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
@@ -423,10 +431,18 @@ def run_sft(
             indent=2,
         )
     )
+    shutil.rmtree(partial, ignore_errors=True)  # the model is saved: its checkpoint (1.6 GB at 135M) goes
     log(
         f"SFT: loss {result.losses[0]:.3f} -> {result.losses[-1]:.3f} in {result.seconds:.0f}s; saved to {out_dir}"
     )
     return out_dir
+
+
+def sft_checkpoint_dir(out_dir: Path) -> Path:
+    """Where :func:`run_sft` keeps the SFT checkpoint it resumes from: ``<out_dir>.partial``, beside the model's
+    directory, never inside it (a directory with ``sft_summary.json`` is a finished model to the study harness)."""
+    out_dir = Path(out_dir)
+    return out_dir.with_name(out_dir.name + ".partial")
 
 
 def collect_phase_garbage() -> None:

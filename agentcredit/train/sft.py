@@ -11,13 +11,16 @@ trained), computed with the same scoring path and microbatching as RL.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import os
 import random
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -217,6 +220,14 @@ class SFTResult:
     seconds: float
 
 
+#: the file of an SFT checkpoint inside its directory (:func:`sft`'s ``checkpoint_dir``)
+SFT_CHECKPOINT = "sft-checkpoint.pt"
+
+
+class SFTCheckpointMismatch(ValueError):
+    """An SFT checkpoint that belongs to other demonstrations or settings than the run resuming from it."""
+
+
 def sft(
     model: torch.nn.Module,
     trees: Sequence[RolloutTree],
@@ -232,22 +243,51 @@ def sft(
     max_tokens: int = MICRO_BATCH_TOKENS,
     on_step: Callable[[int, float], None] | None = None,
     progress: bool = False,
+    checkpoint_dir: str | Path | None = None,
+    checkpoint_every: int = 1,
+    log: Callable[[str], None] | None = None,
 ) -> SFTResult:
-    """Token-mean NLL on the policy tokens of every trajectory in ``trees``; ``progress`` shows steps and an ETA."""
+    """Token-mean NLL on the policy tokens of every trajectory in ``trees``; ``progress`` shows steps and an ETA.
+
+    ``checkpoint_dir``: after every ``checkpoint_every``-th optimizer step (and the last) the trainable weights, the
+    optimizer's state, the steps done, the losses so far, the elapsed seconds and torch's RNG state are written
+    there atomically (:data:`SFT_CHECKPOINT`); on entry a checkpoint found there is loaded and training continues
+    from the next step with the same data order, so the losses and final weights equal an uninterrupted run's.
+    A checkpoint of other demonstrations or settings (its fingerprint) raises :class:`SFTCheckpointMismatch`.
+    None (the default): nothing is written. The caller deletes the directory once the model is saved.
+    """
     if not trees:
         raise ValueError("sft: no demonstrations to train on")
+    if checkpoint_every < 1:
+        raise ValueError(f"sft: checkpoint_every must be >= 1, got {checkpoint_every}")
     batch = build_batch(list(trees), pad_id=pad_id)
-    params = [p for p in model.parameters() if p.requires_grad]
+    named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    params = [p for _, p in named]
     optimizer = adamw(params, lr=lr, weight_decay=weight_decay)
     rng = random.Random(seed)
     losses, start, step = [], time.perf_counter(), 0
     steps = epochs * math.ceil(len(batch.trajectories) / batch_trajectories)
+    path = Path(checkpoint_dir) / SFT_CHECKPOINT if checkpoint_dir is not None else None
+    fingerprint = _fingerprint(
+        batch, named, steps=steps, epochs=epochs, batch_trajectories=batch_trajectories, lr=lr,
+        weight_decay=weight_decay, grad_clip=grad_clip, seed=seed, autocast=autocast, max_tokens=max_tokens,
+    )  # fmt: skip
+    done, before = 0, 0.0
+    if path is not None and path.is_file():
+        done, losses, before = _load_checkpoint(path, fingerprint, named, optimizer)
+        if log is not None:
+            log(f"SFT: resuming from step {done} of {steps} ({path})")
     with Progress("sft", total=steps, unit="steps", enabled=progress) as bar:
+        if done:
+            bar.advance(done, info="resumed")
         model.train()
         for _ in range(epochs):
             order = list(range(len(batch.trajectories)))
-            rng.shuffle(order)
+            rng.shuffle(order)  # replayed for the steps a resumed run skips: the same order as one run
             for s in range(0, len(order), batch_trajectories):
+                if step < done:
+                    step += 1
+                    continue
                 rows = [r for j in order[s : s + batch_trajectories] for r in batch.trajectories[j].rows]
                 mb = batch.select(rows)
                 weights = aggregation_weights(mb.policy_mask, "token-mean").float()
@@ -275,8 +315,78 @@ def sft(
                 optimizer.zero_grad(set_to_none=True)
                 losses.append(total)
                 step += 1
+                if path is not None and (step % checkpoint_every == 0 or step == steps):
+                    seconds = before + time.perf_counter() - start
+                    _save_checkpoint(path, fingerprint, named, optimizer, step, losses, seconds)
                 bar.advance(info=f"loss {total:.4f}")
                 if on_step is not None:
                     on_step(step, total)
     model.eval()
-    return SFTResult(losses, int(batch.policy_mask.sum()), time.perf_counter() - start)
+    return SFTResult(losses, int(batch.policy_mask.sum()), before + time.perf_counter() - start)
+
+
+def _fingerprint(batch: Any, named: Sequence[tuple[str, torch.Tensor]], **settings: Any) -> dict[str, Any]:
+    """What an SFT checkpoint must agree on to be resumed: the settings that decide the steps, the number of
+    trajectories, a hash of the demonstrations' token ids and policy masks, and the trainable weights' names and
+    shapes."""
+    digest = hashlib.sha256()
+    for tensor in (batch.input_ids, batch.attention_mask, batch.policy_mask):
+        digest.update(str(tuple(tensor.shape)).encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    for trajectory in batch.trajectories:
+        digest.update(str(list(trajectory.rows)).encode())
+    weights = hashlib.sha256(str([(n, tuple(p.shape), str(p.dtype)) for n, p in named]).encode())
+    return {
+        **settings,
+        "trajectories": len(batch.trajectories),
+        "tokens": digest.hexdigest(),
+        "weights": weights.hexdigest(),
+    }
+
+
+def _save_checkpoint(
+    path: Path,
+    fingerprint: dict[str, Any],
+    named: Sequence[tuple[str, torch.Tensor]],
+    optimizer: torch.optim.Optimizer,
+    step: int,
+    losses: list[float],
+    seconds: float,
+) -> None:
+    """Written to a temporary name and renamed over ``path``: a run killed while writing leaves the last whole one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = {
+        "fingerprint": fingerprint,
+        "step": step,
+        "losses": list(losses),
+        "seconds": seconds,
+        "weights": {name: p.detach() for name, p in named},
+        "optimizer": optimizer.state_dict(),
+        "torch_rng": torch.get_rng_state(),
+    }
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def _load_checkpoint(
+    path: Path,
+    fingerprint: dict[str, Any],
+    named: Sequence[tuple[str, torch.Tensor]],
+    optimizer: torch.optim.Optimizer,
+) -> tuple[int, list[float], float]:
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    theirs = state.get("fingerprint", {})
+    differ = sorted(k for k in set(theirs) | set(fingerprint) if theirs.get(k) != fingerprint.get(k))
+    if differ:
+        shown = ", ".join(f"{k}: {theirs.get(k)!r} there, {fingerprint.get(k)!r} now" for k in differ)
+        raise SFTCheckpointMismatch(
+            f"{path}: this SFT checkpoint belongs to other demonstrations or settings ({shown}); "
+            f"delete {path.parent} to train from the start"
+        )
+    with torch.no_grad():
+        for name, p in named:
+            p.copy_(state["weights"][name])
+    optimizer.load_state_dict(state["optimizer"])
+    torch.set_rng_state(state["torch_rng"])
+    return int(state["step"]), [float(x) for x in state["losses"]], float(state["seconds"])
