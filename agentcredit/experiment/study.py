@@ -382,10 +382,12 @@ def load_study(path: str | Path) -> StudySpec:
     try:
         spec = StudySpec.model_validate(data or {})
     except ValidationError as exc:
-        problems = "\n  ".join(
+        problems = [
             f"{'.'.join(str(p) for p in e['loc']) or '<top level>'}: {e['msg']}" for e in exc.errors()
-        )
-        raise StudyError(f"{path}: invalid study:\n  {problems}") from None
+        ]
+        if len(problems) == 1:  # one mistake, one line
+            raise StudyError(f"{path}: invalid study: {problems[0]}") from None
+        raise StudyError(f"{path}: invalid study:\n  " + "\n  ".join(problems)) from None
     configs = {}
     for where, preset, overrides, name in [
         ("start", spec.start.preset, [*spec.set, *spec.start.set], None)
