@@ -269,6 +269,7 @@ def _prompted_demonstrations(
     tool_share: float | None,
     locate: Any,
     log: Log,
+    direct_answers: str = "plain",
 ) -> tuple[list[Any], dict[str, int]]:
     """Demonstrations of ``data``, each replayed under the prompt mode :func:`demo_prompt` gives its question."""
     from agentcredit.train.demos import PROMPT_TOOL_SHARE, demo_prompt
@@ -300,6 +301,7 @@ def _prompted_demonstrations(
                 locate=locate,
                 max_turns=config.rollout.max_turns,
                 warn=lambda line: log(f"warning: {line}"),
+                direct_answers=direct_answers,
             )
         finally:
             env.close()
@@ -317,6 +319,7 @@ def run_sft(
     rejection_samples: int = 0,
     tool_share: float | None = None,
     prompts: dict[str, float] | None = None,
+    direct_answers: str = "plain",
     log: Log = print,
 ) -> Path:
     """SFT on scripted demonstrations (or the model's own correct episodes when ``rejection_samples`` > 0).
@@ -326,6 +329,9 @@ def run_sft(
     system prompt (:func:`agentcredit.train.demos.demo_prompt`); under ``no_tool`` it answers directly, under
     ``forced`` it calls the tool (:data:`~agentcredit.train.demos.PROMPT_TOOL_SHARE`), under the protocol's own
     prompt ``tool_share`` decides. None: every demonstration under the protocol's own prompt.
+
+    ``direct_answers`` (arith-tools, codefence): ``plain`` states the result of an answer without the tool,
+    ``worked`` shows its steps where the expression's shape has them (:func:`agentcredit.train.demos.direct_answer`).
 
     Resumable: every optimizer step is checkpointed in :func:`sft_checkpoint_dir` (``<out_dir>.partial``); a run
     killed mid-way and started again with the same settings continues from its last step, and the checkpoint is
@@ -368,7 +374,7 @@ def run_sft(
             source = f"rejection sampling ({rejection_samples} samples per question)"
         elif prompts:
             trees, per_prompt = _prompted_demonstrations(
-                config, tokenizer, data, prompts, tool_share, locate, log
+                config, tokenizer, data, prompts, tool_share, locate, log, direct_answers
             )
             source = (
                 "scripted demonstrations under prompts "
@@ -385,10 +391,13 @@ def run_sft(
                 locate=locate,
                 max_turns=config.rollout.max_turns,
                 warn=lambda line: log(f"warning: {line}"),
+                direct_answers=direct_answers,
             )
             source = "scripted demonstrations" + (
                 f" (tool on {tool_share:.0%})" if tool_share is not None else ""
             )
+        if direct_answers != "plain":
+            source += f", {direct_answers} direct answers"
         log(f"SFT on {len(trees)} episodes from {source} ({len(data)} questions)")
         result = sft(
             model,
@@ -420,6 +429,7 @@ def run_sft(
                 "epochs": epochs,
                 "tool_share": tool_share,
                 **({"prompts": prompts} if prompts else {}),
+                **({"direct_answers": direct_answers} if direct_answers != "plain" else {}),
                 "tool_calls_per_episode": sum(
                     len(t.segment(i).info.get("calls", [])) for t in trees for i in range(len(t))
                 )

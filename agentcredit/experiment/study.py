@@ -72,6 +72,12 @@ class SftSpec(_Spec):
         "(optional, forced, no_tool; shares sum to 1): no_tool demonstrations answer directly, forced ones call the "
         "tool, those under the protocol's own prompt follow tool_share. None: all under the own prompt.",
     )
+    direct_answers: Literal["plain", "worked"] = Field(
+        "plain",
+        description="How an arithmetic demonstration without the tool answers (codefence): 'plain' states the "
+        "result (28+15 = 43), 'worked' shows its steps where the expression's shape has them (28+10 = 38, "
+        "38+5 = 43; 15-5 = 10, 10-3 = 7; products counted up): agentcredit.train.demos.worked_steps.",
+    )
     set: list[str] = Field(
         default_factory=list,
         description="Overrides for the SFT demonstrations only (e.g. a clean tool, task.options.tool_failure_rate=0, "
@@ -86,6 +92,8 @@ class SftSpec(_Spec):
             data.pop("set", None)
         if data.get("prompts") is None:
             data.pop("prompts", None)
+        if data.get("direct_answers") == "plain":
+            data.pop("direct_answers", None)
         return data
 
     @model_validator(mode="after")
@@ -374,10 +382,12 @@ def load_study(path: str | Path) -> StudySpec:
     try:
         spec = StudySpec.model_validate(data or {})
     except ValidationError as exc:
-        problems = "\n  ".join(
+        problems = [
             f"{'.'.join(str(p) for p in e['loc']) or '<top level>'}: {e['msg']}" for e in exc.errors()
-        )
-        raise StudyError(f"{path}: invalid study:\n  {problems}") from None
+        ]
+        if len(problems) == 1:  # one mistake, one line
+            raise StudyError(f"{path}: invalid study: {problems[0]}") from None
+        raise StudyError(f"{path}: invalid study:\n  " + "\n  ".join(problems)) from None
     configs = {}
     for where, preset, overrides, name in [
         ("start", spec.start.preset, [*spec.set, *spec.start.set], None)
@@ -623,7 +633,9 @@ class Study:
         cfg = study_config(s.preset, [*self.spec.set, *s.set, *s.sft.set])
         self.log(
             f"[start] SFT on {s.sft.examples} demonstrations (tool share {s.sft.tool_share}"
-            + (f", prompts {s.sft.prompts})" if s.sft.prompts else ")")
+            + (f", prompts {s.sft.prompts}" if s.sft.prompts else "")
+            + (f", {s.sft.direct_answers} direct answers" if s.sft.direct_answers != "plain" else "")
+            + ")"
         )
         run_sft(
             cfg,
@@ -633,6 +645,7 @@ class Study:
             lr=s.sft.lr,
             tool_share=s.sft.tool_share,
             prompts=s.sft.prompts,
+            direct_answers=s.sft.direct_answers,
             log=self.log,
         )
         return sft_dir

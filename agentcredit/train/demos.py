@@ -84,15 +84,93 @@ def demo_prompt(example_id: str, shares: Mapping[str, float]) -> str:
     return modes[-1]  # rounding: the last mode takes the remainder
 
 
+# ------------------------------------------------------------------------------------------------ direct answers
+#: How an arithmetic demonstration that does not call the tool writes its answer (``start.sft.direct_answers``):
+#: ``plain`` states the result (``28+15 = 43.``); ``worked`` shows the steps where the expression has a shape
+#: :func:`worked_steps` works (``28+10 = 38, 38+5 = 43.``) and states the result otherwise.
+DIRECT_ANSWERS = ("plain", "worked")
+
+
+def _minus_one_digit(a: int, b: int) -> list[str]:
+    """``a - b`` for a one-digit ``b``: down to the ten first when the difference crosses one (``15-8``:
+    ``15-5 = 10, 10-3 = 7``), directly otherwise (``18-6 = 12``, ``20-3 = 17``: already on a ten)."""
+    units = a % 10
+    if a >= 10 and 0 < units < b:
+        ten = a - units
+        return [f"{a}-{units} = {ten}", f"{ten}-{b - units} = {ten - (b - units)}"]
+    return [f"{a}-{b} = {a - b}"]
+
+
+def worked_steps(kind: str, operands: Sequence[int]) -> str | None:
+    """The steps of a direct answer that shows its working, or None where the shape has no worked form.
+
+    - a sum or difference with a two-digit (or longer) second operand goes tens first:
+      ``28+15`` -> ``28+10 = 38, 38+5 = 43``; ``47-28`` -> ``47-20 = 27, 27-7 = 20, 20-1 = 19``;
+    - a difference with a one-digit second operand that crosses a ten goes down to the ten first:
+      ``15-8`` -> ``15-8: 15-5 = 10, 10-3 = 7`` (the expression first: the steps do not name the 8);
+    - a product of two operands of at most 10 counts up by the larger: ``7*4`` ->
+      ``4 times 7: 7, 14, 21, 28, so 7*4 = 28``;
+    - every other shape (a sum with a one-digit second operand, a difference that stays within its ten, the
+      medium tier's two-digit x one-digit products and every hard kind) has none: it is answered directly.
+
+    The shapes and texts are the ones the probe in docs/results/arith-tool-can-hurt/start-selection.md measured
+    (steps: 0.750 vs plain 0.500 on 16 easy training questions), plus the crossing-a-ten difference it proposed.
+    The last step always ends at the exact value (property-tested over every expression the generator makes).
+    """
+    if kind in ("add", "sub") and len(operands) == 2:
+        a, b = operands
+        sign = "+" if kind == "add" else "-"
+        if b >= 10:
+            tens, units = b - b % 10, b % 10
+            mid = a + tens if kind == "add" else a - tens
+            steps = [f"{a}{sign}{tens} = {mid}"]
+            if units:
+                if kind == "add":
+                    steps.append(f"{mid}+{units} = {mid + units}")
+                else:
+                    steps += _minus_one_digit(mid, units)
+            return ", ".join(steps)
+        if kind == "sub":
+            steps = _minus_one_digit(a, b)
+            return f"{a}-{b}: " + ", ".join(steps) if len(steps) > 1 else None
+        return None
+    if kind == "mul" and len(operands) == 2 and max(operands) <= 10 and min(operands) >= 1:
+        a, b = operands
+        n, m = min(a, b), max(a, b)
+        counts = ", ".join(str(m * i) for i in range(1, n + 1))
+        return f"{n} times {m}: {counts}, so {a}*{b} = {a * b}"
+    return None
+
+
+def direct_answer(example: Example, direct_answers: str = "plain") -> str:
+    """The text of an arithmetic demonstration that answers without the tool, ending as every demonstration does
+    (``The answer is \\boxed{<answer>}.``, what the codefence protocol reads)."""
+    if direct_answers not in DIRECT_ANSWERS:
+        raise ValueError(f"direct_answers must be one of {list(DIRECT_ANSWERS)}, got {direct_answers!r}")
+    answer = example.answers[0]
+    steps = None
+    if direct_answers == "worked" and "kind" in example.info and "operands" in example.info:
+        steps = worked_steps(example.info["kind"], tuple(example.info["operands"]))
+    text = steps if steps is not None else f"{example.info['expression']} = {answer}"
+    return f"{text}. The answer is \\boxed{{{answer}}}."
+
+
 # ------------------------------------------------------------------------------------------------ codefence
 def codefence_policy(
-    example: Example, turn: int, observation: str | None, *, tool_share: float | None = None
+    example: Example,
+    turn: int,
+    observation: str | None,
+    *,
+    tool_share: float | None = None,
+    direct_answers: str = "plain",
 ) -> str:
-    """carl-segment format: invoke (```python), assimilate (<context>), commit (\\boxed{})."""
+    """carl-segment format: invoke (```python), assimilate (<context>), commit (\\boxed{}).
+
+    ``direct_answers``: how an arithmetic answer without the tool is written (:func:`direct_answer`)."""
     answer = example.answers[0]
     if example.task == "arith-tools" or "expression" in example.info:
         if not calls_tool(example, tool_share):
-            return f"{example.info['expression']} = {answer}. The answer is \\boxed{{{answer}}}."
+            return direct_answer(example, direct_answers)
         expression = example.info["expression"]
         if turn == 0:
             return f"This needs exact arithmetic, so I will compute it.\n```python\nprint({expression})\n```"
@@ -309,17 +387,25 @@ def scripted_policy(
     *,
     tool_share: float | None = None,
     tokenizer: object | None = None,
+    direct_answers: str = "plain",
 ) -> ScriptedPolicy:
     """The scripted policy for a protocol (its style, for ``tags``, read from the protocol object; the call
     dialect, for ``chat``, from the protocol and ``tokenizer``).
 
     ``tool_share`` (arith-tools, codefence only): call the tool on that share of questions regardless of tier.
+    ``direct_answers`` (arith-tools, codefence only): ``plain`` or ``worked`` direct answers (:func:`direct_answer`).
     """
     if tool_share is not None and protocol_name != "codefence":
         raise ValueError(f"tool_share is implemented for the codefence protocol only, not {protocol_name!r}")
+    if direct_answers not in DIRECT_ANSWERS:
+        raise ValueError(f"direct_answers must be one of {list(DIRECT_ANSWERS)}, got {direct_answers!r}")
+    if direct_answers != "plain" and protocol_name != "codefence":
+        raise ValueError(
+            f"direct_answers={direct_answers!r} is implemented for the codefence protocol only, not {protocol_name!r}"
+        )
     if protocol_name == "codefence":
         return lambda example, turn, observation: codefence_policy(
-            example, turn, observation, tool_share=tool_share
+            example, turn, observation, tool_share=tool_share, direct_answers=direct_answers
         )
     if protocol_name == "jsoncall":
         return jsoncall_policy

@@ -52,6 +52,7 @@ def demonstrations(
     locate: Mapping[str, str] | None = None,
     max_turns: int | None = None,
     warn: Callable[[str], None] | None = None,
+    direct_answers: str = "plain",
 ) -> list[RolloutTree]:
     """Scripted episodes for ``examples``, played through the environment; only correct ones are kept.
 
@@ -61,9 +62,12 @@ def demonstrations(
     tool's answer. ``max_turns`` caps the assistant messages as the engine does (``rollout.max_turns``; the
     protocol's ``max_segments`` caps them too); a demonstration that needs more is reported through ``warn``.
 
-    ``tool_share``: see :func:`agentcredit.train.demos.calls_tool`.
+    ``tool_share``: see :func:`agentcredit.train.demos.calls_tool`; ``direct_answers`` (``plain`` / ``worked``):
+    :func:`agentcredit.train.demos.direct_answer`.
     """
-    policy = scripted_policy(protocol_name, env.protocol, tool_share=tool_share, tokenizer=tokenizer)
+    policy = scripted_policy(
+        protocol_name, env.protocol, tool_share=tool_share, tokenizer=tokenizer, direct_answers=direct_answers
+    )
     cap = episode_cap(max_turns, env.protocol.max_segments)
     if protocol_name == "chat":
         schemas = env.tools.episodes.schemas if env.tools.episodes is not None else env.protocol.schemas
