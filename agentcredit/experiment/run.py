@@ -441,7 +441,7 @@ def run_sft(
             indent=2,
         )
     )
-    shutil.rmtree(partial, ignore_errors=True)  # the model is saved: its checkpoint (1.6 GB at 135M) goes
+    discard_sft_checkpoint(out_dir)
     log(
         f"SFT: loss {result.losses[0]:.3f} -> {result.losses[-1]:.3f} in {result.seconds:.0f}s; saved to {out_dir}"
     )
@@ -453,6 +453,13 @@ def sft_checkpoint_dir(out_dir: Path) -> Path:
     directory, never inside it (a directory with ``sft_summary.json`` is a finished model to the study harness)."""
     out_dir = Path(out_dir)
     return out_dir.with_name(out_dir.name + ".partial")
+
+
+def discard_sft_checkpoint(out_dir: Path) -> None:
+    """Delete the checkpoint of a saved SFT model (about 1.6 GB for SmolLM2-135M with AdamW's moments). Called
+    after the save, and again by the study harness whenever it reuses a saved model, in case a process died
+    between the save and the deletion (finished runs' checkpoints once filled CI's disk)."""
+    shutil.rmtree(sft_checkpoint_dir(out_dir), ignore_errors=True)
 
 
 def collect_phase_garbage() -> None:

@@ -623,11 +623,12 @@ class Study:
 
     def sft(self) -> Path:
         """The SFT model of the shared start (trained once; ``start.sft.set`` applies to its demonstrations)."""
-        from agentcredit.experiment.run import run_sft
+        from agentcredit.experiment.run import discard_sft_checkpoint, run_sft
 
         s = self.spec.start
         sft_dir = self.start_dir / "sft-model"
         if (sft_dir / "sft_summary.json").is_file():
+            discard_sft_checkpoint(sft_dir)  # left behind if a process died between the save and its deletion
             return sft_dir
         # callers hold the start's lock (build_start) or the preflight's (preflight.run_preflight)
         cfg = study_config(s.preset, [*self.spec.set, *s.set, *s.sft.set])

@@ -113,8 +113,9 @@ def worked_steps(kind: str, operands: Sequence[int]) -> str | None:
     - every other shape (a sum with a one-digit second operand, a difference that stays within its ten, the
       medium tier's two-digit x one-digit products and every hard kind) has none: it is answered directly.
 
-    The shapes and texts are the ones the probe in docs/results/arith-tool-can-hurt/start-selection.md measured
-    (steps: 0.750 vs plain 0.500 on 16 easy training questions), plus the crossing-a-ten difference it proposed.
+    The shapes and texts are the ones measured by the probe recorded with the arith-tool-can-hurt study's start
+    selection (docs/results/arith-tool-can-hurt/; steps: 0.750 vs plain 0.500 on 16 easy training questions),
+    plus the crossing-a-ten difference it proposed.
     The last step always ends at the exact value (property-tested over every expression the generator makes).
     """
     if kind in ("add", "sub") and len(operands) == 2:

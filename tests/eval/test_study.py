@@ -453,3 +453,18 @@ def test_a_start_rebuilt_with_other_rounding_goes_on_only_with_the_published_hel
     other.prepare(resume=True)
     with pytest.raises(StudyError, match=f"held-out behaviour \\({first_set}/accuracy: published"):
         other.build_start()
+
+
+def test_a_saved_start_drops_an_sft_checkpoint_left_behind(tmp_path):
+    """Regression: a process that died between saving the SFT model and deleting its checkpoint left the
+    checkpoint (about 1.6 GB at 135M) for good, since the harness then reuses the saved model and never reaches
+    run_sft's own deletion."""
+    study = Study(load_study(write(tmp_path / "a.yaml", tiny_study())), tmp_path / "study")
+    sft_dir = study.start_dir / "sft-model"
+    sft_dir.mkdir(parents=True)
+    (sft_dir / "sft_summary.json").write_text("{}")
+    stale = study.start_dir / "sft-model.partial"
+    stale.mkdir()
+    (stale / "sft-checkpoint.pt").write_bytes(b"x")
+    assert study.sft() == sft_dir
+    assert not stale.exists()

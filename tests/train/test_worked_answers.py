@@ -1,7 +1,7 @@
 """Worked direct answers in the arith-tools demonstrations (start.sft.direct_answers, issue 32's start selection).
 
 The arith-tool-can-hurt start's own arithmetic at T = 1 was the binding limit (easy tier alone 0.545). A probe
-(docs/results/arith-tool-can-hurt/start-selection.md) found that direct answers showing their steps lifted easy
+(the start selection in docs/results/arith-tool-can-hurt/) found that direct answers showing their steps lifted easy
 no-tool accuracy 0.50 -> 0.75 on 16 training questions; ``worked`` makes that a tested option of the demonstrations.
 """
 
