@@ -19,12 +19,31 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 FLOPS_PER_TOKEN = {"rollout": 2, "signals": 2, "update": 6}  # x N (non-embedding parameters)
+
+
+def seconds_per_call(
+    call: Callable[[], object], *, trials: int, min_seconds: float, now: Callable[[], float]
+) -> list[float]:
+    """Seconds per ``call()`` in each of ``trials`` trials, each repeating it until ``min_seconds`` have passed on
+    the clock ``now`` (wall or this process's CPU seconds); the one timing loop of every kernel rate here."""
+    out = []
+    for _ in range(trials):
+        reps, start = 0, now()
+        while True:
+            call()
+            reps += 1
+            elapsed = now() - start
+            if elapsed >= min_seconds:
+                break
+        out.append(elapsed / reps)
+    return out
 
 
 def matmul_flops(
@@ -50,16 +69,12 @@ def matmul_flops(
     b = torch.randn(n, n, generator=gen).to(dtype)
     out = torch.empty(n, n, dtype=dtype)
     torch.matmul(a, b, out=out)  # warm-up: thread pool, caches
-    rates = []
-    for _ in range(trials):
-        reps, start = 0, now()
-        while True:
-            torch.matmul(a, b, out=out)
-            reps += 1
-            elapsed = now() - start
-            if elapsed >= min_seconds:
-                break
-        rates.append(2.0 * n**3 * reps / elapsed)
+    rates = [
+        2.0 * n**3 / t
+        for t in seconds_per_call(
+            lambda: torch.matmul(a, b, out=out), trials=trials, min_seconds=min_seconds, now=now
+        )
+    ]
     return {
         "best": max(rates),
         "median": statistics.median(rates),
@@ -219,16 +234,12 @@ def matvec_bandwidth(
     out = torch.empty(1, n, dtype=dtype)
     torch.matmul(x, w, out=out)
     size = w.numel() * w.element_size()
-    rates = []
-    for _ in range(trials):
-        reps, start = 0, now()
-        while True:
-            torch.matmul(x, w, out=out)
-            reps += 1
-            elapsed = now() - start
-            if elapsed >= min_seconds:
-                break
-        rates.append(size * reps / elapsed)
+    rates = [
+        size / t
+        for t in seconds_per_call(
+            lambda: torch.matmul(x, w, out=out), trials=trials, min_seconds=min_seconds, now=now
+        )
+    ]
     return {"best": max(rates), "median": statistics.median(rates), "n": float(n)}
 
 
@@ -268,17 +279,14 @@ def linear_seconds(
         w = torch.randn(n, k, generator=gen)
         x = torch.randn(rows, k, generator=gen)
         torch.nn.functional.linear(x, w)
-        best = float("inf")
-        for _ in range(trials):
-            reps, start = 0, time.process_time()
-            while True:
-                torch.nn.functional.linear(x, w)
-                reps += 1
-                elapsed = time.process_time() - start
-                if elapsed >= min_seconds:
-                    break
-            best = min(best, elapsed / reps)
-        total += best
+        total += min(
+            seconds_per_call(
+                lambda x=x, w=w: torch.nn.functional.linear(x, w),
+                trials=trials,
+                min_seconds=min_seconds,
+                now=time.process_time,
+            )
+        )
     return total
 
 

@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from agentcredit.protocols.base import Protocol
+from agentcredit.rollout.engine import common_prompt_prefix
 from agentcredit.rollout.sampling import SamplingParams
 from agentcredit.tools.base import ToolRuntime
 
@@ -670,20 +671,6 @@ def _compare_run(
     else:  # what a run must compute is the same whatever computes it
         out["needed"] = needed_work(trees)
     return out
-
-
-def common_prompt_prefix(prompts: Sequence[Sequence[int]]) -> int:
-    """Length of the token prefix all ``prompts`` share, at most the shortest minus one (each question feeds at
-    least one token of its own), as the engine's shared-prompt prefix takes it; 0 for fewer than two prompts."""
-    if len(prompts) < 2:
-        return 0
-    first, n = prompts[0], min(len(p) for p in prompts) - 1
-    for other in prompts[1:]:
-        k = 0
-        while k < n and other[k] == first[k]:
-            k += 1
-        n = k
-    return n
 
 
 def prefill_decomposition(

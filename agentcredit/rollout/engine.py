@@ -279,6 +279,20 @@ def _close_quietly(ep: _JobRun) -> None:
             env.close()
 
 
+def common_prompt_prefix(prompts: Sequence[Sequence[int]]) -> int:
+    """Length of the token prefix all ``prompts`` share, at most the shortest minus one (each question feeds at
+    least one token of its own); 0 for fewer than two prompts. The engine prefills it once for all episodes."""
+    if len(prompts) < 2:
+        return 0
+    first, n = prompts[0], min(len(p) for p in prompts) - 1
+    for other in prompts[1:]:
+        k = 0
+        while k < n and other[k] == first[k]:
+            k += 1
+        n = k
+    return n
+
+
 def recorded_steps(tree: RolloutTree, node: int) -> list[tuple[list[ToolCall], list[str]]]:
     """The tool steps on the path to ``node``: each policy segment's calls and the outputs they got."""
     steps = []
@@ -461,13 +475,8 @@ class RolloutEngine:
             return []
         if self._segments is not None:  # the server's own prefix cache shares it (and every other prefix)
             return []
-        first, n = prompts[0], min(len(p) for p in prompts) - 1
-        for other in prompts[1:]:
-            k = 0
-            while k < n and other[k] == first[k]:
-                k += 1
-            n = k
-        return list(first[:n]) if n >= SHARED_PREFIX_MIN else []
+        n = common_prompt_prefix(prompts)
+        return list(prompts[0][:n]) if n >= SHARED_PREFIX_MIN else []
 
     def _shared_prefix_block(self) -> Any:
         """The cache block of the shared prefix, prefilled on first use in a sequence of its own (then released)."""

@@ -201,7 +201,8 @@ def test_needed_work_and_prefill_decomposition_by_hand():
     """A tree by hand: prompts of 5 and 4 tokens sharing 3; question 0 has one episode that searches (2 sampled
     tokens, a 3-token observation) and answers (2 tokens, a leaf); question 1 has a carl-segment replacement
     (invoke 2, transient observation 4, extraction 3 spliced back to the observation's place, answer 1)."""
-    from agentcredit.bench.rollout import common_prompt_prefix, needed_work, prefill_decomposition
+    from agentcredit.bench.rollout import needed_work, prefill_decomposition
+    from agentcredit.rollout.engine import common_prompt_prefix
     from agentcredit.rollout.tree import RolloutTree, Segment
 
     a = RolloutTree(Segment([1, 2, 3, 4, 5], role="prompt"))
