@@ -37,8 +37,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--questions", type=int, help="training questions (default: the precondition's)")
     parser.add_argument("--out", required=True, type=Path)
     args = parser.parse_args(argv)
-
-    data = yaml.safe_load(args.study.read_text())
+    # a user's mistake (no such study or model, a study file that does not load) is one line and exit 2
+    if not args.model.is_dir():
+        print(f"error: --model {args.model}: not a model directory", file=sys.stderr)
+        return 2
+    try:
+        data = yaml.safe_load(args.study.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        print(f"error: --study {args.study}: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return 2
+    try:  # the user's own file first, so a mistake names it (not the temporary copy below)
+        load_study(args.study)
+    except ValueError as exc:  # StudyError, ConfigError: the message names the file and the field
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     data["set"] = [*data.get("set", []), *args.set]
     for pre in data.get("preconditions", []):
         if args.questions:
@@ -46,7 +58,11 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "study.yaml"
         config.write_text(yaml.safe_dump(data))
-        spec = load_study(config)
+        try:
+            spec = load_study(config)
+        except ValueError as exc:  # an added --set the study refuses
+            print(f"error: --set {args.set}: {exc}", file=sys.stderr)
+            return 2
         policy = [p for p in spec.preconditions if p.measure != "warmup_gate"]
         chosen = [p for p in policy if args.precondition in (None, p.name)]
         if not chosen:
