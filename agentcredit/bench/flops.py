@@ -290,6 +290,100 @@ def linear_seconds(
     return total
 
 
+def streamed_weights(shape: DecoderShape, *, seed: int = 0) -> list[torch.Tensor]:
+    """A decoder's distinct fp32 linear weights in the order a forward reads them, as ``nn.Linear`` stores them
+    (``[out, in]``): every layer's q, k, v, o, gate, up, down (:func:`layer_shapes`), then the LM head
+    (``[vocab, hidden]``). Random values, the model's sizes: ``weight_bytes_per_forward(shape, 4)`` bytes in all
+    (513 MiB for SmolLM2-135M)."""
+    gen = torch.Generator().manual_seed(seed)
+    weights = [torch.randn(n, k, generator=gen) for _ in range(shape.layers) for k, n in layer_shapes(shape)]
+    weights.append(torch.randn(shape.vocab, shape.hidden, generator=gen))
+    return weights
+
+
+def streamed_linear_seconds(
+    shape: DecoderShape,
+    rows: int,
+    *,
+    passes: int = 5,
+    weights: list[torch.Tensor] | None = None,
+    linear: Callable[[torch.Tensor, torch.Tensor], object] = torch.nn.functional.linear,
+) -> dict[str, float]:
+    """CPU seconds (``time.process_time``) of one forward's products on ``rows`` rows with the weights streamed as in
+    a decode step: ``linear(x[rows, in], w)`` once through each of ``weights`` (default :func:`streamed_weights`:
+    every layer's own seven weights, then the LM head), in that order, pass after pass. Each weight is read once a
+    pass, so it comes from memory, not from a cache it stayed hot in (:func:`linear_seconds` repeats one weight,
+    which the last-level cache then holds whole, as a forward through all the weights does not). The best of
+    ``passes`` passes (after one warm-up pass): ``{"layers", "head"}``, the seconds of all ``shape.layers``
+    layers' products and of the LM head's."""
+    if rows < 1 or passes < 1:
+        raise ValueError(f"streamed_linear_seconds: need rows >= 1 and passes >= 1, got {rows}, {passes}")
+    if weights is None:
+        weights = streamed_weights(shape)
+    if len(weights) != 7 * shape.layers + 1:
+        raise ValueError(
+            f"streamed_linear_seconds: need {7 * shape.layers + 1} weights (7 per layer + the LM head), "
+            f"got {len(weights)}"
+        )
+    gen = torch.Generator().manual_seed(0)
+    xs = {k: torch.randn(rows, k, generator=gen) for k in {int(w.shape[1]) for w in weights}}
+    *body, head = weights
+
+    def one_pass() -> tuple[float, float]:
+        start = time.process_time()
+        for w in body:
+            linear(xs[int(w.shape[1])], w)
+        mid = time.process_time()
+        linear(xs[int(head.shape[1])], head)
+        return mid - start, time.process_time() - mid
+
+    one_pass()
+    times = [one_pass() for _ in range(passes)]
+    return {"layers": min(t[0] for t in times), "head": min(t[1] for t in times)}
+
+
+def decode_attention_seconds(
+    shape: DecoderShape,
+    rows: int,
+    context: int,
+    *,
+    passes: int = 5,
+    attend: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], object] | None = None,
+) -> float:
+    """CPU seconds (``time.process_time``) of one decode step's attention on ``rows`` rows, each one new query
+    against ``context`` cached positions: ``scaled_dot_product_attention`` (``attend``, with grouped-query heads)
+    once through each layer's own key/value cache (``[rows, kv_heads, context, dim]`` each), in a forward's order,
+    so each layer's cache comes from memory as in a step. ``rows x context`` query-key pairs per layer; the best
+    of ``passes`` passes after one warm-up pass."""
+    if rows < 1 or context < 1 or passes < 1:
+        raise ValueError(
+            f"decode_attention_seconds: need rows, context, passes >= 1, got {rows}, {context}, {passes}"
+        )
+    if attend is None:
+
+        def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(rows, shape.heads, 1, shape.dim, generator=gen)
+    caches = [
+        (
+            torch.randn(rows, shape.kv_heads, context, shape.dim, generator=gen),
+            torch.randn(rows, shape.kv_heads, context, shape.dim, generator=gen),
+        )
+        for _ in range(shape.layers)
+    ]
+
+    def one_pass() -> float:
+        start = time.process_time()
+        for k, v in caches:
+            attend(q, k, v)
+        return time.process_time() - start
+
+    one_pass()
+    return min(one_pass() for _ in range(passes))
+
+
 def kernel_floor(
     baseline_cpu_seconds: float,
     *,
@@ -300,22 +394,28 @@ def kernel_floor(
     layers: int,
     head_seconds_per_row: float,
     peak_flops_per_cpu_second: float,
+    decode_attention_pairs: int = 0,
+    attention_seconds_per_pair: float = 0.0,
 ) -> dict[str, float]:
     """A floor for an engine built on this CPU's fp32 products at a given decode batch: the sampled tokens fed back
     pass every layer's products at the measured cost per row of that batch (``layer_seconds_per_row`` for one
-    layer), each logit row the LM head's (``head_seconds_per_row``), and the rest of the work (prompts, observations,
-    attention: ``other_flops``) runs at the peak. ``{"min_cpu_seconds", "max_speedup", "decode_seconds",
-    "head_seconds", "other_seconds"}``."""
+    layer), each logit row the LM head's (``head_seconds_per_row``), the sampled tokens' query-key pairs
+    (``decode_attention_pairs``) cost ``attention_seconds_per_pair`` each through all layers (0: counted in
+    ``other_flops`` instead), and the rest of the work (prompts, observations, attention: ``other_flops``) runs at
+    the peak. ``{"min_cpu_seconds", "max_speedup", "decode_seconds", "head_seconds", "attention_seconds",
+    "other_seconds"}``."""
     if peak_flops_per_cpu_second <= 0:
         raise ValueError(f"kernel_floor: peak must be positive, got {peak_flops_per_cpu_second}")
     decode = sampled_positions * layers * layer_seconds_per_row
     head = logit_rows * head_seconds_per_row
+    attention = decode_attention_pairs * attention_seconds_per_pair
     other = other_flops / peak_flops_per_cpu_second
-    seconds = decode + head + other
+    seconds = decode + head + attention + other
     return {
         "min_cpu_seconds": seconds,
         "max_speedup": baseline_cpu_seconds / seconds if seconds > 0 else float("inf"),
         "decode_seconds": decode,
         "head_seconds": head,
+        "attention_seconds": attention,
         "other_seconds": other,
     }

@@ -703,7 +703,8 @@ def needed_work(trees: Sequence[Any]) -> dict[str, int]:
     token is never fed), each at its position in the context (for attention: a token at position p reads p + 1
     positions), and one row of logits per context a token is sampled from. Re-fed tokens (a spliced extraction fed again at its new
     place, recomputed fork tokens) and padding are left out. ``{"tokens", "logit_rows", "attention_pairs",
-    "prompt_tokens", "observation_tokens", "generated_fed_tokens", "sequential_steps"}``; the last: forwards that
+    "decode_attention_pairs", "prompt_tokens", "observation_tokens", "generated_fed_tokens", "sequential_steps"}``
+    (``decode_attention_pairs``: those of the sampled tokens fed back, the ones a decode step computes); the last: forwards that
     must run one after another, the most tokens sampled on one root-to-leaf path (each needs the logits of a forward
     that fed the token before it)."""
     from agentcredit.bench.flops import context_pairs
@@ -711,7 +712,7 @@ def needed_work(trees: Sequence[Any]) -> dict[str, int]:
     prompts = [t.segment(0).token_ids for t in trees]
     shared = common_prompt_prefix(prompts)
     prompt_tokens, pairs = shared, context_pairs(0, shared)
-    observation_tokens = generated_fed = logit_rows = steps = 0
+    observation_tokens = generated_fed = logit_rows = steps = decode_pairs = 0
     for tree, prompt in zip(trees, prompts, strict=True):
         prompt_tokens += len(prompt) - shared
         pairs += context_pairs(shared, len(prompt) - shared)
@@ -735,6 +736,7 @@ def needed_work(trees: Sequence[Any]) -> dict[str, int]:
             fed = n - 1 if tree.is_leaf(node) else n
             generated_fed += fed
             pairs += context_pairs(at, fed)
+            decode_pairs += context_pairs(at, fed)
             if seg.info.get("spliced"):  # replacement: it goes on from the transient observation's place
                 end[node] = start[parent] + n
         logit_rows += len(sampled_after)
@@ -747,6 +749,7 @@ def needed_work(trees: Sequence[Any]) -> dict[str, int]:
         "tokens": prompt_tokens + observation_tokens + generated_fed,
         "logit_rows": logit_rows,
         "attention_pairs": pairs,
+        "decode_attention_pairs": decode_pairs,
         "prompt_tokens": prompt_tokens,
         "observation_tokens": observation_tokens,
         "generated_fed_tokens": generated_fed,
@@ -831,10 +834,13 @@ def bench_compare(
     from agentcredit.bench.flops import (
         DecoderShape,
         attention_flops,
+        decode_attention_seconds,
         linear_flops_per_token,
         lm_head_flops_per_row,
         matmul_flops,
         matvec_bandwidth,
+        streamed_linear_seconds,
+        streamed_weights,
         weight_bytes_per_forward,
     )
     from agentcredit.bench.train import non_embedding_parameters
@@ -973,30 +979,69 @@ def bench_compare(
         size: _bound(runs, base, cpu_peak["best"], weight_bytes, bandwidth["best"])
         for size, runs in result["runs"].items()
     }
-    # the kernel floor: every decode step at all the size's episodes (the most rows a step can hold), through this
-    # CPU's fp32 products at that row count, measured now
+    # the kernel floors: every decode step at all the size's episodes (the most rows a step can hold), through this
+    # CPU's fp32 products at that row count, measured now: "kernel" with each weight hot in cache (timed alone) and
+    # all attention at the peak; "kernel_streamed" with every weight read once per forward, in a forward's order, as
+    # a decode step reads them, and the sampled tokens' attention timed on a key/value cache per layer
     rows = {f"{q}x{e}": q * e for q, e in sizes}
+    weights = None
     for size, bound in result["bound"].items():
         if bound:
-            bound["kernel"] = _kernel_floor(result["runs"][size][base], shape, rows[size], cpu_peak["best"])
+            run = result["runs"][size][base]
+            bound["kernel"] = _kernel_floor(
+                run, shape, rows[size], cpu_peak["best"], *_hot_pass(shape, rows[size])
+            )
+            if weights is None:
+                weights = streamed_weights(shape)
+            streamed = streamed_linear_seconds(shape, rows[size], weights=weights)
+            need = run["flops"]["needed"]
+            # the sampled tokens' mean context: a token at position p reads p + 1 positions
+            context = max(1, round(need["decode_attention_pairs"] / max(1, need["generated_fed_tokens"])))
+            attention = decode_attention_seconds(shape, rows[size], context)
+            bound["kernel_streamed"] = _kernel_floor(
+                run,
+                shape,
+                rows[size],
+                cpu_peak["best"],
+                streamed["layers"],
+                streamed["head"],
+                attention_seconds_per_pair=attention / (rows[size] * context),
+            )
+            bound["kernel_streamed"]["decode_context"] = context
+    del weights
     return result
 
 
-def _kernel_floor(run: dict[str, Any], shape: Any, rows: int, cpu_peak_flops: float) -> dict[str, Any]:
-    """:func:`~agentcredit.bench.flops.kernel_floor` of one run's needed work, the products timed at ``rows`` rows."""
-    from agentcredit.bench.flops import (
-        attention_flops,
-        kernel_floor,
-        layer_shapes,
-        linear_flops_per_token,
-        linear_seconds,
-    )
+def _hot_pass(shape: Any, rows: int) -> tuple[float, float]:
+    """CPU seconds of one forward's products on ``rows`` rows, each weight timed alone (hot in cache):
+    ``(all layers, LM head)``."""
+    from agentcredit.bench.flops import layer_shapes, linear_seconds
+
+    layer = linear_seconds(layer_shapes(shape), rows)
+    return shape.layers * layer, linear_seconds([(shape.hidden, shape.vocab)], rows)
+
+
+def _kernel_floor(
+    run: dict[str, Any],
+    shape: Any,
+    rows: int,
+    cpu_peak_flops: float,
+    layers_seconds: float,
+    head_seconds: float,
+    attention_seconds_per_pair: float | None = None,
+) -> dict[str, Any]:
+    """:func:`~agentcredit.bench.flops.kernel_floor` of one run's needed work, the products timed at ``rows`` rows:
+    ``layers_seconds`` for one pass through all the layers' products, ``head_seconds`` through the LM head; the
+    sampled tokens' attention at ``attention_seconds_per_pair`` (all layers) when given, else at the peak with the
+    rest."""
+    from agentcredit.bench.flops import attention_flops, kernel_floor, linear_flops_per_token
 
     need = run["flops"]["needed"]
-    layer = linear_seconds(layer_shapes(shape), rows) / rows
-    head = linear_seconds([(shape.hidden, shape.vocab)], rows) / rows
+    layer = layers_seconds / shape.layers / rows
+    head = head_seconds / rows
+    decode_pairs = need["decode_attention_pairs"] if attention_seconds_per_pair is not None else 0
     other = linear_flops_per_token(shape) * (need["prompt_tokens"] + need["observation_tokens"])
-    other += attention_flops(shape, need["attention_pairs"])
+    other += attention_flops(shape, need["attention_pairs"] - decode_pairs)
     out = kernel_floor(
         run["cpu_seconds"],
         sampled_positions=need["generated_fed_tokens"],
@@ -1006,10 +1051,16 @@ def _kernel_floor(run: dict[str, Any], shape: Any, rows: int, cpu_peak_flops: fl
         layers=shape.layers,
         head_seconds_per_row=head,
         peak_flops_per_cpu_second=cpu_peak_flops,
+        decode_attention_pairs=decode_pairs,
+        attention_seconds_per_pair=attention_seconds_per_pair or 0.0,
     )
     out["rows"] = rows
     out["layer_gflop_per_cpu_second"] = linear_flops_per_token(shape) / shape.layers / layer / 1e9
     out["head_gflop_per_cpu_second"] = 2 * shape.hidden * shape.vocab / head / 1e9
+    if attention_seconds_per_pair is not None:
+        out["attention_gflop_per_cpu_second"] = (
+            attention_flops(shape, 1) / max(1e-12, attention_seconds_per_pair) / 1e9
+        )
     return out
 
 
@@ -1188,12 +1239,26 @@ def _format_flops(result: dict[str, Any]) -> list[str]:
         k = bound.get("kernel")
         if k:
             lines.append(
-                f"{size}: kernel floor: even with every decode step at all {k['rows']} episodes' rows, this CPU's "
+                f"{size}: kernel floor (hot: each weight timed alone, so it stays in cache): even with every decode "
+                f"step at all {k['rows']} episodes' rows, this CPU's "
                 f"fp32 products at {k['rows']} rows run at {k['layer_gflop_per_cpu_second']:.1f} GFLOP per "
                 f"CPU-second through a layer's weights and {k['head_gflop_per_cpu_second']:.1f} through the LM "
                 f"head: the {need['generated_fed_tokens']} sampled tokens' forwards take {k['decode_seconds']:.1f} "
                 f"CPU s, the {need['logit_rows']} logit rows {k['head_seconds']:.1f} s, prompts, observations and "
                 f"attention at the peak {k['other_seconds']:.1f} s: {k['min_cpu_seconds']:.1f} CPU s, so no engine "
                 f"on these fp32 kernels beats {result['baseline']} by more than {k['max_speedup']:.2f}x"
+            )
+        k = bound.get("kernel_streamed")
+        if k:
+            lines.append(
+                f"{size}: kernel floor (streamed: every weight read once per forward, in a forward's order, as a "
+                f"decode step reads them; the sampled tokens' attention timed on a key/value cache per layer at "
+                f"their mean context, {k['decode_context']}): at {k['rows']} rows "
+                f"{k['layer_gflop_per_cpu_second']:.1f} GFLOP per CPU-second through the layers, "
+                f"{k['head_gflop_per_cpu_second']:.1f} through the LM head, {k['attention_gflop_per_cpu_second']:.1f}"
+                f" in decode attention: sampled tokens {k['decode_seconds']:.1f} CPU s, logit rows "
+                f"{k['head_seconds']:.1f} s, their attention {k['attention_seconds']:.1f} s, prompts and observations "
+                f"at the peak {k['other_seconds']:.1f} s: {k['min_cpu_seconds']:.1f} CPU s, so no engine on these "
+                f"fp32 kernels beats {result['baseline']} by more than {k['max_speedup']:.2f}x"
             )
     return lines

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from agentcredit.bench.flops import (
     DecoderShape,
@@ -115,7 +116,77 @@ def test_layer_shapes_and_kernel_floor_by_hand():
         peak_flops_per_cpu_second=50.0,
     )
     assert (f["decode_seconds"], f["head_seconds"], f["other_seconds"]) == (10.0, 4.0, 2.0)
-    assert f["min_cpu_seconds"] == 16.0 and f["max_speedup"] == 2.0
+    assert f["min_cpu_seconds"] == 16.0 and f["max_speedup"] == 2.0 and f["attention_seconds"] == 0.0
+    # the same with 60 decode query-key pairs at 0.1 s each (all layers): + 6 s = 22 s
+    f = kernel_floor(
+        44.0,
+        sampled_positions=10,
+        logit_rows=4,
+        other_flops=100.0,
+        layer_seconds_per_row=0.5,
+        layers=2,
+        head_seconds_per_row=1.0,
+        peak_flops_per_cpu_second=50.0,
+        decode_attention_pairs=60,
+        attention_seconds_per_pair=0.1,
+    )
+    assert f["attention_seconds"] == pytest.approx(6.0)
+    assert f["min_cpu_seconds"] == pytest.approx(22.0) and f["max_speedup"] == pytest.approx(2.0)
     assert linear_seconds(shapes, 4, trials=1, min_seconds=0.01) > 0
     with pytest.raises(ValueError):
         linear_seconds(shapes, 0)
+
+
+def test_streamed_weights_are_the_models_distinct_weights_in_forward_order():
+    from agentcredit.bench.flops import layer_shapes, streamed_weights, weight_bytes_per_forward
+
+    weights = streamed_weights(TINY)
+    # 2 layers x (q, k, v, o, gate, up, down) + the LM head = 15 tensors, stored [out, in] as nn.Linear does
+    assert [tuple(w.shape) for w in weights] == [(n, k) for k, n in layer_shapes(TINY)] * 2 + [(10, 8)]
+    assert len({w.data_ptr() for w in weights}) == 15  # distinct tensors, not one weight reused
+    assert sum(w.numel() for w in weights) * 4 == weight_bytes_per_forward(TINY, 4) == 4928
+    assert all(w.dtype == torch.float32 for w in weights)
+
+
+def test_streamed_linear_seconds_visits_every_weight_once_per_pass():
+    from agentcredit.bench.flops import streamed_linear_seconds, streamed_weights
+
+    weights = streamed_weights(TINY)
+    seen: list[tuple[int, tuple[int, ...]]] = []
+
+    def counting_linear(x, w):
+        seen.append((w.data_ptr(), tuple(x.shape)))
+        return torch.nn.functional.linear(x, w)
+
+    t = streamed_linear_seconds(TINY, 3, passes=2, weights=weights, linear=counting_linear)
+    assert set(t) == {"layers", "head"} and t["layers"] >= 0 and t["head"] >= 0
+    # a warm-up pass and 2 timed passes, each through all 15 weights once, in a forward's order, on 3 rows
+    one_pass = [(w.data_ptr(), (3, w.shape[1])) for w in weights]
+    assert seen == one_pass * 3
+    # the default weights are built from the shape; the real product takes time
+    assert streamed_linear_seconds(TINY, 4, passes=1)["layers"] >= 0
+    with pytest.raises(ValueError):
+        streamed_linear_seconds(TINY, 0)
+    with pytest.raises(ValueError):
+        streamed_linear_seconds(TINY, 2, weights=weights[:-1])
+
+
+def test_decode_attention_seconds_reads_each_layers_cache_once_per_pass():
+    from agentcredit.bench.flops import decode_attention_seconds
+
+    seen: list[tuple[int, tuple[int, ...], tuple[int, ...]]] = []
+
+    def counting_attend(q, k, v):
+        seen.append((k.data_ptr(), tuple(q.shape), tuple(k.shape)))
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+    t = decode_attention_seconds(TINY, 3, 5, passes=2, attend=counting_attend)
+    assert t >= 0
+    # a warm-up pass and 2 timed passes, each through the 2 layers' own caches: q [3 rows, 4 heads, 1, dim 2]
+    # against k [3 rows, 2 kv heads, 5 positions, dim 2]
+    assert [(q, k) for _, q, k in seen] == [((3, 4, 1, 2), (3, 2, 5, 2))] * 6
+    layer_caches = [p for p, _, _ in seen[:2]]
+    assert len(set(layer_caches)) == 2 and [p for p, _, _ in seen] == layer_caches * 3
+    assert decode_attention_seconds(TINY, 2, 3, passes=1) >= 0
+    with pytest.raises(ValueError):
+        decode_attention_seconds(TINY, 2, 0)

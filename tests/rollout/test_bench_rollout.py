@@ -187,14 +187,25 @@ def test_bench_compare_runs_both_engine_paths_at_each_size_and_the_naive_loop():
         bound = result["bound"][size]
         assert bound["max_speedup"] == pytest.approx(before["cpu_seconds"] / bound["min_cpu_seconds"])
         assert 0 < bound["both"]["max_speedup"] <= bound["max_speedup"]
-        kernel = bound["kernel"]
-        assert kernel["rows"] == int(size.split("x")[0]) * 2 and 0 < kernel["min_cpu_seconds"]
-        assert kernel["min_cpu_seconds"] == pytest.approx(
-            kernel["decode_seconds"] + kernel["head_seconds"] + kernel["other_seconds"]
-        )
+        # the kernel floors: products timed hot (each weight alone) and streamed (every weight once per forward)
+        for kernel in (bound["kernel"], bound["kernel_streamed"]):
+            assert kernel["rows"] == int(size.split("x")[0]) * 2 and 0 < kernel["min_cpu_seconds"]
+            assert kernel["min_cpu_seconds"] == pytest.approx(
+                kernel["decode_seconds"]
+                + kernel["head_seconds"]
+                + kernel["attention_seconds"]
+                + kernel["other_seconds"]
+            )
+        # the hot floor counts all attention at the peak; the streamed one times the sampled tokens' attention
+        assert bound["kernel"]["attention_seconds"] == 0
+        streamed = bound["kernel_streamed"]
+        assert streamed["attention_seconds"] > 0 and streamed["other_seconds"] < bound["kernel"]["other_seconds"]
+        need = before["flops"]["needed"]
+        assert 0 < need["decode_attention_pairs"] < need["attention_pairs"]
+        assert streamed["decode_context"] >= 1
         assert bound["weight_stream"]["steps"] == before["flops"]["needed"]["sequential_steps"] > 0
     assert "Amdahl bound" in text and "GFLOP per CPU-second" in text and "weight-streaming floor" in text
-    assert "kernel floor" in text
+    assert "kernel floor (hot" in text and "kernel floor (streamed" in text
 
 
 def test_needed_work_and_prefill_decomposition_by_hand():
@@ -231,6 +242,8 @@ def test_needed_work_and_prefill_decomposition_by_hand():
         (1 + 2 + 3) + (4 + 5) + (6 + 7) + (8 + 9 + 10) + 11 + 4 + (5 + 6) + (7 + 8 + 9 + 10) + (11 + 12 + 13)
     )
     assert work["attention_pairs"] == expected
+    # of which the sampled tokens fed back: a's search 6+7 and answer 11, b's invoke 5+6 and extraction 11+12+13
+    assert work["decode_attention_pairs"] == (6 + 7) + 11 + (5 + 6) + (11 + 12 + 13) == 71
     # the longest chain of sampled tokens: b's 2 + 3 + 1 (a: 2 + 2)
     assert work["sequential_steps"] == 6
     # an engine run that prefilled 30 tokens with a 3-token shared prefix: 3 + (5 + 4 - 2 x 3) + 7 + the rest
