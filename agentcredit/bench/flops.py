@@ -12,7 +12,10 @@ where a log-prob is needed, are left out, so the fractions are slight underestim
 Rollout FLOPs (``bench rollout --compare``, issue 33) are counted exactly from the decoder's shape instead
 (:class:`DecoderShape`): linear layers per position fed, the LM head per row whose logits are kept, attention per
 query-key pair; with the peak measured per CPU-second (``clock="cpu"``) and the matrix-vector streaming rate
-(:func:`matvec_bandwidth`), they give a rollout's floors (:func:`amdahl_bound`, :func:`weight_stream_bound`).
+(:func:`matvec_bandwidth`), they give a rollout's floors (:func:`amdahl_bound`, :func:`weight_stream_bound`); the
+model's products timed at a decode batch give :func:`kernel_floor`, with each weight hot in cache
+(:func:`linear_seconds`) or streamed from memory as in a decode step (:func:`streamed_linear_seconds`, with the
+decode attention of :func:`decode_attention_seconds`).
 """
 
 from __future__ import annotations

@@ -37,8 +37,12 @@ fraction of this CPU's measured fp32 matmul peak, then their ratios; and what bo
 computed (:func:`flop_accounting`: linear layers per position fed, padding included, LM head per logit row, attention
 per query-key pair), the prefill by kind (:func:`prefill_decomposition`), the work no engine can skip
 (:func:`needed_work`), the GFLOP per CPU-second against the fp32 matmul peak per CPU-second, where the CPU seconds
-went (forwards, one-token decode steps, the rest), and two floors: the Amdahl bound (the needed FLOPs at the peak)
-and the weight-streaming floor (the longest episode's forwards one after another, each reading every weight).
+went (forwards, one-token decode steps, the rest), and the floors: the Amdahl bound (the needed FLOPs at the peak),
+the weight-streaming floor (the longest episode's forwards one after another, each reading every weight) and two
+kernel floors (every decode step at all the size's episodes' rows, through this CPU's fp32 products at that row
+count): hot (each weight timed alone, so it stays in cache; all attention at the peak) and streamed (every weight
+once per forward in a forward's order, as a decode step reads them, and the sampled tokens' attention timed on a
+key/value cache per layer).
 """
 
 from __future__ import annotations

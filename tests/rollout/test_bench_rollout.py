@@ -199,7 +199,9 @@ def test_bench_compare_runs_both_engine_paths_at_each_size_and_the_naive_loop():
         # the hot floor counts all attention at the peak; the streamed one times the sampled tokens' attention
         assert bound["kernel"]["attention_seconds"] == 0
         streamed = bound["kernel_streamed"]
-        assert streamed["attention_seconds"] > 0 and streamed["other_seconds"] < bound["kernel"]["other_seconds"]
+        assert (
+            streamed["attention_seconds"] > 0 and streamed["other_seconds"] < bound["kernel"]["other_seconds"]
+        )
         need = before["flops"]["needed"]
         assert 0 < need["decode_attention_pairs"] < need["attention_pairs"]
         assert streamed["decode_context"] >= 1
