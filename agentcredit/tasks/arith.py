@@ -42,16 +42,24 @@ TEST_SHARE_PER_MILLE = 200  # 20% of the expression space belongs to the test sp
 Problem = tuple[str, tuple[int, ...], str, int]
 
 
-def _easy(rng: random.Random) -> Problem:
+#: The easy tier's largest operand by default (sums and differences up to 30, products up to 10 x 10); the
+#: medium tier starts above it (31-99), so ``easy_max_operand`` may only lower it.
+EASY_MAX_OPERAND = 30
+
+
+def _easy(rng: random.Random, max_operand: int = EASY_MAX_OPERAND) -> Problem:
+    # ``max_operand`` below 30 narrows the tier to what a small start knows alone (issue 32: the embedded 135M
+    # model answers sums and differences of one-digit operands far better than two-digit ones); at 30 the draws
+    # are the ones every earlier run made, so their questions and fingerprints do not change.
     kind = rng.choice(("add", "sub", "mul"))
     if kind == "add":
-        a, b = rng.randint(1, 30), rng.randint(1, 30)
+        a, b = rng.randint(1, max_operand), rng.randint(1, max_operand)
         return kind, (a, b), f"{a}+{b}", a + b
     if kind == "sub":
-        a = rng.randint(2, 30)
+        a = rng.randint(2, max_operand)
         b = rng.randint(1, a - 1)
         return kind, (a, b), f"{a}-{b}", a - b
-    a, b = rng.randint(2, 10), rng.randint(2, 10)
+    a, b = rng.randint(2, min(10, max_operand)), rng.randint(2, min(10, max_operand))
     return kind, (a, b), f"{a}*{b}", a * b
 
 
@@ -174,8 +182,11 @@ def split_of(expression: str) -> str:
     return "test" if stable_int(TASK, "split", expression) % 1000 < TEST_SHARE_PER_MILLE else "train"
 
 
-def _draw_distinct(tier: str, count: int, split: str, seed: int) -> list[Problem]:
+def _draw_distinct(
+    tier: str, count: int, split: str, seed: int, easy_max_operand: int = EASY_MAX_OPERAND
+) -> list[Problem]:
     rng = stable_rng(TASK, split, seed, tier)
+    draw = (lambda r: _easy(r, easy_max_operand)) if tier == "easy" else _DRAW[tier]
     seen: set[str] = set()
     problems: list[Problem] = []
     attempts, max_attempts = 0, 50 * count + 20_000
@@ -186,7 +197,7 @@ def _draw_distinct(tier: str, count: int, split: str, seed: int) -> list[Problem
                 f"{TASK}: could only find {len(problems)} distinct {tier} {split} questions, asked for {count}; "
                 "ask for fewer or lower easy_fraction"
             )
-        problem = _DRAW[tier](rng)
+        problem = draw(rng)
         expression = problem[2]
         if expression in seen or split_of(expression) != split:
             continue
@@ -205,12 +216,15 @@ def generate(
     phrasing: str = "seen",
     tool_failure_rate: float = 0.0,
     tool_failure_seed: int = 0,
+    easy_max_operand: int = EASY_MAX_OPERAND,
 ) -> list[Example]:
     """``n`` arithmetic questions, shuffled; same inputs, same output.
 
     ``round(n * easy_fraction)`` are easy, ``round(n * medium_fraction)`` medium, the rest hard. The easy pools
     hold 1,416 distinct expressions, 1,135 of them in ``train`` and 281 in ``test``; the medium and hard pools
-    are far larger. Asking for more questions of a tier than exist raises ValueError. ``phrasing="new"`` (test
+    are far larger. ``easy_max_operand`` (2-30) lowers the easy tier's largest operand: at 10 the easy pools
+    hold 226 expressions (sums and differences of operands up to 10, products up to 10 x 10), 181 in ``train``
+    and 45 in ``test``. Asking for more questions of a tier than exist raises ValueError. ``phrasing="new"`` (test
     split only) uses the held-out templates; its ids carry ``-new`` so they never collide with the seen ones.
     """
     if split not in SPLITS:
@@ -225,6 +239,14 @@ def generate(
             f"{TASK}: easy_fraction + medium_fraction must be <= 1, got {easy_fraction} + {medium_fraction}"
         )
     check_tool_failure(tool_failure_rate, tool_failure_seed)  # read by the environment's python tool
+    if (
+        not isinstance(easy_max_operand, int)
+        or isinstance(easy_max_operand, bool)
+        or not 2 <= easy_max_operand <= EASY_MAX_OPERAND
+    ):
+        raise ValueError(
+            f"{TASK}: easy_max_operand must be an integer in [2, {EASY_MAX_OPERAND}], got {easy_max_operand!r}"
+        )
     if phrasing not in PHRASINGS:
         raise ValueError(f"{TASK}: phrasing must be one of {PHRASINGS}, got {phrasing!r}")
     if phrasing == "new" and split != "test":
@@ -235,7 +257,9 @@ def generate(
     n_hard = max(0, n - n_easy - n_medium)
     n_medium = n - n_easy - n_hard
     tiers = ["easy"] * n_easy + ["medium"] * n_medium + ["hard"] * n_hard
-    problems = _draw_distinct("easy", n_easy, split, seed) + _draw_distinct("hard", n_hard, split, seed)
+    problems = _draw_distinct("easy", n_easy, split, seed, easy_max_operand) + _draw_distinct(
+        "hard", n_hard, split, seed
+    )
     if n_medium:  # drawn from their own stream, so the easy and hard questions of a seed do not change
         problems[n_easy:n_easy] = _draw_distinct("medium", n_medium, split, seed)
     order = list(range(n))
