@@ -105,8 +105,7 @@ def test_layer_shapes_and_kernel_floor_by_hand():
     assert shapes == [(8, 8), (8, 4), (8, 4), (8, 8), (8, 16), (8, 16), (16, 8)]
     assert 2 * TINY.layers * sum(k * n for k, n in shapes) == linear_flops_per_token(TINY)
     # 10 sampled tokens x 2 layers x 0.5 s + 4 logit rows x 1 s + 100 FLOPs at 50 per second = 10 + 4 + 2 = 16 s
-    f = kernel_floor(
-        32.0,
+    work = dict(
         sampled_positions=10,
         logit_rows=4,
         other_flops=100.0,
@@ -115,21 +114,11 @@ def test_layer_shapes_and_kernel_floor_by_hand():
         head_seconds_per_row=1.0,
         peak_flops_per_cpu_second=50.0,
     )
+    f = kernel_floor(32.0, **work)
     assert (f["decode_seconds"], f["head_seconds"], f["other_seconds"]) == (10.0, 4.0, 2.0)
     assert f["min_cpu_seconds"] == 16.0 and f["max_speedup"] == 2.0 and f["attention_seconds"] == 0.0
     # the same with 60 decode query-key pairs at 0.1 s each (all layers): + 6 s = 22 s
-    f = kernel_floor(
-        44.0,
-        sampled_positions=10,
-        logit_rows=4,
-        other_flops=100.0,
-        layer_seconds_per_row=0.5,
-        layers=2,
-        head_seconds_per_row=1.0,
-        peak_flops_per_cpu_second=50.0,
-        decode_attention_pairs=60,
-        attention_seconds_per_pair=0.1,
-    )
+    f = kernel_floor(44.0, **work, decode_attention_pairs=60, attention_seconds_per_pair=0.1)
     assert f["attention_seconds"] == pytest.approx(6.0)
     assert f["min_cpu_seconds"] == pytest.approx(22.0) and f["max_speedup"] == pytest.approx(2.0)
     assert linear_seconds(shapes, 4, trials=1, min_seconds=0.01) > 0
