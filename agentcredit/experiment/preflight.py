@@ -336,10 +336,22 @@ def measure_policy(study: Study, pre: PreconditionSpec, model_dir: Path) -> dict
     return {"value": value, "se": se, "n": n, "detail": detail, "seconds": time.perf_counter() - began}
 
 
-def _pre_digest(pre: PreconditionSpec, weights: str) -> str:
+def _pre_digest(pre: PreconditionSpec, weights: str, spec: Any) -> str:
+    """What a saved measurement answers: the precondition, the weights, and every setting its rollouts read (the
+    common and start settings, the measured arm's preset and settings, the first seed, the tier samples). An
+    arm's ``set`` changes its questions (e.g. ``train_hop_fractions``) without changing the start's weights, so
+    it must change the key, or ``--resume`` would reuse a measurement of other questions."""
     from agentcredit.experiment.common import _digest
 
-    return _digest({"pre": pre.model_dump(mode="json"), "weights": weights})
+    arm = next((a for a in spec.arms if a.name == pre.arm), None)
+    reads = {
+        "set": spec.set,
+        "start": [spec.start.preset, spec.start.set],
+        "arm": [arm.preset, arm.set] if arm is not None else None,
+        "seed": spec.seeds[0],
+        "tier_samples": spec.tier_samples,
+    }
+    return _digest({"pre": pre.model_dump(mode="json"), "weights": weights, "reads": reads})
 
 
 def _timed_step(study: Study, arm: Any) -> dict[str, Any]:
@@ -396,7 +408,7 @@ def run_preflight(
         rows: list[dict[str, Any]] = []
 
         def measure(pre: PreconditionSpec, fn) -> None:
-            key = _pre_digest(pre, weights)
+            key = _pre_digest(pre, weights, spec)
             m = measured.get(key)
             if m is None:
                 study.log(f"[preflight] measuring {pre.name!r} on {pre.questions} training questions")

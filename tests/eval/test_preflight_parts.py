@@ -170,3 +170,25 @@ def test_the_sft_demonstrations_see_a_clean_tool_where_the_studys_tool_can_fail(
     assert (
         "tool_failure_rate: 0.4" in common
     )  # the start's measurements and every arm: the tool that can hurt
+
+
+def test_a_saved_measurement_is_keyed_by_the_settings_its_rollouts_read(tmp_path):
+    # regression: the key held only the precondition and the weights, so after an arm's `set` changed its training
+    # questions (kb-multihop's train_hop_fractions, same start) `--resume` reused the other questions' measurement
+    from agentcredit.experiment.preflight import _pre_digest
+    from tests.eval.test_preflight import preregistered
+    from tests.eval.test_study import write
+
+    def keys(spec: dict) -> dict[str, str]:
+        study = load_study(write(tmp_path / "s.yaml", spec))
+        return {p.name: _pre_digest(p, "w", study) for p in study.preconditions}
+
+    base = keys(preregistered())
+    mixed = preregistered()
+    for arm in mixed["arms"]:  # the measured arm of "trees hold a success" is grpo (the arms must stay alike)
+        arm["set"] = ["rollout.n=3"]
+    changed = keys(mixed)
+    assert changed["trees hold a success"] != base["trees hold a success"]
+    assert changed["tier 2 better without the tool"] == base["tier 2 better without the tool"]  # reads no arm
+    assert all(keys(preregistered(seeds=[5, 1]))[name] != key for name, key in base.items())
+    assert keys(preregistered()) == base  # the same file, the same keys
