@@ -15,6 +15,7 @@ from train_helpers import EXAMPLES, METHODS, SMALL, assert_a_real_step
 
 from agentcredit.config import load_config
 from agentcredit.train.trainer import Trainer
+from tests.rollout.rollout_helpers import one_thread
 
 
 def make_trainer(name, model, tokenizer, extra=()):
@@ -68,17 +69,15 @@ def test_only_loss_tokens_carry_gradient(name, fitted_codefence, fitted_jsoncall
     # bit-exact only on one thread: with two, CPU reductions such as the embedding's backward sum in an order that
     # varies between runs (carl-segment, make test 2026-11-29: 157 of 3.1M embedding weights off by <= 1.5e-8, and
     # failing again in 3 of 3 reruns; with one thread it passed in 3 of 3), which is not what this tests
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        result = trainer.train_step()
-        state = copy.deepcopy(trainer.state_dict())  # weights, value head, optimizer, ...
-        clean = _update_with_garbage_off_policy(trainer, result, garbage=False)
-        trainer.load_state_dict(state)
-        dirty = _update_with_garbage_off_policy(trainer, result, garbage=True)
-    finally:
-        trainer.close()
-        torch.set_num_threads(threads)
+    with one_thread():
+        try:
+            result = trainer.train_step()
+            state = copy.deepcopy(trainer.state_dict())  # weights, value head, optimizer, ...
+            clean = _update_with_garbage_off_policy(trainer, result, garbage=False)
+            trainer.load_state_dict(state)
+            dirty = _update_with_garbage_off_policy(trainer, result, garbage=True)
+        finally:
+            trainer.close()
     for n in clean:
         torch.testing.assert_close(dirty[n], clean[n], rtol=0, atol=0)
 
