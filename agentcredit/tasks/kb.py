@@ -618,6 +618,37 @@ def hop_counts(n: int, fractions: Mapping[int, Fraction]) -> dict[int, int]:
     return {h: floors[h] + (1 if h in ranked[:left] else 0) for h in HOPS}
 
 
+DEFAULT_SIZE = {"train": 1500, "test": 300, "novel": 300}
+
+
+def most_questions(available: Mapping[int, int], fractions: Mapping[int, Fraction], cap: int) -> int:
+    """The largest ``n <= cap`` whose :func:`hop_counts` the ``available`` questions per hop can fill. Searched
+    downwards, not solved: largest-remainder counts are not monotone in ``n`` (a hop can lose a question when
+    ``n`` grows by one), so the first fitting ``n`` below the bound is checked, not assumed."""
+    bound = cap
+    for h, share in fractions.items():
+        if share > 0:  # a fitting n has n * share - 1 < count <= available
+            bound = min(bound, math.floor((available[h] + 1) / share))
+    for n in range(bound, -1, -1):
+        if all(c <= available[h] for h, c in hop_counts(n, fractions).items()):
+            return n
+    return 0
+
+
+def default_size(
+    split: str = "train", seed: int = 0, *, train_hop_fractions: Mapping[Any, float] | None = None
+) -> int:
+    """How many questions a split has when no ``limit`` is asked for: :data:`DEFAULT_SIZE`, or on the train split
+    the most a ``train_hop_fractions`` mix can fill from the world when that is fewer. World 0's train region has
+    648 1-hop questions, so an 80% 1-hop mix gets 810 questions, not an error about 1,200 that nobody asked for
+    (issue 32: that error stopped a study's timed steps after its 80-minute precondition). An explicit ``n`` the
+    world cannot fill stays an error (:func:`generate`)."""
+    size = DEFAULT_SIZE[split]
+    if split != "train" or train_hop_fractions is None:
+        return size  # equal thirds: 500 per hop fits every region (tests/tasks/test_kb_hop_mix.py)
+    return most_questions(available_questions(seed, split), hop_fractions(train_hop_fractions), size)
+
+
 def generate(
     n: int, seed: int = 0, *, split: str = "train", train_hop_fractions: Mapping[Any, float] | None = None
 ) -> list[Example]:
@@ -642,8 +673,10 @@ def generate(
     for hops, count in per_hop.items():
         chains = list(_chains(world, split, hops))
         if count > len(chains):
+            most = most_questions(available_questions(seed, split), fractions, n)
             raise ValueError(
-                f"{TASK}: the {split} region of world {seed} has {len(chains)} {hops}-hop questions, asked for {count}"
+                f"{TASK}: the {split} region of world {seed} has {len(chains)} {hops}-hop questions, asked for "
+                f"{count} of {n}; this hop mix fills at most {most} questions (task.limit)"
             )
         picked += [(hops, chain) for chain in rng.sample(chains, count)]
     rng.shuffle(picked)

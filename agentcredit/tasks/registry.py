@@ -42,7 +42,8 @@ class TaskSpec:
         corpus: the BM25 corpus file (relative to the data root), or None if the task has none.
         loader: reads the real files (``loader(root, split)``); None for synthetic tasks.
         generator: makes examples (``generator(n, seed, split=...)``); None for real benchmarks.
-        default_size: per split, how many examples a generator makes when ``limit`` is None.
+        default_size: per split, how many examples a generator makes when ``limit`` is None; or a function of
+            (split, seed, **options) when the options change it (kb-multihop's hop mix).
     """
 
     name: str
@@ -52,7 +53,7 @@ class TaskSpec:
     corpus: str | None = None
     loader: datasets.Loader | None = None
     generator: Callable[..., list[Example]] | None = None
-    default_size: dict[str, int] | None = None
+    default_size: dict[str, int] | Callable[..., int] | None = None
 
 
 def _files(mapping: dict[str, str | tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
@@ -77,7 +78,7 @@ TASKS: dict[str, TaskSpec] = {
             {"train": (), "test": (), "novel": ()},
             "train",
             generator=kb.generate,
-            default_size={"train": 1500, "test": 300, "novel": 300},
+            default_size=kb.default_size,
         ),
         TaskSpec(
             "gsm8k",
@@ -271,7 +272,8 @@ def load_task(
             dev-only benchmarks, ``train`` for the synthetic tasks).
         limit: at most this many examples. Real data: a seeded random subset, kept in file order (the whole
             set if ``limit`` is None or larger). Synthetic: how many to generate (default 2000 / 200
-            train / test for arith-tools, 1500 / 300 / 300 train / test / novel for kb-multihop).
+            train / test for arith-tools, 1500 / 300 / 300 train / test / novel for kb-multihop, fewer train
+            questions when its ``train_hop_fractions`` cannot fill 1500).
         seed: the subset seed for real data; the generation seed (and kb-multihop's world) for synthetic.
         data_dir: read real files from here instead of the default data root (no sample fallback then).
         options: extra keyword arguments for the generator (``easy_fraction=`` for arith-tools,
@@ -293,8 +295,13 @@ def load_task(
     spec = get_spec(name)
     split = _split_of(spec, split)
     if spec.generator is not None:
-        size = limit if limit is not None else (spec.default_size or {}).get(split, 0)
         _check_options(name, spec.generator, options, exclude=("n", "seed", "split"))
+        if limit is not None:
+            size = limit
+        elif callable(spec.default_size):
+            size = spec.default_size(split, seed, **options)
+        else:
+            size = (spec.default_size or {}).get(split, 0)
         return spec.generator(size, seed, split=split, **options)
     if options:
         raise ValueError(f"task {name!r} takes no options, got {sorted(options)}")

@@ -74,8 +74,63 @@ def test_training_questions_follow_the_mix():
     strings = kb.generate(48, 0, train_hop_fractions={"1": 0.5, "2": 0.3, "3": 0.2})
     assert strings == examples
     # more questions of a hop count than the region holds: the generator's clear error
-    with pytest.raises(ValueError, match="has 648 1-hop questions, asked for 700"):
+    with pytest.raises(
+        ValueError, match="has 648 1-hop questions, asked for 700 of 700; this hop mix fills at most 648"
+    ):
         kb.generate(700, 0, train_hop_fractions={1: 1.0})
+
+
+# ------------------------------------------------------------------------------------------- the default size
+def test_most_questions_by_hand():
+    # world 0's train region: 648 / 852 / 750 questions of 1 / 2 / 3 hops
+    assert kb.available_questions(0, "train") == {1: 648, 2: 852, 3: 750}
+    available = {1: 648, 2: 852, 3: 750}
+    # 80/20: 1-hop binds, 648 / 0.8 = 810 exactly (810 -> 648 + 162); 811 would ask 649 (648.8 rounds up)
+    assert kb.most_questions(available, kb.hop_fractions({1: 0.8, 2: 0.2}), 1500) == 810
+    assert kb.hop_counts(811, kb.hop_fractions({1: 0.8, 2: 0.2}))[1] == 649
+    # equal thirds fit 1500 (500 each) and any cap below it
+    assert kb.most_questions(available, kb.EQUAL_THIRDS, 1500) == 1500
+    assert kb.most_questions(available, kb.EQUAL_THIRDS, 7) == 7
+    # all 2-hop: 852 of them
+    assert kb.most_questions(available, kb.hop_fractions({2: 1.0}), 1500) == 852
+    # a hop the mix needs has no questions: only n = 0 fits (n = 1 already asks for one 1-hop question)
+    assert kb.most_questions({1: 0, 2: 5, 3: 5}, kb.hop_fractions({1: 0.5, 2: 0.5}), 10) == 0
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.tuples(*(st.integers(0, 40) for _ in range(3))),
+    st.tuples(*(st.integers(0, 9) for _ in range(3))).filter(lambda w: sum(w) > 0),
+    st.integers(0, 120),
+)
+def test_most_questions_is_the_largest_fitting_n(counts, weights, cap):
+    available = dict(zip(kb.HOPS, counts, strict=True))
+    fractions = kb.hop_fractions({h: w / sum(weights) for h, w in zip(kb.HOPS, weights, strict=True)})
+
+    def fits(n):
+        return all(c <= available[h] for h, c in kb.hop_counts(n, fractions).items())
+
+    most = kb.most_questions(available, fractions, cap)
+    assert most <= cap and fits(most)
+    assert not any(fits(n) for n in range(most + 1, cap + 1))  # brute force: nothing larger fits
+
+
+def test_the_default_size_is_the_most_the_mix_fills():
+    # regression (issue 32): with no task.limit the train split asked for 1500 x 0.8 = 1,200 1-hop questions and
+    # raised, after the study's 80-minute precondition, at its first timed step
+    examples = load_task("kb-multihop", "train", None, seed=0, train_hop_fractions={1: 0.8, 2: 0.2})
+    assert _hops(examples) == {1: 648, 2: 162}
+    assert len({ex.question for ex in examples}) == 810
+    # without a mix, or on a held-out split, the sizes stay 1500 / 300 / 300
+    assert len(load_task("kb-multihop", "train", None, seed=0)) == 1500
+    assert kb.default_size("train", 0, train_hop_fractions={1: 1 / 3, 2: 1 / 3, 3: 1 / 3}) == 1500
+    for split in ("test", "novel"):
+        assert kb.default_size(split, 0, train_hop_fractions={1: 0.8, 2: 0.2}) == 300
+    # a mix that fits 1500 keeps 1500
+    assert kb.default_size("train", 0, train_hop_fractions={1: 0.4, 2: 0.3, 3: 0.3}) == 1500
+    # an explicit limit the mix cannot fill is still the user's error, naming the most it fills
+    with pytest.raises(ValueError, match="asked for 800 of 1000; this hop mix fills at most 810 questions"):
+        load_task("kb-multihop", "train", 1000, seed=0, train_hop_fractions={1: 0.8, 2: 0.2})
 
 
 @pytest.mark.parametrize("split", ["test", "novel"])
