@@ -490,6 +490,20 @@ class Study:
             )
         )
         self._fix_heldout()
+        self._check_training_sets()
+
+    def _check_training_sets(self) -> None:
+        """Every arm's training questions load, as its trainer will load them, before the start's SFT or a
+        precondition is paid for. Loading is cheap (kb-multihop's 1,500 questions take ~10 ms); a hop mix the world
+        cannot fill was otherwise found at the first timed step, after the preflight's 80-minute precondition
+        (issue 32)."""
+        from agentcredit.environment import load_examples
+
+        for arm in self.spec.arms:
+            try:
+                load_examples(self.run_config(arm, self.spec.seeds[0]))
+            except ValueError as exc:
+                raise StudyError(f"{self.source or self.dir}: arm {arm.name!r}: {exc}") from exc
 
     def restore(self, published: str | Path) -> int:
         """Lay a published study (the folder ``--publish`` wrote) into this empty directory, so that a fresh

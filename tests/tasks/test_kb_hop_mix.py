@@ -199,3 +199,30 @@ def test_a_study_with_an_easier_training_mix_keeps_its_fixed_held_out_sets(tmp_p
     for name in ("test", "novel"):
         written = (study.dir / "heldout" / f"{name}.jsonl").read_text()
         assert written == (published / f"{name}.jsonl").read_text()
+
+
+def test_a_study_checks_every_arms_training_questions_before_paying_for_its_start(tmp_path):
+    """Regression (issue 32): an arm's training set the world cannot fill stops ``prepare`` with the arm's name,
+    before the start's SFT and the precondition, not at the first timed step an hour later. The study's own
+    arms, with their 80/20 mix and no task.limit, load (810 questions each)."""
+    from pathlib import Path
+
+    import yaml
+
+    from agentcredit.experiment.common import StudyError
+    from agentcredit.experiment.study import Study, load_study
+
+    root = Path(__file__).resolve().parents[2]
+    source = root / "studies" / "kb-jsoncall-portool-regime.yaml"
+    Study(load_study(source), tmp_path / "ok", log=lambda *_: None).prepare(resume=False)
+    data = yaml.safe_load(source.read_text())
+    for arm in data["arms"]:  # alike in every arm, as the claims ask
+        arm["set"] = [*arm["set"], "task.limit=1000"]
+    config = tmp_path / "study.yaml"
+    config.write_text(yaml.safe_dump(data))
+    study = Study(load_study(config), tmp_path / "out", log=lambda *_: None)
+    with pytest.raises(
+        StudyError, match=r"arm 'grpo': kb-multihop: .* asked for 800 of 1000; .* at most 810"
+    ):
+        study.prepare(resume=False)
+    assert not (study.dir / "start").exists()
