@@ -28,7 +28,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from agentcredit.credit.methods import BUILT_IN, METHODS, Method, Settings, resolve_method
 from agentcredit.credit.methods.portool import PortoolSettings
-from agentcredit.credit.methods.tips import TipsSettings
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"  # also reachable as ./configs in the repo
 
@@ -248,21 +247,6 @@ class RolloutConfig(TreeStrategyConfig):
 
 
 # --------------------------------------------------------------------------------------------- algorithm
-class TipsConfig(TipsSettings):
-    """TIPS's shaping settings (:class:`agentcredit.credit.methods.tips.TipsSettings`, shared with verl's
-    ``agentcredit.tips`` block) plus how the native trainer's teacher scores the potential."""
-
-    # Eq. 15-16 score p_teach(A | S), the answer A alone; the released code scores "<answer>A</answer>" (tips.md
-    # §8 item 3), which is "full". "full" stays the default (the pinned runs and studies used it); answer_only is
-    # the reading of Eq. 16 with the protocol's answer tag given, so Phi does not also score the format habit.
-    potential_scope: Literal["full", "answer_only"] = Field(
-        "full",
-        description="Which tokens Phi scores: 'full' (the rendered answer, tags included: the code) or "
-        "'answer_only' (the answer tag forced into the context, the answer's own tokens scored: Eq. 15-16). "
-        "Logged as tips/answer_only.",
-    )
-
-
 class PortoolConfig(PortoolSettings):
     """PORTool's settings (:class:`agentcredit.credit.methods.portool.PortoolSettings`, shared with verl's
     ``agentcredit.portool`` block) plus the native trainer's outcome judge."""
@@ -453,7 +437,7 @@ AlgorithmConfig = create_model(
     __module__=__name__,
     __doc__="The credit method's name, every built-in method's settings section, and the method-independent "
     "knobs of the loss.",
-    **method_sections(TipsConfig, PortoolConfig),
+    **method_sections(PortoolConfig),
 )
 
 

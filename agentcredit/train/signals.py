@@ -246,7 +246,7 @@ def tips_potential_terms(
     render_answer: Callable[[str], str],
     *,
     reduce: str = "sum",
-    scope: str = "full",
+    scope: str = "answer_only",
     autocast: bool = False,
     max_tokens: int = MICRO_BATCH_TOKENS,
 ) -> TipsPotentials:
@@ -256,12 +256,13 @@ def tips_potential_terms(
     segment 0 the prompt, later the state right after an observation); the continuation is each de-duplicated gold
     alias rendered in the protocol's answer format and tokenised alone. ``scope``:
 
-    * ``"full"`` (default): Phi scores every token of the rendered answer, the tags included (the released code's
-      ``<answer>a</answer>``, tips.md §8 item 3);
-    * ``"answer_only"``: the format tokens before the answer are forced into the context and only the answer's
-      own tokens are scored, as Eq. 15-16's p_teach(A | S) reads. A policy that always opens a turn with
-      ``<think>`` gives ``<answer>`` a low probability right after the state, so under ``"full"`` Phi also
-      measures that format habit, not only what the state says about the answer (issue 31).
+    * ``"answer_only"`` (default, the paper: :class:`~agentcredit.credit.methods.tips.TipsSettings`'s
+      ``potential_scope`` cites the lines): the format tokens before the answer are forced into the context and
+      only the answer's own tokens are scored, as Eq. 15-16's p_teach(A | S) reads. A policy that always opens a
+      turn with ``<think>`` gives ``<answer>`` a low probability right after the state, so scoring the tags would
+      make Phi measure that format habit, not only what the state says about the answer (issues 31, 48);
+    * ``"full"``: Phi scores every token of the rendered answer, the tags included (the released code's
+      ``<answer>a</answer>``, tips.md §8 item 3).
     """
     if scope not in ("full", "answer_only"):
         raise ValueError(f"potential_scope must be 'full' or 'answer_only', got {scope!r}")
@@ -302,30 +303,6 @@ def tips_potential_terms(
         out.format.append([math.fsum(f for f, _ in split[key]) / len(split[key]) for key in keys])
         out.answer.append([math.fsum(a for _, a in split[key]) / len(split[key]) for key in keys])
     return out
-
-
-def tips_potentials(
-    teacher: nn.Module,
-    batch: TrainBatch,
-    answers: Sequence[Sequence[str]],
-    encode: Callable[[str], list[int]],
-    render_answer: Callable[[str], str],
-    *,
-    reduce: str = "sum",
-    autocast: bool = False,
-    max_tokens: int = MICRO_BATCH_TOKENS,
-) -> list[list[float]]:
-    """Phi at the start state of every policy segment (``scope="full"``); see :func:`tips_potential_terms`."""
-    return tips_potential_terms(
-        teacher,
-        batch,
-        answers,
-        encode,
-        render_answer,
-        reduce=reduce,
-        autocast=autocast,
-        max_tokens=max_tokens,
-    ).potentials
 
 
 def gear_ground_truth(protocol: Any, example: Any, reference: str | None = None) -> str:

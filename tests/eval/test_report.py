@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -153,3 +154,20 @@ def test_a_run_config_from_before_and_after_issue_37_reads_the_same():
     assert "forks_per_round=1" in run_settings(
         yaml.safe_load(dump_config(load_config("carl-critical-arith-tools")))
     )
+
+
+def test_carl_critical_reports_its_reward_and_the_preset_labels_it_not_the_papers():
+    """Issue 48: carl-critical trains on the task's metric, not the paper's format reward + F1
+    (carl-critical-actions.txt l. 513): a labelled deviation, so every report lists the metric beside the run, and
+    the preset and docs/specs say it is not the paper's reward."""
+    import yaml
+
+    from agentcredit.config import CONFIG_DIR, dump_config, load_config
+    from agentcredit.eval.report import run_settings
+
+    cfg = yaml.safe_load(dump_config(load_config("carl-critical-kb-multihop")))
+    assert f"metric={cfg['task']['metric']}" in run_settings(cfg)
+    preset = (CONFIG_DIR / "methods" / "carl-critical.yaml").read_text()
+    assert "NOT the paper's reward" in preset and "l. 513" in preset
+    specs = (Path(__file__).parents[2] / "docs" / "specs" / "README.md").read_text()
+    assert "**not the paper's**" in specs

@@ -179,7 +179,7 @@ def test_tips_loop_records_teacher_potentials_at_each_boundary(byte_tokenizer):
     obs = next(s for s in rec.spans if s.role == "observation")
     assert "<tool_response>" in byte_tokenizer.decode(out.response_ids[obs.start : obs.end])
     assert rec.potentials is not None and len(rec.potentials) == 2  # Phi(S_0), Phi(S_1)
-    # 2 boundaries x 2 aliases scored, each = boundary context + "<answer>alias</answer>"
+    # 2 boundaries x 2 aliases scored, each = boundary context + "<answer>" (forced) + the alias (scored: Eq. 15-16)
     assert len(server.scored) == 4
     # counted in the record, for agentcredit/teacher_requests and teacher_resent_frac
     assert rec.teacher_calls == {"requests": 4, "resent": 0}
@@ -190,10 +190,7 @@ def test_tips_loop_records_teacher_potentials_at_each_boundary(byte_tokenizer):
     def phi(full_lengths):
         return math.log(sum(math.exp(-0.001 * sum(range(n - m, n))) for n, m in full_lengths))
 
-    n_ans = [
-        len(byte_tokenizer.encode(f"<answer>{a}</answer>", add_special_tokens=False))
-        for a in ("Jane Doe", "J. Doe")
-    ]
+    n_ans = [len(byte_tokenizer.encode(a, add_special_tokens=False)) for a in ("Jane Doe", "J. Doe")]
     lens = [len(c) for c in server.scored]
     assert rec.potentials == pytest.approx(
         [phi(zip(lens[:2], n_ans, strict=True)), phi(zip(lens[2:], n_ans, strict=True))], rel=1e-9

@@ -244,6 +244,30 @@ def test_answer_potentials_sum_and_logsumexp(byte_tokenizer):
     assert phis == pytest.approx([phi(3), phi(5)], abs=1e-12)
 
 
+def test_answer_potentials_score_the_answer_alone_by_default(byte_tokenizer):
+    """Issue 48: verl's potential reads Eq. 15-16 as the native trainer does: the answer tag is forced into the
+    context and only the answer's own tokens are scored; ``full`` (the released code) scores the whole template."""
+    tok = byte_tokenizer
+    calls = []
+
+    async def score(context, continuation):
+        calls.append((list(context), list(continuation)))
+        return [-1.0] * len(continuation)  # log p = -1 per scored token: Phi = -(tokens scored)
+
+    ctx = [1, 2, 3]
+    tag = tok.encode("<answer>", add_special_tokens=False)
+    answer = tok.encode("ab", add_special_tokens=False)
+    (only,) = asyncio.run(answer_potentials([ctx], ["ab"], tokenizer=tok, score=score))
+    assert only == pytest.approx(-2.0)  # "ab": 2 byte tokens
+    assert calls == [(ctx + tag, answer)]
+    calls.clear()
+    (full,) = asyncio.run(answer_potentials([ctx], ["ab"], tokenizer=tok, score=score, scope="full"))
+    assert full == pytest.approx(-len("<answer>ab</answer>"))
+    assert calls == [(ctx, tok.encode("<answer>ab</answer>", add_special_tokens=False))]
+    with pytest.raises(ValueError, match="potential_scope"):
+        asyncio.run(answer_potentials([ctx], ["ab"], tokenizer=tok, score=score, scope="tags"))
+
+
 def test_teacher_logprobs_align_with_response_tokens():
     calls = []
 

@@ -128,7 +128,7 @@ def test_the_lagged_teacher_scores_the_potentials_and_follows_the_actor_every_n_
         return record.potentials
 
     answer_tokens = [
-        len(byte_tokenizer.encode(f"<answer>{a}</answer>", add_special_tokens=False))
+        len(byte_tokenizer.encode(a, add_special_tokens=False))  # answer_only: the tag is context (Eq. 15-16)
         for a in ("Jane Doe", "J. Doe")
     ]
     # the boundary contexts S_0 and S_1 plus each alias, as the rollout-server test counts them

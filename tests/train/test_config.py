@@ -120,12 +120,15 @@ def test_tips_potential_is_one_option_spelt_the_same_in_both_trainers():
     option; both blocks now take `potential` from the shared TipsSettings, and verl's old keys are refused."""
     from pydantic import ValidationError
 
-    from agentcredit.config import TipsConfig
     from agentcredit.integrations.verl.settings import TipsSettings as VerlTips
 
-    for settings in (TipsConfig, VerlTips):
+    native = type(load_config("tips-arith-tools").algorithm.tips)
+    for settings in (native, VerlTips):
         assert settings().reduce == "sum"  # the paper's Eq. 15-16
         assert settings(potential="code").reduce == "mean"  # the released code
+        # issue 48: which tokens Phi scores is one option of both trainers too, the paper's by default
+        assert settings().potential_scope == "answer_only"
+        assert settings(potential_scope="full").potential_scope == "full"
     for old_key in ("reduce", "aggregate"):
         with pytest.raises(ValidationError, match=old_key):
             VerlTips(**{old_key: "sum"})

@@ -1,9 +1,10 @@
-"""TIPS's potential split into format and answer tokens, and ``potential_scope: answer_only`` (issue 31).
+"""TIPS's potential split into format and answer tokens, and ``potential_scope`` (issues 31, 48).
 
-The potential scores ``<answer>X</answer>`` right after the state; a policy that opens every turn with ``<think>``
-gives the tag itself a low probability there, so Phi may measure that habit more than what the state says about
-the answer. The split shows it, and ``answer_only`` (the tag forced into the context, Eq. 15-16's p(A | S))
-removes it.
+The released code scores ``<answer>X</answer>`` right after the state (``full``); a policy that opens every turn
+with ``<think>`` gives the tag itself a low probability there, so Phi measures that habit more than what the state
+says about the answer (72% of Phi(S_0) on the pinned step). The split shows it. ``answer_only`` (the tag forced into
+the context, Eq. 15-16's p(A | S) and App. H's ``teacher(context + a)[-len(a):]``) removes it and is the default:
+the paper wins over the released code.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from agentcredit.train.signals import (
     answer_token_span,
     score_continuations,
     tips_potential_terms,
-    tips_potentials,
 )
 from agentcredit.train.trainer import Trainer
 
@@ -74,9 +74,9 @@ def test_split_adds_up_and_answer_only_scores_the_answer_alone():
     def render(a):
         return f"<answer>{a}</answer>"
 
-    full = tips_potential_terms(model, batch, answers, encode, render)
-    assert full.potentials == tips_potentials(model, batch, answers, encode, render)  # today's Phi, unchanged
-    only = tips_potential_terms(model, batch, answers, encode, render, scope="answer_only")
+    full = tips_potential_terms(model, batch, answers, encode, render, scope="full")
+    only = tips_potential_terms(model, batch, answers, encode, render)
+    assert only.scope == "answer_only"  # the paper's reading is the default
     for j, traj in enumerate(batch.trajectories):
         assert len(answers[j]) == 1  # one alias: lse over one alias is its summed log-prob
         for k in range(len(traj.policy_nodes)):
@@ -117,7 +117,11 @@ def test_the_step_logs_the_split_and_the_scope_that_ran(scope):
         )
 
 
-def test_default_scope_is_todays_and_documented():
-    t = load_config("tips-kb-multihop").algorithm.tips
-    assert t.potential_scope == "full"
-    assert "Eq. 15-16" in type(t).model_fields["potential_scope"].description
+def test_default_scope_is_the_papers_and_documented():
+    """Regression (issue 48): the default was the released code's ``full``; Eq. 15-16 and App. H score the answer
+    alone, and the paper wins over the code."""
+    for preset in ("tips-kb-multihop", "tips-arith-tools"):
+        t = load_config(preset).algorithm.tips
+        assert t.potential_scope == "answer_only"
+    description = type(t).model_fields["potential_scope"].description
+    assert "Eq. 15-16" in description and "'full' (the released code" in description

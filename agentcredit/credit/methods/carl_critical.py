@@ -61,5 +61,7 @@ METHOD = Method(
     needs=Needs(rollout="entropy_guided", step_inputs=frozenset({"tree"})),
     source="carl-critical Eqs. 9-13, 2",
     estimate=estimate,
-    report_settings=("rollout.forks_per_round",),
+    # task.metric: the training reward is the task's metric, not the paper's format reward + F1
+    # (carl-critical-actions.txt l. 513), a labelled deviation (docs/specs/README.md)
+    report_settings=("rollout.forks_per_round", "task.metric"),
 )

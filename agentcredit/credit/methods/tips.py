@@ -51,6 +51,20 @@ class TipsSettings(Settings):
         description="'paper': sum of answer log-probs, logsumexp over aliases (Eq. 15-16); 'code': mean log-prob.",
     )
 
+    # The paper wins over the released code here (tests/train/test_tips_potential_scope.py): Eq. 15-16 (tips.txt
+    # l. 685-689) define Phi(s) = log sum_m p_teach(A^(m) | s), the probability of the answer A itself, and App. H's
+    # pseudocode (tips.txt l. 933-936) scores ``teacher(context + a)[-len(a):]``, the answer's tokens only. The
+    # released code scores ``<answer>a</answer>`` (tips.md §8 item 3): then a policy that opens every turn with
+    # ``<think>`` gives ``<answer>`` a low probability and Phi mostly measures that habit (72% of Phi(S_0) on the
+    # pinned step, issue 48). Where the protocol wraps the answer in a tag, the tag is forced into the context
+    # before the answer is scored (ours: the paper's A follows the state directly, our protocols need the tag).
+    potential_scope: Literal["answer_only", "full"] = Field(
+        "answer_only",
+        description="Which tokens Phi scores: 'answer_only' (the paper, Eq. 15-16 and App. H: the answer's own "
+        "tokens, the protocol's answer tag forced into the context) or 'full' (the released code: the rendered "
+        "answer, tags included). Logged as tips/answer_only.",
+    )
+
     @property
     def reduce(self) -> Literal["sum", "mean"]:
         """How one alias's token log-probs are pooled (:func:`agentcredit.credit.tips.tips_potential`)."""

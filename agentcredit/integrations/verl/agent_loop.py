@@ -457,6 +457,7 @@ class AgentCreditAgentLoop(AgentLoopBase):
                 score=scorers[-1],
                 answer_template=t.answer_template,
                 reduce=t.reduce,
+                scope=t.potential_scope,
                 max_aliases=t.max_aliases,
             )
         views_response = [

@@ -35,6 +35,7 @@ from agentcredit.rollout.engine import Job, JobResult, PlanContext, Strategy
 from agentcredit.rollout.tree import FlatSequence, RolloutTree, Segment
 from agentcredit.tools.base import ToolCall, ToolResult, ToolUnavailableError
 from agentcredit.tools.episodes import StepOutcome
+from agentcredit.train.signals import answer_token_span
 
 __all__ = [
     "EpisodeResult",
@@ -536,16 +537,33 @@ async def answer_potentials(
     score: ScoreFn,
     answer_template: str = "<answer>{answer}</answer>",
     reduce: str = "sum",
+    scope: str = "answer_only",
     max_aliases: int = 16,
 ) -> list[float]:
-    """TIPS potentials Phi(S_k) = log sum_a p(answer a | S_k) at every boundary context (exact token ids)."""
+    """TIPS potentials Phi(S_k) = log sum_a p(answer a | S_k) at every boundary context (exact token ids).
+
+    ``scope`` as the native trainer's (:func:`agentcredit.train.signals.tips_potential_terms`, one token split for
+    both): ``"answer_only"`` (the paper) forces the template's text before the answer into the context and scores
+    the answer's own tokens; ``"full"`` (the released code) scores the whole rendered template."""
+    if scope not in ("full", "answer_only"):
+        raise ValueError(f"potential_scope must be 'full' or 'answer_only', got {scope!r}")
     aliases = dedup_aliases(golds, max_aliases)
     if not aliases:
         raise ValueError("answer_potentials: the question has no non-empty gold answer to score")
-    answers = [tokenizer.encode(answer_template.format(answer=a), add_special_tokens=False) for a in aliases]
 
-    scored = await asyncio.gather(*(score(list(ctx), ans) for ctx in boundaries for ans in answers))
-    n = len(answers)
+    def encode(text: str) -> list[int]:
+        return tokenizer.encode(text, add_special_tokens=False)
+
+    # (tokens forced into the context, tokens scored) per alias
+    parts = []
+    for a in aliases:
+        ids, start, end = answer_token_span(encode, answer_template.format(answer=a), a)
+        parts.append((ids[:start], ids[start:end]) if scope == "answer_only" else ([], ids))
+
+    scored = await asyncio.gather(
+        *(score(list(ctx) + forced, scored_ids) for ctx in boundaries for forced, scored_ids in parts)
+    )
+    n = len(parts)
     return [tips_potential(scored[k * n : (k + 1) * n], reduce=reduce) for k in range(len(boundaries))]
 
 
