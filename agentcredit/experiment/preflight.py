@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentcredit.experiment.arms import study_config
+from agentcredit.experiment.common import StudyError
 from agentcredit.experiment.locks import claim
-from agentcredit.experiment.power import paired_mde, planned_seconds, question_sd, seeds_needed
+from agentcredit.experiment.power import paired_mde, planned_seconds, question_sd, seeds_needed, seeds_range
 
 if TYPE_CHECKING:
     from agentcredit.experiment.study import ClaimSpec, PreconditionSpec, Study
@@ -39,6 +40,21 @@ OPS = {">=": lambda v, t: v >= t, ">": lambda v, t: v > t, "<=": lambda v, t: v 
 def holds(value: float, op: str, threshold: float) -> bool:
     """Whether a measured value meets ``value op threshold`` (a NaN never does)."""
     return isinstance(value, int | float) and math.isfinite(value) and OPS[op](value, threshold)
+
+
+#: the one-sided 95% normal quantile a regime's bound uses
+Z95 = 1.6448536269514722
+
+
+def regime_bound(value: float, se: float | None, op: str) -> float:
+    """The one-sided 95% bound of a measured regime on the side its threshold must be cleared from: value - 1.645
+    se for ``>=`` / ``>``, value + 1.645 se for ``<=`` / ``<``. A regime passes when this bound does, not the point
+    value (issue 49: 0.771 with se 0.061 has a lower bound of 0.671 and does not clear 0.7). A statistic measured
+    without a standard error (a warm-up gate's EV or AUC) is judged on its point value; the record says so
+    (``bound_kind``)."""
+    if not isinstance(se, int | float) or not math.isfinite(se):
+        return value
+    return value - Z95 * se if op in (">=", ">") else value + Z95 * se
 
 
 def mean_se(values: Sequence[float]) -> tuple[float, float]:
@@ -143,30 +159,41 @@ def claim_effect(c: ClaimSpec) -> tuple[float | None, str]:
     return None, "none"
 
 
-def claim_power(c: ClaimSpec, values: Sequence[float], seeds: int) -> dict[str, Any]:
-    """The power row of one claim from the start's per-question values on its held-out set."""
+def claim_power(c: ClaimSpec, values: Sequence[float], seeds: int, alpha: float = 0.05) -> dict[str, Any]:
+    """The power row of one claim from the start's per-question values on its held-out set, at the claim's level
+    ``alpha`` (after the study's multiplicity control). A pilot's ``power.paired_sd`` is the planning SD when the
+    study file gives one (it holds the question noise); with ``power.pilot_seeds`` the seeds needed are a range
+    over that SD's 95% interval."""
     sd, n = question_sd(values), len(values)
     effect, kind = claim_effect(c)
+    p = c.power
     row: dict[str, Any] = {
         "claim": c.name,
         "metric": c.metric,
         "questions": n,
         "sd_question": sd,
         "seeds": seeds,
-        "seed_sd": c.power.seed_sd,
-        "rho": c.power.rho,
+        "seed_sd": p.seed_sd,
+        "paired_sd": p.paired_sd,
+        "pilot_seeds": p.pilot_seeds,
+        "rho": p.rho,
+        "alpha": alpha,
         "effect": effect,
         "effect_kind": kind,
         "effect_source": c.paper_effect.source if (kind == "paper" and c.paper_effect) else "",
     }
-    if n < 1 or seeds < 2:
-        row.update(mde=None, underpowered=None, seeds_needed=None)
+    if (n < 1 and p.paired_sd is None) or seeds < 2:
+        row.update(mde=None, underpowered=None, seeds_needed=None, seeds_range=None)
         return row
-    mde = paired_mde(sd, n, seeds, seed_sd=c.power.seed_sd, rho=c.power.rho)
+    plan = {"seed_sd": p.seed_sd, "rho": p.rho, "paired_sd": p.paired_sd, "alpha": alpha}
+    mde = paired_mde(sd, max(n, 1), seeds, **plan)
     row["mde"] = mde
     row["underpowered"] = None if effect is None else mde > effect
-    row["seeds_needed"] = (
-        None if effect is None else seeds_needed(effect, sd, n, seed_sd=c.power.seed_sd, rho=c.power.rho)
+    row["seeds_needed"] = None if effect is None else seeds_needed(effect, sd, max(n, 1), **plan)
+    row["seeds_range"] = (
+        list(seeds_range(effect, p.paired_sd, p.pilot_seeds - 1, alpha=alpha))
+        if effect is not None and p.paired_sd is not None and p.pilot_seeds is not None
+        else None
     )
     return row
 
@@ -177,7 +204,8 @@ def refusal(record: dict[str, Any]) -> str | None:
     unmet = [p for p in record.get("preconditions", []) if p.get("met") is False]
     if unmet and not record.get("overrides", {}).get("regime"):
         shown = "; ".join(
-            f"{p['name']}: measured {_num(p['value'])} (se {_num(p.get('se'))}, n={p.get('n')}), needs "
+            f"{p['name']}: measured {_num(p['value'])} (se {_num(p.get('se'))}, n={p.get('n')}, one-sided 95% "
+            f"bound {_num(p.get('bound'))}), needs "
             f"{p['op']} {p['threshold']}"
             for p in unmet
         )
@@ -198,7 +226,8 @@ def _num(x: Any) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ measuring
-def _training_examples(cfg: Any, questions: int) -> list[Any]:
+def _training_examples(cfg: Any, questions: int, sft_questions: frozenset[str] = frozenset()) -> list[Any]:
+    """The first ``questions`` training questions the start's SFT never demonstrated (``sft_questions``, by text)."""
     from agentcredit.environment import load_examples
 
     split = cfg.task.split
@@ -206,7 +235,14 @@ def _training_examples(cfg: Any, questions: int) -> list[Any]:
         raise ValueError(
             f"preconditions are measured on training questions; the start's task.split is {split!r}"
         )
-    return load_examples(cfg, split="train", limit=questions)
+    pool = load_examples(cfg, split="train", limit=questions + len(sft_questions))
+    unseen = [e for e in pool if e.question not in sft_questions][:questions]
+    if len(unseen) < questions:
+        raise StudyError(
+            f"preconditions need {questions} training questions the start's SFT never saw; the training split "
+            f"holds {len(unseen)} (lower the precondition's questions or start.sft.examples)"
+        )
+    return unseen
 
 
 def _rates(trees: Sequence[Any], examples: Sequence[Any]) -> dict[str, float]:
@@ -238,7 +274,7 @@ def measure_policy(study: Study, pre: PreconditionSpec, model_dir: Path) -> dict
             [*spec.set, *arm.set, f"model.name={model_dir}", f"train.seed={spec.seeds[0]}"],
             arm.name,
         )
-        examples = _training_examples(cfg, pre.questions)
+        examples = _training_examples(cfg, pre.questions, study.sft_questions())
         from agentcredit.train.trainer import Trainer
 
         trainer = Trainer(cfg, examples=examples, log=False)
@@ -271,7 +307,7 @@ def measure_policy(study: Study, pre: PreconditionSpec, model_dir: Path) -> dict
         }
     else:
         model, tokenizer = load_base_model(str(model_dir), start.model.dtype)
-        examples = _training_examples(start, pre.questions)
+        examples = _training_examples(start, pre.questions, study.sft_questions())
 
         def sampled(prompt: str | None, seed: int) -> list[Any]:
             env = build_environment(start if prompt is None else _with_prompt(start, prompt))
@@ -350,6 +386,9 @@ def _pre_digest(pre: PreconditionSpec, weights: str, spec: Any) -> str:
         "arm": [arm.preset, arm.set] if arm is not None else None,
         "seed": spec.seeds[0],
         "tier_samples": spec.tier_samples,
+        # issue 49: measured on training questions the start's SFT never demonstrated (a saved measurement made
+        # before then read SFT questions and is not reused)
+        "questions": "unseen by SFT",
     }
     return _digest({"pre": pre.model_dump(mode="json"), "weights": weights, "reads": reads})
 
@@ -419,16 +458,22 @@ def run_preflight(
                 measure=pre.measure,
                 op=pre.op,
                 threshold=pre.threshold,
-                met=holds(m["value"], pre.op, pre.threshold),
+                threshold_source=pre.threshold_source or "ours",
+                bound=regime_bound(m["value"], m.get("se"), pre.op),
+                bound_kind="one-sided 95%"
+                if isinstance(m.get("se"), int | float) and math.isfinite(m["se"])
+                else "point value (no standard error)",
             )
+            m["met"] = holds(m["bound"], pre.op, pre.threshold)
             rows.append(m)
             record["preconditions"] = rows + [
                 r for r in record.get("preconditions", []) if r.get("key") not in {x["key"] for x in rows}
             ]
             save()
             study.log(
-                f"[preflight] {pre.name}: {_num(m['value'])} (se {_num(m.get('se'))}, n={m.get('n')}) "
-                f"{pre.op} {pre.threshold}: {'met' if m['met'] else 'NOT MET'}  [{pre.source}]"
+                f"[preflight] {pre.name}: {_num(m['value'])} (se {_num(m.get('se'))}, n={m.get('n')}; "
+                f"{m['bound_kind']} bound {_num(m['bound'])}) {pre.op} {pre.threshold} ({m['threshold_source']}): "
+                f"{'met' if m['met'] else 'NOT MET'}  [{pre.source}]"
             )
 
         for pre in spec.preconditions:
@@ -455,7 +500,7 @@ def run_preflight(
                     if line.strip()
                 ]
                 values = per_question_values(episodes, c.metric, counts, strict_at=spec.tier_samples or 5)
-                rows_.append({"heldout": h, **claim_power(c, values, len(spec.seeds))})
+                rows_.append({"heldout": h, **claim_power(c, values, len(spec.seeds), spec.claim_alpha)})
             return rows_
 
         def time_arms(arms: list[Any]) -> None:

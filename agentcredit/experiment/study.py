@@ -218,6 +218,12 @@ class PreconditionSpec(_Spec):
     )
     op: Literal[">=", ">", "<=", "<"] = ">="
     threshold: float
+    threshold_source: str = Field(
+        "",
+        description="Where the threshold comes from: the paper's line where it defines the regime; empty for a "
+        "number of ours (the report labels it 'ours'). The regime passes on the measurement's one-sided 95% "
+        "bound (value - 1.645 se for >=), not on the point value.",
+    )
 
     @model_validator(mode="after")
     def _fields(self) -> PreconditionSpec:
@@ -235,13 +241,26 @@ class PaperEffect(_Spec):
 
 
 class ClaimPower(_Spec):
+    paired_sd: float | None = Field(
+        None,
+        ge=0.0,
+        description="SD over a pilot's seeds of the compared arms' paired difference d_s (the claim's metric, mean "
+        "over the held-out questions), measured in the study's own regime on the study's held-out size. It holds "
+        "the question noise, so it replaces the start's per-question SD and seed_sd. The preferred planning SD.",
+    )
+    pilot_seeds: int | None = Field(
+        None,
+        ge=2,
+        description="Seeds of the pilot that measured paired_sd (its SD has pilot_seeds - 1 df: the seeds needed "
+        "are then a range over the SD's 95% interval). The pilot's questions are not reused by the study.",
+    )
     seed_sd: float = Field(
         0.0,
         ge=0.0,
-        description="SD over seeds of the paired difference that is not question noise (e.g. from the first "
-        "round's runs); 0 gives the MDE of question noise alone, a lower bound.",
+        description="Without paired_sd: SD over seeds of the paired difference that is not question noise; 0 gives "
+        "the MDE of question noise alone, a lower bound.",
     )
-    seed_sd_source: str = Field("", description="Where seed_sd was measured.")
+    seed_sd_source: str = Field("", description="Where paired_sd or seed_sd was measured.")
     rho: float = Field(
         0.0,
         ge=0.0,
@@ -270,6 +289,13 @@ class ClaimSpec(_Spec):
         "lower_spread: a smaller spread across seeds (Levene: absolute deviations from the arm's mean).",
     )
     margin: float = Field(0.0, ge=0.0, description="Non-inferiority margin (not_lower / not_higher).")
+    equivalence_margin: float | None = Field(
+        None,
+        gt=0.0,
+        description="higher / lower: the smallest effect worth finding, stated before the runs. When the claim's "
+        "interval lies wholly below it on the claimed side, the verdict is 'effect excluded' (effects this large are "
+        "ruled out), not 'underpowered'. None: the verdict cannot say 'effect excluded'.",
+    )
     about: list[str] = Field(
         default_factory=list,
         description="Config fields the claim is about (dotted, e.g. algorithm.method; a section covers its "
@@ -304,6 +330,14 @@ class StudySpec(_Spec):
     steps: int = Field(..., ge=1)
     eval_every: int = Field(5, ge=0)
     claims: list[ClaimSpec] = Field(default_factory=list)
+    alpha: float = Field(
+        0.05, gt=0.0, lt=1.0, description="The study's family-wise error rate over its claims."
+    )
+    multiplicity: Literal["bonferroni", "none"] = Field(
+        "bonferroni",
+        description="bonferroni: every claim's interval at 1 - alpha / (claims), so all verdicts hold together "
+        "(agentcredit.experiment.power.claim_alpha); none: each at 1 - alpha.",
+    )
     preconditions: list[PreconditionSpec] = Field(
         default_factory=list,
         description="Regimes measured on the start with training questions before any arm (preflight).",
@@ -343,6 +377,13 @@ class StudySpec(_Spec):
         return self
 
     @property
+    def claim_alpha(self) -> float:
+        """Each claim's level after the study's multiplicity control."""
+        from agentcredit.experiment.power import claim_alpha
+
+        return claim_alpha(self.alpha, len(self.claims), self.multiplicity)
+
+    @property
     def preregistered(self) -> bool:
         """A study with preconditions or cited paper effects runs the preflight (regime, power, budget) first."""
         return bool(self.preconditions) or any(c.paper_effect is not None for c in self.claims)
@@ -354,7 +395,12 @@ class StudySpec(_Spec):
     def runs_fingerprint(self) -> str:
         """What the runs depend on (everything but the description and the claims, which only the report reads)."""
         # the preconditions only decide whether the arms may start, never what a run computes
-        return _digest(self.model_dump(mode="json", exclude={"description", "claims", "preconditions"}))
+        # nor do the claims' error rate and its control (alpha, multiplicity): only the report and the plan read them
+        return _digest(
+            self.model_dump(
+                mode="json", exclude={"description", "claims", "preconditions", "alpha", "multiplicity"}
+            )
+        )
 
     def run_fingerprint(self, arm: str, seed: int) -> str | None:
         """What one run depends on: the start, the common settings, the budget and its own arm (None: no such arm).
@@ -634,6 +680,15 @@ class Study:
             time.sleep(30)
             if summary_path.is_file():
                 return json.loads(summary_path.read_text())
+
+    def sft_questions(self) -> frozenset[str]:
+        """The question texts the start's SFT demonstrated (as :meth:`sft` loads them): a precondition or a pilot
+        measured on them measures recall, not the regime (issue 49), so the preflight leaves them out."""
+        from agentcredit.environment import load_examples
+
+        s = self.spec.start
+        cfg = study_config(s.preset, [*self.spec.set, *s.set, *s.sft.set])
+        return frozenset(e.question for e in load_examples(cfg, limit=s.sft.examples))
 
     def sft(self) -> Path:
         """The SFT model of the shared start (trained once; ``start.sft.set`` applies to its demonstrations)."""

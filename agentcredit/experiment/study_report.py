@@ -1,24 +1,25 @@
 """The report of an ``agentcredit study``: intervals over seeds, learning curves with bands, and claim verdicts.
 
-Statistics (written by hand, since they are two formulas and a table; scipy would be a dependency for one
-quantile):
+Statistics (quantiles from scipy, through :mod:`agentcredit.experiment.power`):
 
 * per arm and metric: the mean over seeds and a 95% Student-t interval, mean +- t_{0.975, n-1} * s / sqrt(n);
 * per claim: the difference arm - baseline, paired by seed: arms share a seed's questions, their order and the
-  step-1 rollouts, so the mean over shared seeds of (arm - baseline) with a 95% paired t interval (n - 1 degrees
-  of freedom) is the primary interval, and the verdict is read from it. The 95% Welch interval (unequal
-  variances, Welch-Satterthwaite degrees of freedom), which ignores the pairing, stays as a second column (the
-  first round of studies read their verdicts from it). ``higher`` / ``lower`` claims are *reproduced* when the
-  interval lies entirely on the
-  claimed side of 0, *not reproduced* when no point of it does (it lies on the other side, touching 0 at most:
-  two arms that both call the tool on every question, [0, 0], are not "inconclusive", the arm is not lower),
-  and *inconclusive* otherwise.
+  step-1 rollouts, so the mean over shared seeds of (arm - baseline) with a paired t interval (n - 1 degrees of
+  freedom) is the primary interval, and the verdict is read from it. Its level is 1 - alpha / (claims) under the
+  study's Bonferroni control (``multiplicity``), so every verdict of a study holds together at 1 - alpha. The 95%
+  Welch interval (unequal variances), which ignores the pairing, stays as a second column.
+  ``higher`` / ``lower`` claims are *reproduced* when the interval lies entirely on the claimed side of 0, *not
+  reproduced* when no point of it does (it lies on the other side, touching 0 at most: two arms that both call the
+  tool on every question, [0, 0], are not "underpowered", the arm is not lower), *effect excluded* when it reaches
+  0 but lies wholly below the claim's ``equivalence_margin`` on the claimed side (an effect that large is ruled
+  out: a true zero can end here, it cannot end "reproduced"), and *underpowered* otherwise, with the seeds that
+  would decide at the observed spread.
   ``not_lower`` / ``not_higher`` (non-inferiority with a margin m) are *reproduced* when the interval lies
-  entirely above -m (below +m), *not reproduced* when it lies entirely below -m (above +m), else inconclusive.
+  entirely above -m (below +m), *not reproduced* when it lies entirely below -m (above +m), else underpowered.
   ``lower_spread`` (more stable across seeds) is Levene's test: each seed's absolute deviation from its arm's
-  mean, then the ``lower`` rule on the Welch interval of those deviations (a spread has no pairing); inconclusive
+  mean, then the ``lower`` rule on the Welch interval of those deviations (a spread has no pairing); underpowered
   with fewer than 3 seeds an arm (two deviations from their own mean are always equal).
-  With one seed per arm there is no interval and every verdict is inconclusive.
+  With one seed per arm there is no interval and every verdict is underpowered.
 * a claim's value per run is the final held-out evaluation, or (``source: training``) the mean of a training
   metric over the run's steps.
 """
@@ -47,21 +48,21 @@ from agentcredit.eval.report import (
     phase_means,
     plot_calibration,
 )
-from agentcredit.experiment.power import t975  # noqa: F401  (the report's quantile; tests import it from here)
+from agentcredit.experiment.power import seeds_needed, t975, t_quantile
 
 if TYPE_CHECKING:
     from agentcredit.experiment.study import Study
 
 
-def mean_interval(values: list[float]) -> tuple[float, float, float]:
-    """``(mean, low, high)``: the 95% t interval of the mean; low = high = mean for a single value."""
+def mean_interval(values: list[float], alpha: float = 0.05) -> tuple[float, float, float]:
+    """``(mean, low, high)``: the (1 - alpha) t interval of the mean; low = high = mean for a single value."""
     if not values:
         raise ValueError("mean_interval: no values")
     x = np.asarray(values, dtype=np.float64)
     mean = float(x.mean())
     if len(x) < 2:
         return mean, mean, mean
-    half = t975(len(x) - 1) * float(x.std(ddof=1)) / math.sqrt(len(x))
+    half = t_quantile(1 - alpha / 2, len(x) - 1) * float(x.std(ddof=1)) / math.sqrt(len(x))
     return mean, mean - half, mean + half
 
 
@@ -84,14 +85,25 @@ def welch_interval(a: list[float], b: list[float]) -> tuple[float, float, float]
     return diff, diff - half, diff + half
 
 
-def paired_interval(a: dict[int, float], b: dict[int, float]) -> tuple[float, float, float] | None:
-    """``(diff, low, high)``: the mean over the seeds both arms finished of ``a[seed] - b[seed]``, with its 95% t
-    interval; None with fewer than 2 shared seeds. Pairing removes what a seed does to both arms alike (which
-    questions come, in which order), the variance that dominated the first round's Welch intervals."""
+def paired_interval(
+    a: dict[int, float], b: dict[int, float], alpha: float = 0.05
+) -> tuple[float, float, float] | None:
+    """``(diff, low, high)``: the mean over the seeds both arms finished of ``a[seed] - b[seed]``, with its
+    (1 - alpha) t interval; None with fewer than 2 shared seeds. Pairing removes what a seed does to both arms alike
+    (which questions come, in which order), the variance that dominated the first round's Welch intervals."""
     seeds = sorted(set(a) & set(b))
     if len(seeds) < 2:
         return None
-    return mean_interval([a[s] - b[s] for s in seeds])
+    return mean_interval([a[s] - b[s] for s in seeds], alpha)
+
+
+def paired_sd(a: dict[int, float], b: dict[int, float]) -> float | None:
+    """SD over the shared seeds of ``a[seed] - b[seed]`` (None below 2 seeds): the spread a pilot of the compared
+    arms gives a study's power plan (``power.paired_sd``)."""
+    seeds = sorted(set(a) & set(b))
+    if len(seeds) < 2:
+        return None
+    return float(np.std([a[s] - b[s] for s in seeds], ddof=1))
 
 
 def claim_differences_table(spec) -> tuple[list[str], list[list[str]]]:
@@ -110,20 +122,46 @@ def claim_differences_table(spec) -> tuple[list[str], list[list[str]]]:
     return ["claim", "arms", "in what the claim is about", "also differ (tolerated, not isolated)"], rows
 
 
-def verdict(direction: str, interval: tuple[float, float, float] | None, margin: float = 0.0) -> str:
-    """'reproduced' / 'not reproduced' / 'inconclusive' for a claim on arm - baseline (module docstring)."""
+def verdict(
+    direction: str,
+    interval: tuple[float, float, float] | None,
+    margin: float = 0.0,
+    equivalence: float | None = None,
+) -> str:
+    """'reproduced' / 'not reproduced' / 'effect excluded' / 'underpowered' for a claim on arm - baseline (module
+    docstring). ``equivalence``: a higher / lower claim's equivalence margin, stated in the study file before the
+    runs (``equivalence_margin``); without it a verdict cannot be 'effect excluded'."""
     if interval is None:
-        return "inconclusive"
+        return "underpowered"
     _, low, high = interval
     if direction == "higher":
-        return "reproduced" if low > 0 else "not reproduced" if high <= 0 else "inconclusive"
+        if low > 0:
+            return "reproduced"
+        if high <= 0:
+            return "not reproduced"
+        return "effect excluded" if equivalence is not None and high < equivalence else "underpowered"
     if direction in ("lower", "lower_spread"):  # lower_spread: the interval is of absolute deviations
-        return "reproduced" if high < 0 else "not reproduced" if low >= 0 else "inconclusive"
+        if high < 0:
+            return "reproduced"
+        if low >= 0:
+            return "not reproduced"
+        return "effect excluded" if equivalence is not None and low > -equivalence else "underpowered"
     if direction == "not_lower":
-        return "reproduced" if low > -margin else "not reproduced" if high < -margin else "inconclusive"
+        return "reproduced" if low > -margin else "not reproduced" if high < -margin else "underpowered"
     if direction == "not_higher":
-        return "reproduced" if high < margin else "not reproduced" if low > margin else "inconclusive"
+        return "reproduced" if high < margin else "not reproduced" if low > margin else "underpowered"
     raise ValueError(f"verdict: unknown direction {direction!r}")
+
+
+def seeds_to_decide(
+    direction: str, a: dict[int, float], b: dict[int, float], effect: float | None, alpha: float
+) -> int | None:
+    """For an underpowered paired claim: the seeds whose exact paired MDE at the observed spread of d_s reaches
+    ``effect`` (the equivalence margin, or the paper's effect, or a non-inferiority margin); None when unknown."""
+    sd = paired_sd(a, b)
+    if sd is None or not effect or direction == "lower_spread":
+        return None
+    return seeds_needed(effect, 0.0, 1, paired_sd=sd, alpha=alpha)
 
 
 # ------------------------------------------------------------------------------------------------ reading
@@ -597,7 +635,7 @@ def write_study_report(study: Study, out_dir: str | Path) -> dict[str, Path]:
             "set",
             "arm",
             "baseline",
-            "arm - baseline, paired by seed [95% t]",
+            f"arm - baseline, paired by seed [{100 * (1 - spec.claim_alpha):.4g}% t]",
             "[95% Welch]",
             "verdict",
         ]
@@ -623,8 +661,18 @@ def write_study_report(study: Study, out_dir: str | Path) -> dict[str, Path]:
                 iv, paired_cell = welch, "– (a spread: Welch on absolute deviations)"
                 compared = "absolute deviation from the arm's mean: "
             else:
-                iv, welch, compared = paired_interval(a_by, b_by), welch_interval(a, b), ""
+                iv, welch, compared = paired_interval(a_by, b_by, spec.claim_alpha), welch_interval(a, b), ""
                 paired_cell = f"{_fmt_interval(iv)} (n={len(set(a_by) & set(b_by))} seeds)"
+            said = verdict(c.direction, iv, c.margin, c.equivalence_margin)
+            if said == "underpowered":
+                effect = (
+                    c.equivalence_margin or (c.paper_effect.value if c.paper_effect else None) or c.margin
+                )
+                more = seeds_to_decide(c.direction, a_by, b_by, effect, spec.claim_alpha)
+                if more is not None:
+                    said += f" ({more} seeds would decide at this spread)"
+                elif effect and c.direction != "lower_spread" and paired_sd(a_by, b_by) is not None:
+                    said += " (more than 100 seeds would decide at this spread)"
             rows.append(
                 [
                     c.name,
@@ -634,7 +682,7 @@ def write_study_report(study: Study, out_dir: str | Path) -> dict[str, Path]:
                     f"{c.baseline}: {_fmt_interval(mean_interval(b)) if b else '–'} (n={len(b)})",
                     paired_cell,
                     compared + _fmt_interval(welch),
-                    verdict(c.direction, iv, c.margin).upper()
+                    said.upper()
                     + (" (regime not met)" if unmet else "")
                     + (
                         f" (underpowered: MDE {_fmt(weak[c.name]['mde'])} > {_fmt(weak[c.name]['effect'])})"

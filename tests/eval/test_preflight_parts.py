@@ -16,6 +16,7 @@ from agentcredit.experiment.preflight import (
     holds,
     per_question_values,
     refusal,
+    regime_bound,
     tool_gap,
 )
 from agentcredit.experiment.study import ClaimSpec, load_study
@@ -99,8 +100,35 @@ def test_claim_power_row_by_hand():
     values = [1.0, 0.0] * 50  # sd = sqrt(0.25 * 100 / 99) = 0.502519
     row = claim_power(lower, values, 3)
     se = math.sqrt(2 * 0.25 * 100 / 99 / 100 / 3)
-    assert row["mde"] == pytest.approx((4.303 + 1.061) * se)  # 0.2201 > 0.2
+    assert row["mde"] == pytest.approx(5.6535 * se, rel=1e-4)  # exact noncentral t at 2 df: 0.2319 > 0.2
     assert row["underpowered"] is True and row["seeds_needed"] == 4 and row["effect_source"] == "T"
+    assert row["seeds_range"] is None  # no pilot SD: a point plan
+    # a study of 5 claims plans each at alpha 0.01 (Bonferroni): a larger MDE on the same data
+    assert claim_power(lower, values, 3, 0.01)["mde"] > row["mde"]
+
+
+def test_a_pilots_paired_sd_plans_the_claim_with_its_uncertainty():
+    """Issue 49: the planning SD comes from a pilot of the compared arms (it holds the question noise: the start's
+    per-question SD is not added again), and its 3 seeds make the seeds needed a range, not a point."""
+    lower = claim(
+        direction="lower",
+        paper_effect={"value": -0.55, "source": "T"},
+        power={"paired_sd": 0.135, "pilot_seeds": 3},
+    )
+    row = claim_power(lower, [1.0, 0.0] * 50, 3)
+    assert row["mde"] == pytest.approx(0.4406, abs=1e-3)  # 5.653 x 0.135 / sqrt(3)
+    assert row["underpowered"] is False and row["seeds_needed"] == 3
+    few, point, many = row["seeds_range"]
+    assert few == point == 3 and many > 10  # the SD's 95% interval reaches 6.3 x 0.135
+
+
+def test_a_regime_passes_on_its_one_sided_bound():
+    """Regression (issue 49): 0.771 with se 0.061 was "met" against 0.7; its one-sided 95% lower bound is 0.671."""
+    assert regime_bound(0.771, 0.061, ">=") == pytest.approx(0.771 - 1.6449 * 0.061, abs=1e-4)
+    assert not holds(regime_bound(0.771, 0.061, ">="), ">=", 0.7)
+    assert holds(regime_bound(0.90, 0.061, ">="), ">=", 0.7)
+    assert regime_bound(0.05, 0.02, "<=") == pytest.approx(0.05 + 1.6449 * 0.02, abs=1e-4)
+    assert regime_bound(0.3, math.nan, ">=") == 0.3  # a gate's statistic without an se: its point value
 
 
 def test_one_refusal_message_names_the_measured_values_unless_overridden():
@@ -114,7 +142,8 @@ def test_one_refusal_message_names_the_measured_values_unless_overridden():
         "overrides": {"regime": False, "power": False},
     }  # fmt: skip
     message = refusal(record)
-    assert "gap: measured 0.030 (se 0.020, n=40), needs >= 0.1" in message and "ok" not in message
+    assert "gap: measured 0.030 (se 0.020, n=40, one-sided 95% bound –), needs >= 0.1" in message
+    assert "ok" not in message
     assert "fewer: MDE 0.300 > paper 0.200 (seeds needed: 7)" in message
     assert refusal({**record, "overrides": {"regime": True, "power": True}}) is None
 
@@ -192,3 +221,49 @@ def test_a_saved_measurement_is_keyed_by_the_settings_its_rollouts_read(tmp_path
     assert changed["tier 2 better without the tool"] == base["tier 2 better without the tool"]  # reads no arm
     assert all(keys(preregistered(seeds=[5, 1]))[name] != key for name, key in base.items())
     assert keys(preregistered()) == base  # the same file, the same keys
+
+
+def test_the_precondition_never_measures_a_question_sft_saw(monkeypatch):
+    """Regression (issue 49): the precondition took the first N training questions, which the start's SFT had
+    demonstrated (39 of the PORTool regime's 48); it now skips every question SFT saw, by text."""
+    from types import SimpleNamespace
+
+    from agentcredit.experiment.common import StudyError
+    from agentcredit.experiment.preflight import _training_examples
+
+    pool = [SimpleNamespace(id=f"q{i}", question=f"Q{i}") for i in range(10)]
+    monkeypatch.setattr(
+        "agentcredit.environment.load_examples", lambda cfg, split="train", limit=None: pool[:limit]
+    )
+    cfg = SimpleNamespace(task=SimpleNamespace(split="train"))
+    got = _training_examples(cfg, 4, frozenset({"Q0", "Q2"}))
+    assert [e.id for e in got] == ["q1", "q3", "q4", "q5"]
+    with pytest.raises(StudyError, match="never saw"):
+        _training_examples(cfg, 9, frozenset({"Q0", "Q2"}))
+
+
+def test_the_portool_regime_study_measures_questions_outside_its_sft():
+    """The real study: its precondition's questions and its start's SFT demonstrations do not meet."""
+    from agentcredit.experiment.arms import study_config
+    from agentcredit.experiment.preflight import _training_examples
+
+    spec = load_study("studies/kb-jsoncall-portool-regime.yaml")
+    study = SimpleStudy(spec)
+    pre = spec.preconditions[0]
+    arm = next(a for a in spec.arms if a.name == pre.arm)
+    cfg = study_config(arm.preset, [*spec.set, *arm.set], arm.name)
+    sft = study.sft_questions()
+    assert len(sft) == spec.start.sft.examples
+    measured = _training_examples(cfg, pre.questions, sft)
+    assert len(measured) == pre.questions and not {e.question for e in measured} & sft
+
+
+class SimpleStudy:
+    """Just the part of :class:`~agentcredit.experiment.study.Study` that names the SFT's questions."""
+
+    def __init__(self, spec):
+        self.spec = spec
+
+    from agentcredit.experiment.study import Study
+
+    sft_questions = Study.sft_questions

@@ -318,10 +318,12 @@ def test_study_runs_resumes_and_reports(tmp_path):
     assert "| fewer calls | carl-segment vs grpo | " in report and "optim.minibatch_size: 16 vs 0" in report
     for name in ("fewer calls", "fewer updated actions", "steadier across seeds"):
         claim_row = next(line for line in report.splitlines() if line.startswith(f"| {name} |"))
-        assert claim_row.rstrip(" |").endswith(("INCONCLUSIVE", "NOT REPRODUCED", "REPRODUCED"))
+        assert claim_row.rstrip(" |").endswith(
+            ("UNDERPOWERED", "NOT REPRODUCED", "REPRODUCED", "EFFECT EXCLUDED", "AT THIS SPREAD)")
+        )
     assert "training (mean over steps)" in report
     spread_row = next(line for line in report.splitlines() if line.startswith("| steadier across seeds |"))
-    assert spread_row.rstrip(" |").endswith("INCONCLUSIVE")  # 2 seeds an arm: no spread interval
+    assert spread_row.rstrip(" |").endswith("UNDERPOWERED")  # 2 seeds an arm: no spread interval
     assert all((out / "runs" / run / "fingerprint").is_file() for run in ("grpo-s0", "carl-segment-s1"))
     assert "grpo (n=2)" in report and "[" in report  # intervals over two seeds
     assert (out / "report" / "plots" / "curves_test.png").stat().st_size > 0
