@@ -230,7 +230,10 @@ def build_tools(
         if config.task.name == arith.TASK and options.get("tool_failure_rate", 0.0) > 0:
             # the tool that can hurt: seeded failures, part of the environment (tasks.arith.tool_failure)
             python = arith.failing_tool(
-                python, options["tool_failure_rate"], options.get("tool_failure_seed", 0)
+                python,
+                options["tool_failure_rate"],
+                options.get("tool_failure_seed", 0),
+                options.get("tool_failure_modes", arith.TOOL_FAILURE_MODES),
             )
         return ToolRuntime({"python": python}, max_workers=t.max_workers)
     if protocol_name == "tags":

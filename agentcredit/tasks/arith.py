@@ -46,6 +46,10 @@ Problem = tuple[str, tuple[int, ...], str, int]
 #: medium tier starts above it (31-99), so ``easy_max_operand`` may only lower it.
 EASY_MAX_OPERAND = 30
 
+#: How the tool that can hurt fails (:func:`tool_failure`): off_by_one is plausible but wrong, the other two are
+#: easy to spot.
+TOOL_FAILURE_MODES = ("empty", "garbled", "off_by_one")
+
 
 def _easy(rng: random.Random, max_operand: int = EASY_MAX_OPERAND) -> Problem:
     # ``max_operand`` below 30 narrows the tier to what a small start knows alone (issue 32: the embedded 135M
@@ -61,6 +65,27 @@ def _easy(rng: random.Random, max_operand: int = EASY_MAX_OPERAND) -> Problem:
         return kind, (a, b), f"{a}-{b}", a - b
     a, b = rng.randint(2, min(10, max_operand)), rng.randint(2, min(10, max_operand))
     return kind, (a, b), f"{a}*{b}", a * b
+
+
+#: How the easy tier is drawn: ``small`` (sums and differences of small operands, one-digit products; every run
+#: before issue 49) or ``identity`` (n + 0, n - 0, n x 1, 1 x n over n in 100-99,999).
+EASY_KINDS = ("small", "identity")
+IDENTITY_RANGE = (100, 99_999)
+
+
+def _identity(rng: random.Random) -> Problem:
+    # Issue 49: carl-segment's mechanism needs an easy tier the start answers alone (the paper's Tier 1 is defined
+    # by the model's own success), and the 135M start answers small sums only ~0.73 of the time at T = 1. Copying a
+    # number is within its reach, and tens of thousands of distinct n keep the tier from being memorised.
+    n = rng.randint(*IDENTITY_RANGE)
+    kind = rng.choice(("add", "sub", "mul", "mul_left"))
+    if kind == "add":
+        return kind, (n, 0), f"{n}+0", n
+    if kind == "sub":
+        return kind, (n, 0), f"{n}-0", n
+    if kind == "mul":
+        return kind, (n, 1), f"{n}*1", n
+    return "mul", (1, n), f"1*{n}", n
 
 
 def _medium(rng: random.Random) -> Problem:
@@ -183,10 +208,18 @@ def split_of(expression: str) -> str:
 
 
 def _draw_distinct(
-    tier: str, count: int, split: str, seed: int, easy_max_operand: int = EASY_MAX_OPERAND
+    tier: str,
+    count: int,
+    split: str,
+    seed: int,
+    easy_max_operand: int = EASY_MAX_OPERAND,
+    easy_kind: str = "small",
 ) -> list[Problem]:
     rng = stable_rng(TASK, split, seed, tier)
-    draw = (lambda r: _easy(r, easy_max_operand)) if tier == "easy" else _DRAW[tier]
+    if tier == "easy":
+        draw = _identity if easy_kind == "identity" else (lambda r: _easy(r, easy_max_operand))
+    else:
+        draw = _DRAW[tier]
     seen: set[str] = set()
     problems: list[Problem] = []
     attempts, max_attempts = 0, 50 * count + 20_000
@@ -217,6 +250,8 @@ def generate(
     tool_failure_rate: float = 0.0,
     tool_failure_seed: int = 0,
     easy_max_operand: int = EASY_MAX_OPERAND,
+    easy_kind: str = "small",
+    tool_failure_modes: tuple[str, ...] | list[str] = TOOL_FAILURE_MODES,
 ) -> list[Example]:
     """``n`` arithmetic questions, shuffled; same inputs, same output.
 
@@ -224,7 +259,10 @@ def generate(
     hold 1,416 distinct expressions, 1,135 of them in ``train`` and 281 in ``test``; the medium and hard pools
     are far larger. ``easy_max_operand`` (2-30) lowers the easy tier's largest operand: at 10 the easy pools
     hold 226 expressions (sums and differences of operands up to 10, products up to 10 x 10), 181 in ``train``
-    and 45 in ``test``. Asking for more questions of a tier than exist raises ValueError. ``phrasing="new"`` (test
+    and 45 in ``test``. ``easy_kind="identity"`` draws the easy tier as n + 0, n - 0, n x 1 and 1 x n over n in
+    100-99,999 instead (a tier a small start answers alone; ``easy_max_operand`` does not apply).
+    ``tool_failure_modes`` (read by the environment's python tool) narrows how the tool fails, e.g. to
+    ``[off_by_one]``, plausible but wrong. Asking for more questions of a tier than exist raises ValueError. ``phrasing="new"`` (test
     split only) uses the held-out templates; its ids carry ``-new`` so they never collide with the seen ones.
     """
     if split not in SPLITS:
@@ -238,7 +276,9 @@ def generate(
         raise ValueError(
             f"{TASK}: easy_fraction + medium_fraction must be <= 1, got {easy_fraction} + {medium_fraction}"
         )
-    check_tool_failure(tool_failure_rate, tool_failure_seed)  # read by the environment's python tool
+    check_tool_failure(tool_failure_rate, tool_failure_seed, tool_failure_modes)  # read by the python tool
+    if easy_kind not in EASY_KINDS:
+        raise ValueError(f"{TASK}: easy_kind must be one of {EASY_KINDS}, got {easy_kind!r}")
     if (
         not isinstance(easy_max_operand, int)
         or isinstance(easy_max_operand, bool)
@@ -257,7 +297,7 @@ def generate(
     n_hard = max(0, n - n_easy - n_medium)
     n_medium = n - n_easy - n_hard
     tiers = ["easy"] * n_easy + ["medium"] * n_medium + ["hard"] * n_hard
-    problems = _draw_distinct("easy", n_easy, split, seed, easy_max_operand) + _draw_distinct(
+    problems = _draw_distinct("easy", n_easy, split, seed, easy_max_operand, easy_kind) + _draw_distinct(
         "hard", n_hard, split, seed
     )
     if n_medium:  # drawn from their own stream, so the easy and hard questions of a seed do not change
@@ -295,28 +335,42 @@ def generate(
 # ----------------------------------------------------------------------------------------------------
 # The tool that can hurt
 
-TOOL_FAILURE_MODES = ("empty", "garbled", "off_by_one")
 
-
-def check_tool_failure(rate: float, seed: int) -> None:
+def check_tool_failure(
+    rate: float, seed: int, modes: tuple[str, ...] | list[str] = TOOL_FAILURE_MODES
+) -> None:
     if not isinstance(rate, int | float) or not 0.0 <= rate <= 1.0:
         raise ValueError(f"{TASK}: tool_failure_rate must be in [0, 1], got {rate!r}")
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise ValueError(f"{TASK}: tool_failure_seed must be an integer, got {seed!r}")
+    if (
+        isinstance(modes, str)
+        or not modes
+        or any(m not in TOOL_FAILURE_MODES for m in modes)
+        or len(set(modes)) != len(modes)
+    ):
+        raise ValueError(
+            f"{TASK}: tool_failure_modes must be a non-empty list of distinct modes of {TOOL_FAILURE_MODES}, "
+            f"got {modes!r}"
+        )
 
 
-def tool_failure(code: str, rate: float, seed: int) -> str | None:
-    """How the python tool fails on ``code`` (one of :data:`TOOL_FAILURE_MODES`), or None when it works.
+def tool_failure(
+    code: str, rate: float, seed: int, modes: tuple[str, ...] | list[str] = TOOL_FAILURE_MODES
+) -> str | None:
+    """How the python tool fails on ``code`` (one of ``modes``), or None when it works.
 
     A program fails with probability ``rate``: u = blake2b(seed, code) / 2^64 is uniform on [0, 1) and the tool
     fails when u < rate; the mode is drawn from a second hash. The same program under the same seed always gets
-    the same answer, like a flaky service keyed by its request, whatever the process or thread order.
+    the same answer, like a flaky service keyed by its request, whatever the process or thread order. With all
+    three modes (the default) the draws are the ones every earlier run made.
     """
     if rate <= 0.0:
         return None
     if stable_int(TASK, "tool-failure", seed, code) / 2**64 >= rate:
         return None
-    return TOOL_FAILURE_MODES[stable_int(TASK, "tool-failure-mode", seed, code) % len(TOOL_FAILURE_MODES)]
+    modes = tuple(modes)
+    return modes[stable_int(TASK, "tool-failure-mode", seed, code) % len(modes)]
 
 
 _GARBLE = str.maketrans("0123456789", "3074185296")  # d -> (7d + 3) mod 10: a bijection with no fixed digit
@@ -337,17 +391,19 @@ def corrupt_output(output: str, mode: str, code: str, seed: int) -> str:
     raise ValueError(f"{TASK}: unknown tool failure mode {mode!r}")
 
 
-def failing_tool(fn: Callable[[dict], str], rate: float, seed: int) -> Callable[[dict], str]:
+def failing_tool(
+    fn: Callable[[dict], str], rate: float, seed: int, modes: tuple[str, ...] | list[str] = TOOL_FAILURE_MODES
+) -> Callable[[dict], str]:
     """``fn`` (the python tool) with seeded failures (:func:`tool_failure`); an infrastructure failure or an
     ERROR text of the tool itself passes through unchanged (a failure of the machine is never disguised)."""
-    check_tool_failure(rate, seed)
+    check_tool_failure(rate, seed, modes)
 
     def python(arguments: dict) -> str:
         output = fn(arguments)
         code = arguments.get("code") if isinstance(arguments, dict) else None
         if not isinstance(code, str) or type(output) is not str or output.startswith("ERROR:"):
             return output
-        mode = tool_failure(code, rate, seed)
+        mode = tool_failure(code, rate, seed, modes)
         return output if mode is None else corrupt_output(output, mode, code, seed)
 
     return python
