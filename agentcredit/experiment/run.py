@@ -17,6 +17,7 @@ from agentcredit.config import Config, ConfigError, dump_config, load_config
 from agentcredit.environment import build_environment, load_examples
 from agentcredit.eval.evaluate import evaluate, require_all_scored, rollout_caps, summary_file
 from agentcredit.experiment.locks import claim  # the studies' lock: one mechanism for runs and studies
+from agentcredit.models.device import config_device, config_precision, model_device
 from agentcredit.models.heads import initial_value_head
 from agentcredit.models.loading import load_base_model, load_policy
 from agentcredit.runtime import format_rss, peak_rss_gib
@@ -353,9 +354,11 @@ def run_sft(
             # before any work (the model loads for minutes): every demo_calls row against the tools' schemas
             tools = env.tools.episodes.schemas if env.tools.episodes is not None else env.protocol.schemas
             check_demo_calls(data, tools, locate=locate)
+        device = config_device(config)  # before the weights load: a missing GPU stops here
         model, tokenizer = load_base_model(
             config.model.name, config.model.dtype, seed=config.train.seed
         )  # full SFT
+        model = model.to(device)
     except BaseException:
         env.close()
         raise
@@ -407,7 +410,7 @@ def run_sft(
             lr=lr,
             batch_trajectories=batch_trajectories,
             seed=config.train.seed,
-            autocast=config.model.autocast_bf16,
+            autocast=config_precision(config, device).autocast,
             max_tokens=config.train.micro_batch_tokens,
             progress=True,
             checkpoint_dir=partial,
@@ -479,7 +482,7 @@ def run_warmup(config: Config, out_dir: Path, *, questions: int = 300, settings=
     settings = settings or WarmupSettings(seed=config.train.seed)
     seed_everything(settings.seed)
     model, tokenizer = load_policy(config)
-    head = BoundaryValueHead(model.config.hidden_size)
+    head = BoundaryValueHead(model.config.hidden_size).to(model_device(model))
     examples = load_examples(config, limit=questions)
     report = warmup(model, head, tokenizer, config, examples, settings, log=log)
     out_dir = Path(out_dir)

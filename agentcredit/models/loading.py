@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from agentcredit.models.device import config_device
+
 if TYPE_CHECKING:
     from agentcredit.config import Config
 
@@ -22,10 +24,16 @@ def load_base_model(name: str, dtype: str = "float32", *, seed: int = 0) -> tupl
     return load_model(name, dtype=dtype)
 
 
-def load_policy(cfg: Config, *, model: Any = None, tokenizer: Any = None) -> tuple[Any, Any]:
-    """The trainable policy: the base model of ``model.name``, wrapped with LoRA adapters if asked."""
+def load_policy(
+    cfg: Config, *, model: Any = None, tokenizer: Any = None, device: torch.device | str | None = None
+) -> tuple[Any, Any]:
+    """The trainable policy: the base model of ``model.name`` on ``device`` (default ``model.device``), wrapped with
+    LoRA adapters if asked. A model passed in moves there too (a no-op where it is already there)."""
+    # first: asking for a GPU that is not there stops before any weights load
+    device = config_device(cfg) if device is None else torch.device(device)
     if model is None:
         model, tokenizer = load_base_model(cfg.model.name, cfg.model.dtype, seed=cfg.train.seed)
+    model = model.to(device)
     if cfg.model.lora.enabled:
         from peft import LoraConfig, get_peft_model
 
