@@ -255,6 +255,14 @@ class RolloutConfig(TreeStrategyConfig):
         "dependency) or 'vllm' (vLLM generates each segment; the engine keeps protocols, tools and trees; the "
         "trainer pushes its weights in after every update; needs the vllm extra, no LoRA). Evaluation stays 'hf'.",
     )
+    vllm_gpu_memory_fraction: float = Field(
+        0.3,
+        gt=0.0,
+        lt=1.0,
+        description="backend=vllm on a GPU: the share of the GPU's memory vLLM takes (weights + KV cache) beside "
+        "the trainer in the same process (TRL's colocate default, vllm_gpu_memory_utilization=0.3); unused on the "
+        "CPU, where VLLM_CPU_KVCACHE_SPACE sizes the cache.",
+    )
 
 
 # --------------------------------------------------------------------------------------------- algorithm

@@ -13,15 +13,20 @@ if TYPE_CHECKING:
     from agentcredit.config import Config
 
 
-def load_base_model(name: str, dtype: str = "float32", *, seed: int = 0) -> tuple[Any, Any]:
-    """``(model, tokenizer)``: 'embedded' (SmolLM2-135M), 'tiny' (a random tiny Llama, for tests) or a local path."""
+def load_base_model(
+    name: str, dtype: str = "float32", *, seed: int = 0, device: torch.device | str | None = None
+) -> tuple[Any, Any]:
+    """``(model, tokenizer)``: 'embedded' (SmolLM2-135M), 'tiny' (a random tiny Llama, for tests) or a local path;
+    on ``device`` when given (a study's or an evaluation's ``model.device``), else where it loads (the CPU)."""
     if name == "tiny":
         from agentcredit.models.tiny import tiny_llama
 
-        return tiny_llama(seed=seed, dtype=dtype, max_positions=8192)
-    from agentcredit.models.embedded import load_model
+        model, tokenizer = tiny_llama(seed=seed, dtype=dtype, max_positions=8192)
+    else:
+        from agentcredit.models.embedded import load_model
 
-    return load_model(name, dtype=dtype)
+        model, tokenizer = load_model(name, dtype=dtype)
+    return (model.to(device) if device is not None else model), tokenizer
 
 
 def load_policy(

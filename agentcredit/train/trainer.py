@@ -214,6 +214,7 @@ class Trainer:
                 threads=torch.get_num_threads(),
                 temperature=r.temperature,
                 seed=self.cfg.train.seed,
+                gpu_memory_fraction=r.vllm_gpu_memory_fraction,  # colocated on model.device when it is a GPU
             )
             self._vllm_step = self.step
             self._backend_stats = {
@@ -484,6 +485,8 @@ class Trainer:
     def train_step(self) -> StepResult:
         """One step: sample the step's prompts, roll them out, then :meth:`learn` from the trees."""
         t0 = time.perf_counter()
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
         examples = self.sampler.next(self.cfg.rollout.prompts_per_step)
         trees, rollout_stats = self.rollout(examples)
         rollout_time = time.perf_counter() - t0
@@ -496,6 +499,10 @@ class Trainer:
         )
         result.metrics.update({k: v for k, v in rollout_stats.items() if k in kept})
         result.metrics["time/rollout"] = rollout_time
+        if (
+            self.device.type == "cuda"
+        ):  # the step's peak on the GPU (on the CPU, RSS is the run's; see runtime)
+            result.metrics["memory/gpu_peak_gib"] = torch.cuda.max_memory_allocated(self.device) / 1024**3
         # rollout + signals + update, as before learn() was split out (not the metric bookkeeping after them)
         result.metrics["time/step"] = (
             rollout_time + result.metrics["time/signals"] + result.metrics["time/update"]
