@@ -645,9 +645,7 @@ def default_size(
     world cannot fill stays an error (:func:`generate`)."""
     size = DEFAULT_SIZE[split]
     if split != "train" or train_hop_fractions is None:
-        return (
-            size  # no mix: the size the generator always made (world 0 fits 500 per hop; the tests check it)
-        )
+        return size  # no mix: the size the generator always made (world 0 fits 500 per hop; the tests check it)
     return most_questions(available_questions(seed, split), hop_fractions(train_hop_fractions), size)
 
 
