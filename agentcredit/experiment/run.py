@@ -640,10 +640,11 @@ def run_demo(
     minutes = (time.perf_counter() - start) / 60
     rss = peak_rss_gib()
     gpu = peak_gpu_memory_gib()
+    where = "CPU" if gpu is None else torch.cuda.get_device_name()
     gate = warm.gate
     report = (
         "# agentcredit demo: carl-segment on arith-tools\n\n"
-        f"Model: SmolLM2-135M-Instruct (embedded), {'CPU' if gpu is None else torch.cuda.get_device_name()}. SFT on {sft_examples} scripted demonstrations x "
+        f"Model: SmolLM2-135M-Instruct (embedded), {where}. SFT on {sft_examples} scripted demonstrations x "
         f"{sft_epochs} epochs that call the python tool on {DEMO_TOOL_SHARE:.0%} of the questions whatever their "
         f"tier (easy, medium, hard), so when to call is left to RL. Critic warm-up on {warmup_questions} training "
         f"questions (gate {'passed' if warm.passed else 'NOT passed'}: AUC {gate.get('auc', float('nan')):.2f}, "
