@@ -188,3 +188,44 @@ def test_a_trainer_on_the_cpu_puts_everything_on_the_model_device():
         assert trainer.precision.autocast is False and trainer.rollout_model() is trainer.model
     finally:
         trainer.close()
+
+
+def test_a_batch_already_on_the_device_is_not_copied():
+    from agentcredit.train.batch import TrainBatch
+
+    n, width = 2, 3
+    z = torch.zeros(n, width)
+    batch = TrainBatch(
+        input_ids=torch.zeros(n, width, dtype=torch.long),
+        attention_mask=torch.ones(n, width, dtype=torch.bool),
+        policy_mask=torch.ones(n, width, dtype=torch.bool),
+        loss_mask=torch.ones(n, width, dtype=torch.bool),
+        segment_ids=torch.zeros(n, width, dtype=torch.long),
+        row_traj=torch.arange(n),
+        old_logp=z,
+        advantages=z.clone(),
+        behaviour_logp=z.clone(),
+        behaviour_entropy=z.clone(),
+    )
+    assert batch.to(torch.device("cpu")) is batch
+    moved = batch.to(torch.device("meta"))  # any other device: every tensor there, the bookkeeping kept
+    assert moved is not batch and moved.input_ids.device.type == "meta" and moved.ref_logp is None
+    assert batch.input_ids.device.type == "cpu"
+    assert batch.select([1]).input_ids.shape == (1, width)
+
+
+def test_memory_lines_give_the_gpu_peak_only_when_there_is_one():
+    from agentcredit.runtime import format_memory
+
+    assert format_memory(3.77) == "peak RSS 3.77 GiB (4.05 GB)"
+    assert format_memory(3.77, 1.5) == "peak RSS 3.77 GiB (4.05 GB); GPU peak 1.50 GiB (1.61 GB)"
+
+
+def test_base_models_and_value_heads_load_where_they_are_asked():
+    from agentcredit.models.heads import initial_value_head
+
+    model, _ = load_base_model("tiny", seed=0, device="meta")
+    assert {p.device.type for p in model.parameters()} == {"meta"}
+    cfg = load_config("ppo-arith-tools", [*SMALL, "model.device=cpu"])
+    head = initial_value_head(cfg, 64)
+    assert {p.device.type for p in head.parameters()} == {"cpu"}
