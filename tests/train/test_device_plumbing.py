@@ -43,22 +43,31 @@ FACTORIES = {
     torch.randint,
 }
 
-#: Files that may make tensors without naming a device: they build host-side data that reaches the model only
-#: through an explicit ``.to(device)`` (or never).
+#: Where tensors may be made without naming a device (a file's functions, or a whole folder): host-side data that
+#: reaches the model only through an explicit ``.to(device)`` (or never).
 HOST_SIDE = {
     "credit/": "pure credit maths on the host batch",
-    "train/batch.py": "the batch layout lives on the host",
-    "train/signals.py": "host holders of the scores (written with .to(holder.device)) and padded rows",
-    "train/advantages.py": "advantages are computed on the host batch",
-    "train/metrics.py": "metrics on the host batch",
-    "rollout/backend.py": "the HF engine's ids, positions and mask, built on the host and moved once per forward",
-    "rollout/sampling.py": "uniforms from the episodes' CPU generators (moved to the logits' device)",
-    "models/packing.py": "the tree mask, built on the host (P row copies) and moved once",
+    "train/batch.py:build_batch": "the batch layout lives on the host",
+    "train/batch.py:pad": "(build_batch's padding)",
+    "train/signals.py:pad_rows": "padded rows, moved by score_tokens",
+    "train/signals.py:score_batch": "host holders of the scores (written with .to(holder.device))",
+    "train/signals.py:critic_values": "a host holder of the values",
+    "train/signals.py:teacher_logprobs": "a host holder of GEAR's teacher log-probs",
+    "rollout/backend.py:_step": "the HF engine's ids, positions and mask, built on the host and moved once per forward",
+    "rollout/sampling.py:draw_uniforms": "uniforms from the episodes' CPU generators (moved to the logits' device)",
+    "models/packing.py:pack_shared_prefixes": "the tree mask, built on the host (P row copies) and moved once",
 }
 
 
+def host_side(site: tuple[str, str]) -> bool:
+    path, function = site
+    return any(
+        path.startswith(key) if key.endswith("/") else f"{path}:{function}" == key for key in HOST_SIDE
+    )
+
+
 class FactorySpy(TorchFunctionMode):
-    """Records ``(file, line, factory)`` of every tensor an agentcredit file makes without a device."""
+    """Records ``(file, function, factory)`` of every tensor an agentcredit file makes without a device."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -70,10 +79,15 @@ class FactorySpy(TorchFunctionMode):
             frame = sys._getframe(1)
             while frame is not None and f"{Path('torch')}/" in frame.f_code.co_filename:
                 frame = frame.f_back
+            # a comprehension is a frame of its own before Python 3.12: name the function it sits in
+            while frame is not None and frame.f_code.co_name.startswith("<") and frame.f_back is not None:
+                if frame.f_code.co_name == "<module>":
+                    break
+                frame = frame.f_back
             name = frame.f_code.co_filename if frame is not None else ""
             if str(PACKAGE) in name:
                 rel = Path(name).relative_to(PACKAGE).as_posix()
-                self.calls[(rel, frame.f_lineno, func.__name__)] += 1
+                self.calls[(rel, frame.f_code.co_name, func.__name__)] += 1
         return func(*args, **kwargs)
 
 
@@ -102,7 +116,7 @@ def device_free_factories(preset: str, overrides: list[str]) -> Counter:
 def test_only_host_side_files_make_tensors_without_a_device(preset, overrides):
     calls = device_free_factories(preset, overrides)
     assert calls, "the spy saw nothing: it is not recording"
-    stray = {k: n for k, n in calls.items() if not any(k[0].startswith(prefix) for prefix in HOST_SIDE)}
+    stray = {k: n for k, n in calls.items() if not host_side(k[:2])}
     assert not stray, f"tensors made without the model's device on the device path: {stray}"
 
 
@@ -118,7 +132,10 @@ def test_the_spy_catches_a_tensor_made_without_a_device():
     spy = FactorySpy()
     with spy:
         exec(source, {})
-    assert spy.calls == Counter({("train/probe.py", 2, "zeros"): 1})
+    assert spy.calls == Counter({("train/probe.py", "<module>", "zeros"): 1})
+    assert not host_side(("train/probe.py", "<module>"))
+    # before issue 50, sampling's nucleus fallback made its holders without the logits' device
+    assert not host_side(("rollout/sampling.py", "_truncate")) and host_side(("credit/gae.py", "anything"))
 
 
 # ----------------------------------------------------------------------------------------------- source
