@@ -10,11 +10,11 @@ names a device:
   ``ValueError``: the CLI prints its one line and exits 2), never a silent fall-back to the CPU.
 
 Precision (:func:`resolve_precision`): the trained weights stay in ``model.dtype`` (float32 by default: the fp32
-master weights AdamW needs, since a bf16 weight cannot hold an update ~1e-3 of its size); ``model.autocast_bf16`` and
-``model.rollout_dtype`` default to ``auto``, which on a CUDA GPU with bf16 means bf16 autocast for every forward and
-backward (mixed precision, as TRL and verl train on one GPU) and a bf16 copy of the policy for the rollouts, and on
-the CPU means neither: there fp32 is faster on CPUs without native bf16 matmul, and today's numbers stay
-bit-identical.
+master weights AdamW needs, as bf16 keeps 8 bits of mantissa and a step under ~0.2% of a weight rounds away there);
+``model.autocast_bf16`` and ``model.rollout_dtype`` default to ``auto``, which on a CUDA GPU with native bf16 means
+bf16 autocast for every forward and backward (mixed precision: fp32 parameters, bf16 compute) and a bf16 copy of
+the policy for the rollouts, and on the CPU means neither: there fp32 is faster on CPUs without native bf16 matmul,
+and today's numbers stay bit-identical.
 """
 
 from __future__ import annotations
