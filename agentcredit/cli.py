@@ -79,12 +79,17 @@ def _fail(exc: Exception) -> None:
 
 
 def _config(config: str, overrides: list[str] | None):
-    from agentcredit.config import ConfigError, load_config
+    """The config of ``--config`` and ``--set``; a bad key, or a ``model.device`` this machine does not have, is one
+    line and exit 2 before anything loads."""
+    from agentcredit.config import load_config
+    from agentcredit.models.device import config_device
 
     try:
-        return load_config(config, overrides or [])
-    except ConfigError as exc:
+        cfg = load_config(config, overrides or [])
+        config_device(cfg)
+    except ValueError as exc:  # ConfigError, and DeviceUnavailable (asking for a GPU torch does not see)
         _fail(exc)
+    return cfg
 
 
 @app.command()

@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from agentcredit.credit.methods import BUILT_IN, METHODS, Method, Settings, resolve_method
 from agentcredit.credit.methods.portool import PortoolSettings
+from agentcredit.models.device import DEVICE_PATTERN
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"  # also reachable as ./configs in the repo
 
@@ -57,15 +58,24 @@ class ModelConfig(Section):
     name: str = Field(
         "embedded", description="'embedded' (SmolLM2-135M-Instruct, shipped) or a local HF model path."
     )
-    dtype: Literal["float32", "bfloat16"] = Field("float32", description="Dtype of the trained weights.")
-    autocast_bf16: bool = Field(
-        False,
-        description="bf16 autocast for the training forward/backward; faster only where bf16 matmul is native "
-        "(on the 2-core dev CPU one SFT step took 44 s with it, 27 s without).",
+    device: str = Field(
+        "auto",
+        pattern=DEVICE_PATTERN,
+        description="Where the whole native path runs (training, rollouts, teachers, critic, SFT, warm-up, eval): "
+        "'auto' (a CUDA GPU when torch sees one, else the CPU), 'cpu', 'cuda' or 'cuda:<i>'.",
     )
-    rollout_dtype: Literal["float32", "bfloat16"] = Field(
-        "float32",
-        description="Weights used for rollouts; bf16 keeps a synced copy (old log-probs are recomputed).",
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="Dtype of the trained weights (float32: the fp32 master weights AdamW needs)."
+    )
+    autocast_bf16: bool | Literal["auto"] = Field(
+        "auto",
+        description="bf16 autocast for every forward/backward; 'auto': on where bf16 matmul is native (a CUDA GPU), "
+        "off on the CPU (on the 2-core dev CPU one SFT step took 44 s with it, 27 s without).",
+    )
+    rollout_dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto",
+        description="Weights used for rollouts; bf16 keeps a synced copy (old log-probs are recomputed); 'auto': "
+        "bf16 on a GPU with native bf16, else the trained weights' dtype.",
     )
     gradient_checkpointing: bool = Field(
         False, description="Recompute activations in backward to save memory."
@@ -243,6 +253,14 @@ class RolloutConfig(TreeStrategyConfig):
         description="Who generates training rollouts: 'hf' (the native engine's batched decoding, no extra "
         "dependency) or 'vllm' (vLLM generates each segment; the engine keeps protocols, tools and trees; the "
         "trainer pushes its weights in after every update; needs the vllm extra, no LoRA). Evaluation stays 'hf'.",
+    )
+    vllm_gpu_memory_fraction: float = Field(
+        0.3,
+        gt=0.0,
+        lt=1.0,
+        description="backend=vllm on a GPU: the share of the GPU's memory vLLM takes (weights + KV cache) beside "
+        "the trainer in the same process (TRL's colocate default, vllm_gpu_memory_utilization=0.3); unused on the "
+        "CPU, where VLLM_CPU_KVCACHE_SPACE sizes the cache.",
     )
 
 

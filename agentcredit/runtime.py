@@ -58,3 +58,10 @@ def peak_rss_gib() -> float:
 def format_rss(gib: float) -> str:
     """``3.77 GiB (4.05 GB)``."""
     return f"{gib:.2f} GiB ({gib * 1024**3 / 1e9:.2f} GB)"
+
+
+def format_memory(rss_gib: float, gpu_gib: float | None = None) -> str:
+    """``peak RSS 3.77 GiB (4.05 GB)``, with ``; GPU peak 1.20 GiB (1.29 GB)`` when the run used a GPU
+    (:func:`agentcredit.models.device.peak_gpu_memory_gib`: the CUDA allocator's peak, not the driver's total)."""
+    text = f"peak RSS {format_rss(rss_gib)}"
+    return text if gpu_gib is None else f"{text}; GPU peak {format_rss(gpu_gib)}"

@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from agentcredit.credit import METHODS as REGISTERED
+from agentcredit.models.device import peak_gpu_memory_gib
 
 METHODS = tuple(REGISTERED)  # every method the credit registry declares
 PHASES = ("rollout", "signals", "update")
@@ -169,6 +170,8 @@ def bench_method(
         counter.hook(model)
     counter.wrap(trainer)
     per_step = []
+    if trainer.device.type == "cuda":  # model.device=cuda in the overrides: this method's own GPU peak
+        torch.cuda.reset_peak_memory_stats(trainer.device)
     try:
         for i in range(warmup_steps + steps):
             counter.reset()
@@ -192,9 +195,12 @@ def bench_method(
         counter.close()
         trainer.close()
     a, o = cfg.algorithm, cfg.optim
+    gpu_peak = peak_gpu_memory_gib(trainer.device)
     return {
         "method": method,
         "preset": preset,
+        "device": str(trainer.device),
+        **({"gpu_peak_gib": gpu_peak} if gpu_peak is not None else {}),
         "settings": {
             "strategy": cfg.rollout.strategy,
             "protocol": cfg.protocol.name,

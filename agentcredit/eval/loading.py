@@ -31,6 +31,14 @@ class LoadedPolicy:
     source: str  # what was loaded, for logs and summary.json
     critic_model: Any = None  # the model the value head reads when the critic is a separate model
 
+    def to(self, device: torch.device) -> LoadedPolicy:
+        """Everything loaded, on ``device`` (the evaluation's ``model.device``); returns itself."""
+        for name in ("model", "value_head", "critic_model"):
+            part = getattr(self, name)
+            if part is not None:
+                setattr(self, name, part.to(device))
+        return self
+
 
 def value_head_from_state(state: dict[str, torch.Tensor], hidden_size: int, *, where: str) -> torch.nn.Module:
     """A value head rebuilt from its state dict; the kind (boundary MLP or token linear) is read from the keys."""
@@ -88,7 +96,8 @@ def _checkpoint(ckpt: Path) -> LoadedPolicy:
 
     cfg = load_config(_checkpoint_config(ckpt))
     state = load_checkpoint(ckpt)
-    model, tokenizer = load_policy(cfg)
+    # loaded on the host: the evaluation's own model.device places it (the run may have trained elsewhere)
+    model, tokenizer = load_policy(cfg, device="cpu")
     if cfg.model.lora.enabled:
         from peft import set_peft_model_state_dict
 
@@ -106,7 +115,7 @@ def _checkpoint(ckpt: Path) -> LoadedPolicy:
         head.load_state_dict(state["value_head"])
         head.eval()
     if state.get("critic_model") is not None:  # the head reads a separate critic model
-        critic, _ = load_policy(cfg)
+        critic, _ = load_policy(cfg, device="cpu")
         critic.load_state_dict(state["critic_model"])
         if cfg.model.lora.enabled:
             critic = critic.merge_and_unload()

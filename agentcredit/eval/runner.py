@@ -110,12 +110,14 @@ def run_eval(
     from agentcredit.environment import build_environment, load_examples
     from agentcredit.eval.evaluate import critic_metrics, evaluate, rollout_caps, summary_file
     from agentcredit.eval.loading import load_for_eval
+    from agentcredit.models.device import config_device
     from agentcredit.tasks.bfcl import summary_tables
 
     options = options or EvalOptions()
     start = time.perf_counter()
     loaded = load_for_eval(model, seed=options.seed)
     cfg = eval_config(config, list(overrides or []), loaded.run_config, options.task)
+    loaded.to(config_device(cfg))  # model.device of the evaluation's config (issue 50)
     split = options.split or cfg.task.eval_split
     limit = options.limit or cfg.task.eval_limit
     examples = load_examples(cfg, split=split, limit=limit)

@@ -7,7 +7,8 @@
    (:func:`agentcredit.experiment.power.paired_mde`) from the start's per-question held-out outcomes, the held-out
    size and the seeds, beside the paper's effect (a non-inferiority claim: beside its margin).
 3. **Budget**: one timed training step per arm (from the start, the first seed) and the start's timed held-out
-   evaluation give the planned CPU hours of the arms.
+   evaluation give the planned CPU hours of the arms, or GPU hours when the steps ran on a GPU (``model.device``:
+   ``auto`` picks one where torch sees it; :func:`budget_hours`).
 
 An unmet precondition or an MDE above the effect a claim tests refuses the arms (one message with the measured
 values, exit 2) unless the invocation says ``--allow-unmet-regime`` / ``--allow-underpowered``; the report then
@@ -260,6 +261,7 @@ def measure_policy(study: Study, pre: PreconditionSpec, model_dir: Path) -> dict
     """Measure one policy precondition (tool_gap, group_success, metric) on ``model_dir`` with training
     questions at the training temperature; returns value, se, n and what was measured."""
     from agentcredit.environment import build_environment, raise_on_infra_failures, run_episodes
+    from agentcredit.models.device import config_device
     from agentcredit.models.loading import load_base_model
     from agentcredit.train.warmup import _with_prompt, tier_counts
 
@@ -306,7 +308,7 @@ def measure_policy(study: Study, pre: PreconditionSpec, model_dir: Path) -> dict
             "per_question": per_question,
         }
     else:
-        model, tokenizer = load_base_model(str(model_dir), start.model.dtype)
+        model, tokenizer = load_base_model(str(model_dir), start.model.dtype, device=config_device(start))
         examples = _training_examples(start, pre.questions, study.sft_questions())
 
         def sampled(prompt: str | None, seed: int) -> list[Any]:
@@ -402,14 +404,56 @@ def _timed_step(study: Study, arm: Any) -> dict[str, Any]:
     data = cfg.model_dump()
     data["train"].update(steps=1, save_every=0, eval_every=0, critic_warmup=0)
     cfg = type(cfg).model_validate(data)
+    import torch
+
     trainer = Trainer(cfg, log=False)
     try:
+        if trainer.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(trainer.device)
         began = time.perf_counter()
         trainer.train(progress=False)
         seconds = time.perf_counter() - began
     finally:
         trainer.close()
-    return {"seconds": seconds, "prompts": cfg.rollout.prompts_per_step, "n": cfg.rollout.n}
+    return {
+        "seconds": seconds,
+        "prompts": cfg.rollout.prompts_per_step,
+        "n": cfg.rollout.n,
+        **timed_on(trainer.device),
+    }
+
+
+def timed_on(device: Any) -> dict[str, Any]:
+    """Where a timed step ran, for the budget's unit: nothing on the CPU (the records before issue 50 have
+    nothing either), the GPU, its name and the step's peak allocation on a GPU."""
+    if device.type != "cuda":
+        return {}
+    import torch
+
+    return {
+        "device": str(device),
+        "device_name": torch.cuda.get_device_name(device),
+        "gpu_peak_gib": torch.cuda.max_memory_allocated(device) / 1024**3,
+    }
+
+
+def step_unit(timings: Sequence[dict[str, Any]]) -> str:
+    """``"GPU"`` when every timed step ran on a GPU, ``"CPU"`` when none did; a mix prices nothing (ValueError):
+    the preflight re-times an arm whose step ran on another kind of device than the arms will."""
+    kinds = {"GPU" if str(t.get("device", "cpu")).startswith("cuda") else "CPU" for t in timings}
+    if len(kinds) > 1:
+        raise ValueError(
+            "the timed steps ran on both a CPU and a GPU: their seconds do not add up to one budget"
+        )
+    return kinds.pop() if kinds else "CPU"
+
+
+def budget_hours(budget: dict[str, Any]) -> tuple[str, float, float | None]:
+    """``(unit, planned hours, hours to decide)`` of a preflight budget: CPU hours, or GPU hours when its steps
+    were timed on a GPU (``unit``); a record written before issue 50 holds CPU hours."""
+    unit = budget.get("unit", "CPU")
+    key = unit.lower()
+    return unit, budget[f"planned_{key}_hours"], budget.get(f"{key}_hours_to_decide")
 
 
 def run_preflight(
@@ -504,9 +548,13 @@ def run_preflight(
             return rows_
 
         def time_arms(arms: list[Any]) -> None:
+            from agentcredit.models.device import config_device
+
             timing = record.setdefault("timing", {})
             for arm in arms:
-                if arm.name not in timing:
+                here = "GPU" if config_device(study.run_config(arm, spec.seeds[0])).type == "cuda" else "CPU"
+                # a step timed on another kind of device (a preflight resumed on a GPU) is timed again here
+                if arm.name not in timing or step_unit([timing[arm.name]]) != here:
                     study.log(f"[preflight] timing one step of {arm.name}")
                     timing[arm.name] = _timed_step(study, arm)
                     save()
@@ -563,13 +611,16 @@ def run_preflight(
             )
             needed = [r["seeds_needed"] for r in power if r.get("seeds_needed")]
             deciding = max(needed) if needed else None
+            unit = step_unit([t for a, t in timing.items() if a in {x.name for x in spec.arms}])
             record["budget"] = {
                 "eval_seconds": eval_seconds,
                 "planned_seconds": plan,
-                "planned_cpu_hours": plan["total"] / 3600,
+                # the records before issue 50 have no unit: CPU hours
+                **({"unit": unit} if unit != "CPU" else {}),
+                f"planned_{unit.lower()}_hours": plan["total"] / 3600,
                 "seeds": len(spec.seeds),
                 "seeds_to_decide": deciding,
-                "cpu_hours_to_decide": (
+                f"{unit.lower()}_hours_to_decide": (
                     plan["total"] / 3600 * deciding / len(spec.seeds) if deciding else None
                 ),
                 "undecidable_claims": [
@@ -577,7 +628,7 @@ def run_preflight(
                 ],
             }
             study.log(
-                f"[preflight] planned: {record['budget']['planned_cpu_hours']:.1f} CPU hours for the arms "
+                f"[preflight] planned: {budget_hours(record['budget'])[1]:.1f} {unit} hours for the arms "
                 f"({len(spec.arms)} arms x {len(spec.seeds)} seeds x {spec.steps} steps; one held-out evaluation "
                 f"{eval_seconds:.0f} s)"
             )

@@ -17,9 +17,10 @@ from agentcredit.config import Config, ConfigError, dump_config, load_config
 from agentcredit.environment import build_environment, load_examples
 from agentcredit.eval.evaluate import evaluate, require_all_scored, rollout_caps, summary_file
 from agentcredit.experiment.locks import claim  # the studies' lock: one mechanism for runs and studies
+from agentcredit.models.device import config_device, config_precision, model_device, peak_gpu_memory_gib
 from agentcredit.models.heads import initial_value_head
 from agentcredit.models.loading import load_base_model, load_policy
-from agentcredit.runtime import format_rss, peak_rss_gib
+from agentcredit.runtime import format_memory, peak_rss_gib
 from agentcredit.tasks.bfcl import summary_tables
 from agentcredit.train.rng import seed_everything
 from agentcredit.train.trainer import Trainer
@@ -353,8 +354,9 @@ def run_sft(
             # before any work (the model loads for minutes): every demo_calls row against the tools' schemas
             tools = env.tools.episodes.schemas if env.tools.episodes is not None else env.protocol.schemas
             check_demo_calls(data, tools, locate=locate)
+        device = config_device(config)  # before the weights load: a missing GPU stops here
         model, tokenizer = load_base_model(
-            config.model.name, config.model.dtype, seed=config.train.seed
+            config.model.name, config.model.dtype, seed=config.train.seed, device=device
         )  # full SFT
     except BaseException:
         env.close()
@@ -407,7 +409,7 @@ def run_sft(
             lr=lr,
             batch_trajectories=batch_trajectories,
             seed=config.train.seed,
-            autocast=config.model.autocast_bf16,
+            autocast=config_precision(config, device).autocast,
             max_tokens=config.train.micro_batch_tokens,
             progress=True,
             checkpoint_dir=partial,
@@ -479,7 +481,7 @@ def run_warmup(config: Config, out_dir: Path, *, questions: int = 300, settings=
     settings = settings or WarmupSettings(seed=config.train.seed)
     seed_everything(settings.seed)
     model, tokenizer = load_policy(config)
-    head = BoundaryValueHead(model.config.hidden_size)
+    head = BoundaryValueHead(model.config.hidden_size).to(model_device(model))
     examples = load_examples(config, limit=questions)
     report = warmup(model, head, tokenizer, config, examples, settings, log=log)
     out_dir = Path(out_dir)
@@ -637,10 +639,12 @@ def run_demo(
     table = demo_table(before, after)
     minutes = (time.perf_counter() - start) / 60
     rss = peak_rss_gib()
+    gpu = peak_gpu_memory_gib()
+    where = "CPU" if gpu is None else torch.cuda.get_device_name()
     gate = warm.gate
     report = (
         "# agentcredit demo: carl-segment on arith-tools\n\n"
-        f"Model: SmolLM2-135M-Instruct (embedded), CPU. SFT on {sft_examples} scripted demonstrations x "
+        f"Model: SmolLM2-135M-Instruct (embedded), {where}. SFT on {sft_examples} scripted demonstrations x "
         f"{sft_epochs} epochs that call the python tool on {DEMO_TOOL_SHARE:.0%} of the questions whatever their "
         f"tier (easy, medium, hard), so when to call is left to RL. Critic warm-up on {warmup_questions} training "
         f"questions (gate {'passed' if warm.passed else 'NOT passed'}: AUC {gate.get('auc', float('nan')):.2f}, "
@@ -651,7 +655,7 @@ def run_demo(
         f"({rl_config.rollout.prompts_per_step} prompts x {rl_config.rollout.n} episodes per step). Evaluation: "
         f"{eval_limit} held-out test "
         "questions, greedy. Unnecessary calls: tool calls on easy questions, which the model can answer without "
-        f"the tool.\n\n{table}\n\nTotal time: {minutes:.1f} min; peak RSS {format_rss(rss)}. Episodes: "
+        f"the tool.\n\n{table}\n\nTotal time: {minutes:.1f} min; {format_memory(rss, gpu)}. Episodes: "
         "`eval_after_sft.jsonl`, `eval_after_rl.jsonl`; training metrics: `carl-segment/metrics.jsonl`; the last "
         "step's credit, token by token: "
         f"`agentcredit view {out_dir / 'carl-segment' / 'episodes' / f'step-{rl_steps:06d}.jsonl'}`.\n"
@@ -665,11 +669,12 @@ def run_demo(
                 "warmup_gate": gate,
                 "minutes": minutes,
                 "peak_rss_gib": rss,
+                **({"peak_gpu_gib": gpu} if gpu is not None else {}),
             },
             indent=2,
         )
     )
     (out_dir / "config.yaml").write_text(dump_config(rl_config))
     log(table)
-    log(f"report: {out_dir / 'report.md'} ({minutes:.1f} min, peak RSS {format_rss(rss)})")
+    log(f"report: {out_dir / 'report.md'} ({minutes:.1f} min, {format_memory(rss, gpu)})")
     return {"before": before, "after": after, "minutes": minutes, "out_dir": str(out_dir)}

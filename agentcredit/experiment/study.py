@@ -778,6 +778,7 @@ class Study:
         ``model_dir``, kept in ``start/heldout_start.json`` keyed by a digest of its weights: computed once per
         policy. The preflight asks for it on the SFT model before the warm-up (the power analysis reads it); a
         warm-up that trains only the value head leaves the policy's weights, and so this record, as they were."""
+        from agentcredit.models.device import config_device
         from agentcredit.models.loading import load_base_model
 
         sets = self.heldout_sets()
@@ -791,7 +792,9 @@ class Study:
         if cached.get("weights") != weights:
             from agentcredit.train.warmup import labels_from_counts
 
-            model, tokenizer = load_base_model(str(model_dir), start_cfg.model.dtype)
+            model, tokenizer = load_base_model(
+                str(model_dir), start_cfg.model.dtype, device=config_device(start_cfg)
+            )
             counts = self._tier_counts(model, tokenizer, start_cfg, sets)
             tiers = labels_from_counts(counts) if counts else {}
             began = time.perf_counter()

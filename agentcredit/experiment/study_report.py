@@ -474,8 +474,13 @@ def preflight_sections(
     budget = record.get("budget")
     timing = record.get("timing", {})
     if budget:
+        from agentcredit.experiment.preflight import budget_hours
+
         spent = {arm: sum(r.get("seconds", 0.0) for r in seeds.values()) for arm, seeds in finished.items()}
         plan = budget["planned_seconds"]
+        unit, planned, to_decide = budget_hours(budget)
+        names = sorted({t["device_name"] for t in timing.values() if t.get("device_name")})
+        where = f"one GPU: {', '.join(names)}" if unit == "GPU" else "one thread"
         rows = [
             [
                 a.name,
@@ -490,14 +495,14 @@ def preflight_sections(
         text = (
             f"Planned from one timed step per arm and one timed held-out evaluation of every set "
             f"({_fmt(budget.get('eval_seconds'), 0)} s): seeds x (steps x step seconds + evaluations x evaluation "
-            f"seconds) = **{budget['planned_cpu_hours']:.1f} CPU hours** for {len(spec.arms)} arms x "
-            f"{budget['seeds']} seeds x {spec.steps} steps (one thread; critic-only warm-up steps priced as RL "
+            f"seconds) = **{planned:.1f} {unit} hours** for {len(spec.arms)} arms x "
+            f"{budget['seeds']} seeds x {spec.steps} steps ({where}; critic-only warm-up steps priced as RL "
             "steps)."
         )
         if budget.get("seeds_to_decide"):
             text += (
                 f" The seeds that would decide every claim whose MDE can reach its effect: "
-                f"{budget['seeds_to_decide']}, about {budget['cpu_hours_to_decide']:.1f} CPU hours."
+                f"{budget['seeds_to_decide']}, about {to_decide:.1f} {unit} hours."
             )
         if budget.get("undecidable_claims"):
             text += (

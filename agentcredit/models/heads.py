@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from agentcredit.models.device import config_device
+
 if TYPE_CHECKING:
     from agentcredit.config import Config
 
@@ -57,7 +59,8 @@ def make_value_head(kind: str, hidden_size: int) -> nn.Module | None:
 
 
 def initial_value_head(cfg: Config, hidden_size: int):
-    """The value head of the method's critic (``algorithm.critic``, from its Needs); a warmed-up one is loaded from ``<model dir>/value_head.pt``."""
+    """The value head of the method's critic (``algorithm.critic``, from its Needs), on ``model.device``; a warmed-up
+    one is loaded from ``<model dir>/value_head.pt``."""
     head = make_value_head(cfg.algorithm.critic, hidden_size)
     saved = Path(cfg.model.name) / "value_head.pt"
     if head is not None and cfg.model.name not in ("embedded", "tiny") and saved.is_file():
@@ -65,4 +68,4 @@ def initial_value_head(cfg: Config, hidden_size: int):
             head.load_state_dict(torch.load(saved, map_location="cpu"))
         except RuntimeError as exc:
             raise ValueError(f"{saved}: does not fit a {cfg.algorithm.critic!r} value head ({exc})") from None
-    return head
+    return head.to(config_device(cfg)) if head is not None else None

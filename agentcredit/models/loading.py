@@ -7,25 +7,38 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from agentcredit.models.device import config_device
+
 if TYPE_CHECKING:
     from agentcredit.config import Config
 
 
-def load_base_model(name: str, dtype: str = "float32", *, seed: int = 0) -> tuple[Any, Any]:
-    """``(model, tokenizer)``: 'embedded' (SmolLM2-135M), 'tiny' (a random tiny Llama, for tests) or a local path."""
+def load_base_model(
+    name: str, dtype: str = "float32", *, seed: int = 0, device: torch.device | str | None = None
+) -> tuple[Any, Any]:
+    """``(model, tokenizer)``: 'embedded' (SmolLM2-135M), 'tiny' (a random tiny Llama, for tests) or a local path;
+    on ``device`` when given (a study's or an evaluation's ``model.device``), else where it loads (the CPU)."""
     if name == "tiny":
         from agentcredit.models.tiny import tiny_llama
 
-        return tiny_llama(seed=seed, dtype=dtype, max_positions=8192)
-    from agentcredit.models.embedded import load_model
+        model, tokenizer = tiny_llama(seed=seed, dtype=dtype, max_positions=8192)
+    else:
+        from agentcredit.models.embedded import load_model
 
-    return load_model(name, dtype=dtype)
+        model, tokenizer = load_model(name, dtype=dtype)
+    return (model.to(device) if device is not None else model), tokenizer
 
 
-def load_policy(cfg: Config, *, model: Any = None, tokenizer: Any = None) -> tuple[Any, Any]:
-    """The trainable policy: the base model of ``model.name``, wrapped with LoRA adapters if asked."""
+def load_policy(
+    cfg: Config, *, model: Any = None, tokenizer: Any = None, device: torch.device | str | None = None
+) -> tuple[Any, Any]:
+    """The trainable policy: the base model of ``model.name`` on ``device`` (default ``model.device``), wrapped with
+    LoRA adapters if asked. A model passed in moves there too (a no-op where it is already there)."""
+    # first: asking for a GPU that is not there stops before any weights load
+    device = config_device(cfg) if device is None else torch.device(device)
     if model is None:
         model, tokenizer = load_base_model(cfg.model.name, cfg.model.dtype, seed=cfg.train.seed)
+    model = model.to(device)
     if cfg.model.lora.enabled:
         from peft import LoraConfig, get_peft_model
 

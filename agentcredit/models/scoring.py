@@ -21,6 +21,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from agentcredit.models.device import model_device
 from agentcredit.models.packing import pack_shared_prefixes, packable, padded_chunks, shared_prefix_chunks
 
 
@@ -47,9 +48,7 @@ def autocast_context(model: nn.Module, enabled: bool):
     """
     if not enabled:
         return contextlib.nullcontext()
-    param = next(model.parameters(), None)
-    device_type = param.device.type if param is not None else "cpu"
-    return torch.autocast(device_type, dtype=torch.bfloat16)
+    return torch.autocast(model_device(model).type, dtype=torch.bfloat16)
 
 
 def hidden_states(
@@ -58,10 +57,14 @@ def hidden_states(
     """Final-layer hidden states ``[B, T, d]`` (after the final norm). Right padding is assumed.
 
     ``autocast``: run the decoder under bf16 autocast on the model's device type (:func:`autocast_context`).
+    The inputs go to the model's device (a no-op where they are already there); so do the hidden states.
     """
     decoder, _ = _decoder_and_head(model)
+    device = model_device(model)
     with autocast_context(model, autocast):
-        out = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        out = decoder(
+            input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), use_cache=False
+        )
     return out.last_hidden_state
 
 
@@ -135,7 +138,13 @@ def score_tokens(
         )
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0 for scoring, got {temperature}")
-    want = want.bool().clone()
+    # every tensor follows the model's device (the batch's bookkeeping stays on the host): the scores come back
+    # there too, and callers that keep them on the host move them (issue 50)
+    device = model_device(model)
+    input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+    if value_mask is not None:
+        value_mask = value_mask.to(device)
+    want = want.to(device).bool().clone()
     want[:, 0] = False  # the first token has no prefix inside this sequence
     with torch.set_grad_enabled(backbone_grad and torch.is_grad_enabled()):
         shared = (

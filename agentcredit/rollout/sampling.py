@@ -86,8 +86,8 @@ def _truncate(logprobs: torch.Tensor, top_k: int, top_p: float) -> tuple[torch.T
     # some nucleus is wider than the probe: sort those rows fully (up to top_k)
     wide_values, wide_ids = torch.sort(logprobs[~covered], dim=-1, descending=True)
     wide_values, wide_ids = wide_values[:, :width], wide_ids[:, :width]
-    probs = torch.zeros((logprobs.shape[0], width), dtype=logprobs.dtype)
-    out_ids = torch.zeros((logprobs.shape[0], width), dtype=torch.long)
+    probs = torch.zeros((logprobs.shape[0], width), dtype=logprobs.dtype, device=logprobs.device)
+    out_ids = torch.zeros((logprobs.shape[0], width), dtype=torch.long, device=logprobs.device)
     probs[covered, :probe], out_ids[covered, :probe] = _nucleus(values[covered], top_p), ids[covered]
     probs[~covered], out_ids[~covered] = _nucleus(wide_values, top_p), wide_ids
     return probs, out_ids
@@ -113,11 +113,12 @@ def sample_tokens(
             raise ValueError("sample_tokens: pass one uniform number per row when sampling (temperature > 0)")
         probs, ids = _truncate(logprobs, params.top_k, params.top_p)
         cdf = torch.cumsum(probs.double(), dim=-1)  # float64: no drift over a 50k-token vocabulary
-        target = (uniforms.double().clamp(0.0, 1.0) * cdf[:, -1]).unsqueeze(-1)
+        # the uniforms come from the episodes' CPU generators (the same draws on every device)
+        target = (uniforms.to(cdf.device).double().clamp(0.0, 1.0) * cdf[:, -1]).unsqueeze(-1)
         index = torch.searchsorted(cdf, target, right=True).squeeze(-1)
         # u < 1, so the index is past the end only through float rounding; stay on a drawable token then.
         last_drawable = (probs > 0).sum(dim=-1) - 1 if ids is not None else cdf.shape[-1] - 1
-        index = torch.minimum(index, torch.as_tensor(last_drawable))
+        index = torch.minimum(index, torch.as_tensor(last_drawable, device=index.device))
         tokens = index if ids is None else ids.gather(-1, index.unsqueeze(-1)).squeeze(-1)
     chosen = logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
     return tokens, chosen, entropies

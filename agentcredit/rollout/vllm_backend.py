@@ -106,6 +106,42 @@ def _tolerate_odd_module_attributes() -> None:
     dispatcher._rebind_kernels = rebind
 
 
+def llm_arguments(
+    model_dir: str,
+    *,
+    dtype: str,
+    device_type: str,
+    max_model_len: int,
+    enable_prefix_caching: bool = True,
+    seed: int = 0,
+    temperature: float = 1.0,
+    gpu_memory_fraction: float = 0.3,
+) -> dict[str, Any]:
+    """The arguments of vLLM's ``LLM`` for the policy saved (config and tokenizer only) in ``model_dir``, on the
+    device type the policy lives on (``cpu`` or ``cuda``: vLLM runs where the trainer's model does, colocated)."""
+    args: dict[str, Any] = {
+        "model": model_dir,
+        "tokenizer": model_dir,
+        "dtype": dtype,
+        "load_format": "dummy",  # random weights, replaced by push_weights: no weight file is written
+        "enable_prefix_caching": enable_prefix_caching,
+        "max_model_len": max_model_len,
+        "seed": seed,
+        "logprobs_mode": "raw_logprobs" if temperature in (0.0, 1.0) else "processed_logprobs",
+        "max_logprobs": 1,
+        "enforce_eager": True,
+    }
+    if device_type == "cuda":
+        # one GPU shared with the trainer in this process: vLLM takes a stated share of its memory (the trainer's
+        # weights, gradients and AdamW moments the rest), one worker, no tensor parallelism
+        args.update(gpu_memory_utilization=gpu_memory_fraction, tensor_parallel_size=1)
+    else:
+        # vLLM 0.32 on CPU crashes when a seeded request's prefill is split in chunks ("CPU Generator does not use
+        # offset": it rewinds the request's torch.Generator, which CPU generators cannot): never split one
+        args.update(enable_chunked_prefill=False, max_num_batched_tokens=max(max_model_len, 8192))
+    return args
+
+
 class VLLMBackend(SegmentBackend):
     """vLLM's offline engine behind the :class:`~agentcredit.rollout.backend.SegmentBackend` interface.
 
@@ -118,6 +154,8 @@ class VLLMBackend(SegmentBackend):
         threads: torch threads (None: leave them as they are).
         enable_prefix_caching: vLLM's automatic prefix caching (on: the point of this backend).
         temperature: the rollout temperature, to pick which log-probs vLLM returns (see the module docstring).
+        gpu_memory_fraction: on a GPU (the model's device), the share of its memory vLLM may take for its weights
+            and KV cache beside the trainer in this process (``rollout.vllm_gpu_memory_fraction``).
     """
 
     def __init__(
@@ -131,6 +169,7 @@ class VLLMBackend(SegmentBackend):
         enable_prefix_caching: bool = True,
         temperature: float = 1.0,
         seed: int = 0,
+        gpu_memory_fraction: float = 0.3,
     ):
         super().__init__()
         _quiet_environment(threads)
@@ -148,22 +187,18 @@ class VLLMBackend(SegmentBackend):
         saved.architectures = [type(model).__name__]
         saved.save_pretrained(self._dir.name)
         tokenizer.save_pretrained(self._dir.name)
-        mode = "raw_logprobs" if temperature in (0.0, 1.0) else "processed_logprobs"
+        self.device_type = next(model.parameters()).device.type
         self.llm = LLM(
-            model=self._dir.name,
-            tokenizer=self._dir.name,
-            dtype=dtype,
-            load_format="dummy",  # random weights, replaced by push_weights below: no weight file is written
-            enable_prefix_caching=enable_prefix_caching,
-            max_model_len=self.max_model_len,
-            seed=seed,
-            logprobs_mode=mode,
-            max_logprobs=1,
-            enforce_eager=True,
-            # vLLM 0.32 on CPU crashes when a seeded request's prefill is split in chunks ("CPU Generator does not
-            # use offset": it rewinds the request's torch.Generator, which CPU generators cannot): never split one
-            enable_chunked_prefill=False,
-            max_num_batched_tokens=max(self.max_model_len, 8192),
+            **llm_arguments(
+                self._dir.name,
+                dtype=dtype,
+                device_type=self.device_type,
+                max_model_len=self.max_model_len,
+                enable_prefix_caching=enable_prefix_caching,
+                seed=seed,
+                temperature=temperature,
+                gpu_memory_fraction=gpu_memory_fraction,
+            )
         )
         self.startup_seconds = time.perf_counter() - start
         self.push_seconds: list[float] = []
@@ -213,7 +248,8 @@ class VLLMBackend(SegmentBackend):
         target = worker.model_runner.model
         head = getattr(target, "lm_head", None)
         embed = getattr(getattr(target, "model", None), "embed_tokens", None)
-        if head is not None and embed is not None and getattr(head, "weight", None) is embed.weight:
+        tied = head is not None and embed is not None and getattr(head, "weight", None) is embed.weight
+        if tied and self.device_type == "cpu":  # a CPU kernel's prepacked copy; a GPU reads the weight itself
             head.quant_method.process_weights_after_loading(head)
         self.llm.reset_prefix_cache()
         seconds = time.perf_counter() - start

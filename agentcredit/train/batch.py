@@ -16,7 +16,7 @@ turns them into the estimators' neutral layout (:mod:`agentcredit.credit.estimat
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
 import torch
 
@@ -57,9 +57,20 @@ class TrainBatch:
     def num_rows(self) -> int:
         return self.input_ids.shape[0]
 
+    def to(self, device: torch.device) -> TrainBatch:
+        """This batch with its tensors on ``device`` (itself where they already are: no copy on the host)."""
+        moved = {
+            f.name: getattr(self, f.name).to(device)
+            for f in fields(self)
+            if isinstance(getattr(self, f.name), torch.Tensor)
+        }
+        if all(moved[name] is getattr(self, name) for name in moved):
+            return self
+        return replace(self, **moved)
+
     def select(self, rows: Sequence[int]) -> TrainBatch:
         """The sub-batch of these rows (trajectory bookkeeping is dropped; losses only need tensors)."""
-        index = torch.as_tensor(list(rows), dtype=torch.long)
+        index = torch.as_tensor(list(rows), dtype=torch.long, device=self.input_ids.device)
         out = {}
         for f in fields(self):
             value = getattr(self, f.name)

@@ -60,9 +60,9 @@ def value_weights(value_mask: torch.Tensor, row_traj: torch.Tensor, kind: str) -
     if kind == "token":
         return mask / mask.sum().clamp(min=1.0)
     if kind == "boundary":
-        per_traj = torch.zeros(int(row_traj.max()) + 1 if row_traj.numel() else 0).index_add_(
-            0, row_traj, mask.sum(-1)
-        )
+        per_traj = torch.zeros(
+            int(row_traj.max()) + 1 if row_traj.numel() else 0, device=mask.device
+        ).index_add_(0, row_traj, mask.sum(-1))
         n_traj = (per_traj > 0).sum().clamp(min=1)
         denom = per_traj[row_traj].clamp(min=1.0)[:, None] * n_traj
         return mask / denom

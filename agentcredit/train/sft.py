@@ -310,7 +310,8 @@ def sft(
                         autocast=autocast,
                         share_prefixes=True,
                     )
-                    loss = -(scores.logprobs * weights[micro][:, : sub.input_ids.shape[1]]).sum()
+                    w = weights[micro][:, : sub.input_ids.shape[1]].to(scores.logprobs.device)
+                    loss = -(scores.logprobs * w).sum()
                     loss.backward()
                     total += float(loss.detach())
                 torch.nn.utils.clip_grad_norm_(params, grad_clip)

@@ -116,11 +116,12 @@ def score_batch(
             share_prefixes=True,
         )
         width = sub.input_ids.shape[1]
-        logp[rows, :width] = scores.logprobs
+        # the scores come back on the model's device; the batch's tensors stay on the host (issue 50)
+        logp[rows, :width] = scores.logprobs.to(logp.device)
         if entropy is not None:
-            entropy[rows, :width] = scores.entropies
+            entropy[rows, :width] = scores.entropies.to(entropy.device)
         if values is not None:
-            values[rows, :width] = scores.values
+            values[rows, :width] = scores.values.to(values.device)
     return logp, entropy, values
 
 
@@ -150,7 +151,7 @@ def critic_values(
             autocast=autocast,
             share_prefixes=True,
         )
-        values[rows, :width] = scores.values
+        values[rows, :width] = scores.values.to(values.device)
     return values
 
 
@@ -389,7 +390,7 @@ def teacher_logprobs(
         for k, r in enumerate(rows):
             cols = batch.policy_mask[r].nonzero(as_tuple=True)[0]
             want[k, cols + shifts[r]] = True
-        logprobs = _logprobs(model, ids, attn, want, temperature, autocast)
+        logprobs = _logprobs(model, ids, attn, want, temperature, autocast).to(out.device)
         for k, r in enumerate(rows):
             cols = batch.policy_mask[r].nonzero(as_tuple=True)[0]
             out[r, cols] = logprobs[k, cols + shifts[r]]

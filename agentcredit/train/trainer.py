@@ -33,6 +33,7 @@ import torch
 from agentcredit.config import Config, dump_config
 from agentcredit.credit import aggregation_weights, policy_loss_stats
 from agentcredit.environment import Environment, build_environment, load_examples
+from agentcredit.models.device import config_precision, model_device
 from agentcredit.models.heads import initial_value_head
 from agentcredit.models.loading import frozen_copy, load_policy
 from agentcredit.models.scoring import TokenScores, score_tokens
@@ -93,7 +94,11 @@ class Trainer:
         # before anything loads: a critic whose warm-up gate failed stops here unless train.allow_failed_gate
         self.warmup_gate = start_gate(config)
         seed_everything(config.train.seed)
+        # model.device: the policy and everything made from it (critic, reference, teachers, value head) live
+        # there; batches stay on the host and each micro-batch goes to the device for its pass (issue 50)
         self.model, self.tokenizer = load_policy(config, model=model, tokenizer=tokenizer)
+        self.device = model_device(self.model)
+        self.precision = config_precision(config, self.device)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.value_head = initial_value_head(config, self.model.config.hidden_size)
         a = config.algorithm
@@ -178,9 +183,10 @@ class Trainer:
 
     # -------------------------------------------------------------- rollout
     def rollout_model(self) -> Any:
-        if self.cfg.model.rollout_dtype == "bfloat16" and self.cfg.model.dtype != "bfloat16":
+        rollout = self.precision.rollout
+        if rollout != self.precision.weights:
             if getattr(self, "_bf16_copy", None) is None or self._bf16_synced != self.step:
-                self._bf16_copy = copy.deepcopy(self.model).to(torch.bfloat16).eval()
+                self._bf16_copy = copy.deepcopy(self.model).to(rollout).eval()
                 self._bf16_synced = self.step
             return self._bf16_copy
         return self.model
@@ -208,6 +214,7 @@ class Trainer:
                 threads=torch.get_num_threads(),
                 temperature=r.temperature,
                 seed=self.cfg.train.seed,
+                gpu_memory_fraction=r.vllm_gpu_memory_fraction,  # colocated on model.device when it is a GPU
             )
             self._vllm_step = self.step
             self._backend_stats = {
@@ -286,7 +293,7 @@ class Trainer:
     ) -> Signals:
         cfg, a = self.cfg, self.cfg.algorithm
         temp = cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0
-        autocast = cfg.model.autocast_bf16
+        autocast = self.precision.autocast
         self.model.eval()
         logp, entropy, values = score_batch(
             self.model,
@@ -382,9 +389,9 @@ class Trainer:
         for rows in trained_row_chunks(
             self.model, row_tokens(mb), mb.loss_mask, v_weights, max_tokens=cfg.train.micro_batch_tokens
         ):
-            sub = mb.select(rows)
+            sub = mb.select(rows).to(self.device)  # the host batch's rows, on the model's device
             width = sub.input_ids.shape[1]
-            w = weights[rows][:, :width]
+            w = weights[rows][:, :width].to(self.device)
             vmask = sub.value_mask if critic else None
             # a critic-only step of a separate critic needs no pass of the policy
             scores = (
@@ -399,7 +406,7 @@ class Trainer:
                     value_mask=vmask,
                     temperature=temp,
                     with_entropy=a.entropy_coef > 0 and not critic_only,
-                    autocast=cfg.model.autocast_bf16,
+                    autocast=self.precision.autocast,
                     backbone_grad=not critic_only,
                     share_prefixes=True,
                 )
@@ -413,7 +420,7 @@ class Trainer:
                     value_head=self.value_head,
                     value_mask=vmask,
                     with_entropy=False,
-                    autocast=cfg.model.autocast_bf16,
+                    autocast=self.precision.autocast,
                     share_prefixes=True,
                 )
                 scores.values = judged.values
@@ -424,7 +431,7 @@ class Trainer:
                 scores,
                 sub,
                 w,
-                v_weights[rows][:, :width] if critic else None,
+                v_weights[rows][:, :width].to(self.device) if critic else None,
                 a,
                 train_policy=not critic_only,
             )
@@ -436,7 +443,7 @@ class Trainer:
                 return self._skip_nonfinite()
             loss.backward()
             totals["loss/total"] += float(loss.detach())
-            logp_all[rows, :width] = scores.logprobs.detach()
+            logp_all[rows, :width] = scores.logprobs.detach().to(logp_all.device)
         self.nonfinite_in_row = 0
         # the policy's and the critic's gradients are clipped each on its own (optim.grad_clip), as verl's separate
         # actor and critic optimisers do: under one joint clip a large value loss set the policy's step size
@@ -478,6 +485,8 @@ class Trainer:
     def train_step(self) -> StepResult:
         """One step: sample the step's prompts, roll them out, then :meth:`learn` from the trees."""
         t0 = time.perf_counter()
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
         examples = self.sampler.next(self.cfg.rollout.prompts_per_step)
         trees, rollout_stats = self.rollout(examples)
         rollout_time = time.perf_counter() - t0
@@ -490,6 +499,10 @@ class Trainer:
         )
         result.metrics.update({k: v for k, v in rollout_stats.items() if k in kept})
         result.metrics["time/rollout"] = rollout_time
+        if (
+            self.device.type == "cuda"
+        ):  # the step's peak on the GPU (on the CPU, RSS is the run's; see runtime)
+            result.metrics["memory/gpu_peak_gib"] = torch.cuda.max_memory_allocated(self.device) / 1024**3
         # rollout + signals + update, as before learn() was split out (not the metric bookkeeping after them)
         result.metrics["time/step"] = (
             rollout_time + result.metrics["time/signals"] + result.metrics["time/update"]

@@ -404,11 +404,11 @@ def train_head_on_features(
     features = boundary_features(model, batch, {r: sorted(set(c)) for r, c in positions.items()})
     model.train(was_training)
     x = torch.stack([features[(p.row, p.col)] for p in pairs])
-    y = torch.tensor([p.target for p in pairs], dtype=torch.float32)
+    y = torch.tensor([p.target for p in pairs], dtype=torch.float32, device=x.device)
     counts: dict[str, int] = {}
     for p in pairs:
         counts[p.bucket] = counts.get(p.bucket, 0) + 1
-    w = torch.tensor([1.0 / (counts[p.bucket] * len(counts)) for p in pairs])
+    w = torch.tensor([1.0 / (counts[p.bucket] * len(counts)) for p in pairs], device=x.device)
     optimizer = adamw(
         value_head.parameters(), lr=settings.feature_lr, weight_decay=0.0
     )  # no decay: calibration
