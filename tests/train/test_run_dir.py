@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import warnings
 from pathlib import Path
 
@@ -128,3 +129,39 @@ def test_a_run_directory_in_use_is_refused(tmp_path):
         assert result.exit_code == 2 and result.output.count("\n") == 1
         assert "is in use by another agentcredit process" in result.output
     assert not (run_dir / "metrics.jsonl").exists()
+
+
+# ---- the lock file (issue 52) -------------------------------------------------------------------------------------
+
+
+def test_a_symlinked_lock_is_refused_and_its_target_kept(tmp_path):
+    # The lock followed a symlink and truncated its target before the run was refused: `.lock` -> a victim file
+    # was overwritten with "pid@host". It is now opened without following links.
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    (run_dir / ".lock").symlink_to(victim)
+    with pytest.raises(ValueError, match=rf"{run_dir / '.lock'} is a symbolic link"):
+        with claim(run_dir / ".lock"):
+            pass
+    assert victim.read_text() == "precious\n"
+    result = CliRunner().invoke(
+        app, ["train", "--config", "grpo-arith-tools", "--run-dir", str(run_dir), *_sets(SETTINGS)]
+    )
+    assert result.exit_code == 2 and result.output.count("\n") == 1 and "symbolic link" in result.output
+    assert victim.read_text() == "precious\n"
+
+
+def test_a_lock_that_is_not_a_plain_file_is_refused(tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    os.link(victim, tmp_path / ".lock")  # a hard link: the same inode under two names
+    with pytest.raises(ValueError, match=r"\.lock has 2 links"):
+        with claim(tmp_path / ".lock"):
+            pass
+    assert victim.read_text() == "precious\n"
+    os.mkfifo(tmp_path / "fifo.lock")
+    with pytest.raises(ValueError, match=r"fifo\.lock is not a regular file"):
+        with claim(tmp_path / "fifo.lock"):
+            pass
