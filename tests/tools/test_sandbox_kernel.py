@@ -206,6 +206,64 @@ def test_the_probes_can_succeed_without_the_filter(one_uid):
         assert got["unshare_user"] == "ok"
 
 
+# ---- socket families, personality and memfd_secret (issue 52) ---------------------------------------------------
+
+# AF_VSOCK reached the hypervisor side of the VM (a network namespace does not cover it) and AF_ALG is Docker's
+# 2026 addition; the filter now allows only the families ordinary code needs: AF_UNIX, AF_INET, AF_INET6.
+FAMILIES = {
+    "vsock": "41, 40, 1, 0",  # socket(AF_VSOCK, SOCK_STREAM, 0): bound a port the host then could not bind
+    "alg": "41, 38, 5, 0",  # socket(AF_ALG, SOCK_SEQPACKET, 0)
+    "vsock_high_bits": "41, (1 << 32) | 40, 1, 0",  # the kernel reads an int: the high half is dropped
+    "tipc": "41, 30, 5, 0",  # AF_TIPC, one of the families Docker allows
+    "socketpair_tipc": "53, 30, 5, 0, buf",
+    "personality_no_aslr": "135, 0x0040000",  # ADDR_NO_RANDOMIZE
+    "personality_exec": "135, 0x0400000",  # READ_IMPLIES_EXEC
+    "personality_high_bits": "135, (1 << 32) | 0x0040000",
+    "memfd_secret": "447, 0",
+}
+ALLOWED = {
+    "unix": "41, 1, 1, 0",
+    "inet": "41, 2, 1, 0",
+    "inet6": "41, 10, 2, 0",
+    "personality_query": "135, 0xffffffff",  # what Docker allows: the query, PER_LINUX, PER_LINUX32, UNAME26
+    "personality_linux32": "135, 8",
+    "personality_uname26": "135, 0x0020000",
+    "personality_linux": "135, 0",
+}
+
+
+def test_other_socket_families_personality_and_memfd_secret_are_denied(one_uid):
+    got = _probe(one_uid, FAMILIES | ALLOWED)
+    allowed = {name: got.pop(name) for name in ALLOWED}
+    assert allowed == dict.fromkeys(ALLOWED, "ok")
+    if one_uid == "bwrap":
+        assert got == dict.fromkeys(FAMILIES, "EPERM") | {"memfd_secret": "ENOSYS"}
+    else:  # the control: without the filter the kernel hands out what it has (here vsock; AF_ALG and TIPC
+        # are not built into the development machine's kernel) and reads only an int's low half
+        assert (
+            got["vsock_high_bits"] == got["vsock"] == ("ok" if os.path.exists("/dev/vsock") else got["vsock"])
+        )
+        assert got["personality_no_aslr"] == got["personality_high_bits"] == "ok"
+
+
+def _cube_denies(value: int) -> bool:
+    return any(value & mask == bits for mask, bits in seccomp.PERSONALITY_DENIED)
+
+
+def test_personality_rules_deny_exactly_what_docker_does_not_allow():
+    # Docker allows personality(x) for x in {0, PER_LINUX32, UNAME26, UNAME26 | PER_LINUX32, 0xffffffff}: with
+    # one comparison per rule that is 32 masked rules (seccomp.py says how); checked on every one-bit and
+    # two-bit value, the allowed ones and their neighbours
+    allowed = {0, 8, 0x20000, 0x20008, 0xFFFFFFFF}
+    values = {1 << i for i in range(32)} | {(1 << i) | (1 << j) for i in range(32) for j in range(i)}
+    values |= {v ^ (1 << i) for v in allowed for i in range(32)} | allowed | {0xFFFFFFFE, 0x7FFFFFFF}
+    for value in values:
+        assert _cube_denies(value) == (value not in allowed), hex(value)
+        assert _cube_denies(value | (0xABCD << 32)) == (
+            value not in allowed
+        )  # the kernel drops the high half
+
+
 _PTRACE = """import ctypes, errno, os
 libc = ctypes.CDLL(None, use_errno=True); libc.syscall.restype = ctypes.c_long
 r, w = os.pipe()
