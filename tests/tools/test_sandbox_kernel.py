@@ -264,6 +264,72 @@ def test_personality_rules_deny_exactly_what_docker_does_not_allow():
         )  # the kernel drops the high half
 
 
+# ---- memory that RLIMIT_AS does not see (issue 52) ---------------------------------------------------------------
+
+# One process capped at 512 MiB held 1.5 GiB through memfd and, separately, through shmget: pages in no address
+# space. Under bubblewrap both are absent now (with SysV message queues and semaphores), and POSIX shared memory
+# is a file of the call's capped tmpfs. The fallback has no filter: there the same program holds them (control).
+_MEMORY_KINDS = """
+import ctypes, errno, json, os
+libc = ctypes.CDLL(None, use_errno=True); libc.syscall.restype = ctypes.c_long
+libc.shmat.restype = ctypes.c_void_p
+MiB, N = 1 << 20, {n}
+out = {{}}
+def fill(fd, n=N):
+    done = 0
+    try:
+        for _ in range(n):
+            os.write(fd, b'x' * MiB); done += 1
+    except OSError as exc:
+        return f'{{done}} MiB, then {{errno.errorcode[exc.errno]}}'
+    return f'{{done}} MiB'
+try:  # 16 MiB per memfd, as RLIMIT_FSIZE (file_bytes) caps each one: what one call holds is their sum
+    out['memfd'] = [fill(os.memfd_create('fill'), 16) for _ in range(N // 16)][-1] and f'{{N}} MiB'
+except OSError as exc:
+    out['memfd'] = errno.errorcode[exc.errno]
+segments = []
+for _ in range(N // 32):  # 32 MiB at a time: each attach counts against RLIMIT_AS only while attached
+    shmid = libc.syscall(29, 0, 32 * MiB, 0o1600)  # shmget(IPC_PRIVATE, 32 MiB, IPC_CREAT | 0600)
+    if shmid < 0:
+        out['shmget'] = errno.errorcode[ctypes.get_errno()]
+        break
+    segments.append(shmid)
+    at = libc.shmat(shmid, None, 0); ctypes.memset(at, 1, 32 * MiB); libc.shmdt(ctypes.c_void_p(at))
+else:
+    out['shmget'] = f'{{32 * len(segments)}} MiB'  # detached: in no address space, held until removed
+for name, nr, args in (('msgget', 68, (0, 0o1600)), ('semget', 64, (0, 8, 0o1600))):
+    r = libc.syscall(nr, *args)
+    out[name] = 'ok' if r >= 0 else errno.errorcode[ctypes.get_errno()]
+if {posix}:
+    out['posix_shm'] = fill(os.open('/dev/shm/fill', os.O_CREAT | os.O_RDWR, 0o600))
+print(json.dumps(out), flush=True)
+for shmid in segments:
+    libc.syscall(31, shmid, 0, None)  # shmctl(IPC_RMID): the control's segments must not outlive the test
+"""
+
+
+def _shmem_kib() -> int:
+    return int(next(line.split()[1] for line in open("/proc/meminfo") if line.startswith("Shmem:")))
+
+
+def test_memfd_and_sysv_memory_are_absent_and_posix_shm_is_the_capped_tmpfs(one_uid):
+    mib = 2**20  # file_bytes past tmp_bytes, so the tmpfs is what stops /dev/shm
+    limits = SandboxLimits(timeout=30.0, memory_bytes=256 * mib, tmp_bytes=16 * mib, file_bytes=64 * mib)
+    before = _shmem_kib()
+    code = _MEMORY_KINDS.format(n=320, posix=one_uid == "bwrap")  # 320 MiB: past memory_bytes
+    result = run_python(code, limits=limits, isolation=one_uid)
+    assert result.ok, (result.error, result.output)
+    got = json.loads(result.output)
+    if one_uid == "bwrap":
+        assert got == {"memfd": "ENOSYS", "shmget": "ENOSYS", "msgget": "ENOSYS", "semget": "ENOSYS",
+                       "posix_shm": got["posix_shm"]}  # fmt: skip
+        written, _, error = got["posix_shm"].partition(" MiB, then ")
+        assert int(written) <= 16 and error == "ENOSPC"  # the call's tmpfs, tmp_bytes for all of it
+    else:  # the control: 320 MiB each, past the 256 MiB address-space cap, in a process that has neither mapped
+        assert got == {"memfd": "320 MiB", "shmget": "320 MiB", "msgget": "ok", "semget": "ok"}
+    assert _shmem_kib() - before < 16 * 1024  # the host's shared memory is back (other jobs move it a little)
+
+
 _PTRACE = """import ctypes, errno, os
 libc = ctypes.CDLL(None, use_errno=True); libc.syscall.restype = ctypes.c_long
 r, w = os.pipe()

@@ -1,4 +1,4 @@
-"""The system-call filter of the bubblewrap sandbox: Docker's default seccomp profile, in its effect.
+"""The system-call filter of the bubblewrap sandbox: what Docker's default seccomp profile denies, and more.
 
 Namespaces do not cover the whole kernel. Inside a nested user namespace, code that is an unprivileged uid
 outside becomes uid 0 with every capability, and from there it can mount file systems, open packet and netfilter
@@ -25,8 +25,9 @@ profile (moby ``profiles/seccomp/default.json``) closes that door, and this filt
   through: ``AF_VSOCK`` to the kernel);
 - ``personality`` only with the values Docker allows (the query, ``PER_LINUX``, ``PER_LINUX32``, ``UNAME26``):
   no ``ADDR_NO_RANDOMIZE`` or ``READ_IMPLIES_EXEC``;
-- ``memfd_secret`` (``ENOSYS``): Docker allows it, but its memory is in no process's address space limit and
-  invisible to the kernel's own dumps;
+- ``memfd_create``, ``memfd_secret``, ``shmget``, ``msgget``, ``semget`` (``ENOSYS``): Docker allows them, but
+  their memory is in no process's address-space limit, so one call could hold memory the sandbox does not
+  bound (issue 52); POSIX shared memory stays, as files of the call's capped ``/dev/shm``;
 
 Docker writes its profile as an allow-list; this filter is a deny-list of the calls above (default: allow), so an
 ordinary Python program (threads, ``subprocess``, files, ``mmap``) is never refused by a call we forgot to list.
@@ -69,7 +70,14 @@ DENIED: tuple[str, ...] = (
 )  # fmt: skip
 
 # Denied with ENOSYS, as Docker does: callers treat the call as absent and fall back.
-ABSENT: tuple[str, ...] = ("io_uring_setup", "io_uring_enter", "io_uring_register", "clone3", "memfd_secret")
+ABSENT: tuple[str, ...] = (
+    "io_uring_setup", "io_uring_enter", "io_uring_register", "clone3",
+    # memory outside every address-space limit (issue 52): one process capped at 512 MiB held 1.5 GiB through
+    # memfd and as much again through SysV shared memory, pages no RLIMIT_AS counts. Without them a call's
+    # memory is its processes' address spaces plus its capped tmpfs (POSIX shared memory is a file there).
+    # Docker allows them; ENOSYS reads as a kernel built without memfd / SysV IPC, which libraries handle.
+    "memfd_create", "memfd_secret", "shmget", "msgget", "semget",
+)  # fmt: skip
 
 # clone flags that make a new namespace: CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET.
 CLONE_NAMESPACE_FLAGS = 0x7E020000

@@ -15,7 +15,8 @@ Two isolation modes, chosen once per process (``docs/sandbox.md`` says exactly w
 
 - ``bwrap``: bubblewrap gives the code its own PID, network, IPC and mount namespaces, a read-only view of the
   system and Python directories only, private size- and inode-capped /tmp, /dev/shm and working directory, and a
-  seccomp filter with Docker's default-profile semantics (:mod:`agentcredit.tools.sandbox.seccomp`);
+  seccomp filter that denies what Docker's default profile denies and a little more
+  (:mod:`agentcredit.tools.sandbox.seccomp`);
 - ``rlimits``: the fallback, used only when asked for by name (never because bubblewrap failed): rlimits, a
   fresh host temp directory, and an empty network namespace where the kernel allows one (else a Python-level
   socket block). It is not safe for untrusted code, and a process that uses it logs a WARNING that says so, once.
