@@ -473,6 +473,13 @@ def test_a_number_of_thousands_of_digits_is_a_400_not_a_500(
         status, _, body = request(srv, "POST", "/retrieve", raw=b'{"queries": ["Paris"], "topk": 1%s}' % (
             b"0" * 4000))  # fmt: skip
         assert status == 422 and "got an integer of 4001 digits" in body["detail"]  # not 4,001 digits of echo
+        with socket.create_connection(
+            srv.server_address[:2], timeout=10
+        ) as sock:  # the one number in a header
+            sock.sendall(
+                b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Length: " + number.lstrip(b"-") + b"\r\n\r\n"
+            )
+            assert sock.recv(100).startswith(b"HTTP/1.1 400")  # h11's own refusal
         assert request(srv, "GET", "/health")[0] == 200
 
 
