@@ -48,6 +48,14 @@ def serve_search(
     model: Annotated[
         Path | None, typer.Option("--model", help="Local sentence-transformers model dir (--dense).")
     ] = None,
+    max_concurrency: Annotated[
+        int,
+        typer.Option(
+            "--max-concurrency",
+            min=1,
+            help="Connections and requests in flight; past it a request gets a 503.",
+        ),
+    ] = 32,
 ) -> None:
     """Serve search over HTTP with Search-R1's retrieval-server API (POST /retrieve), for Search-R1 / verl."""
     from agentcredit.tools.search.server import serve  # lazy: keeps `agentcredit --help` fast
@@ -55,7 +63,15 @@ def serve_search(
     if model is not None and not dense:
         raise typer.BadParameter("--model only applies with --dense", param_hint="--model")
     try:
-        serve(corpus, host=host, port=port, topk=topk, dense=dense, model_path=model)
+        serve(
+            corpus,
+            host=host,
+            port=port,
+            topk=topk,
+            dense=dense,
+            model_path=model,
+            max_concurrency=max_concurrency,
+        )
     except (FileNotFoundError, ValueError, ImportError, OSError) as exc:
         typer.secho(f"error: {exc}", err=True, fg=typer.colors.RED)
         raise typer.Exit(code=2) from exc

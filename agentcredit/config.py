@@ -188,6 +188,10 @@ class ToolsConfig(UserToolsConfig):
     sandbox_timeout: float = Field(
         5.0, gt=0, description="Python sandbox wall-clock timeout in seconds (carl-segment.md A26: 5-10)."
     )
+    sandbox_isolation: Literal["bwrap", "rlimits"] = Field(
+        "bwrap",
+        description="bwrap, or the rlimits fallback for trusted code only, by name (docs/sandbox.md).",
+    )
     max_workers: int = Field(4, ge=1, description="Concurrent tool calls.")
     suite_tools: list[str] | None = Field(
         None,

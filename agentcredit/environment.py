@@ -224,8 +224,8 @@ def build_tools(
     if protocol_name == "codefence":
         from agentcredit.tools.sandbox import check_available, python_tool
 
-        check_available()  # preflight: print(1) in the sandbox, once per process
-        python = python_tool(retriever, timeout=t.sandbox_timeout)
+        check_available(t.sandbox_isolation)  # preflight: print(1) in the sandbox, once per process
+        python = python_tool(retriever, timeout=t.sandbox_timeout, isolation=t.sandbox_isolation)
         options = config.task.options
         if config.task.name == arith.TASK and options.get("tool_failure_rate", 0.0) > 0:
             # the tool that can hurt: seeded failures, part of the environment (tasks.arith.tool_failure)

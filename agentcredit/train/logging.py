@@ -48,38 +48,39 @@ class MetricsLogger:
     def drop_after(self, step: int) -> int:
         """Forget the rows of steps after ``step`` (a resume from that checkpoint logs them again); returns how many.
 
-        A last line that is not valid JSON is a write cut off by a kill: it is dropped with a warning naming the
-        file (not counted). A bad line anywhere else is damage this cannot explain: a ValueError naming file and
-        line. TensorBoard / W&B keep their copies (they show the redone steps as later points of the same step).
+        A malformed last line (not UTF-8, not JSON, or not an object with an integer ``step``) is a write cut off
+        by a kill: it is dropped with a warning naming the file (not counted). A malformed line anywhere else is
+        damage this cannot explain: a ValueError naming file and line, and the file is left as it was.
+        TensorBoard / W&B keep their copies (they show the redone steps as later points of the same step).
         """
         if not self.path.is_file():
             return 0
-        lines = self.path.read_text().splitlines(keepends=True)
-        rows = []
+        lines = self.path.read_bytes().splitlines(keepends=True)
+        rows: list[tuple[bytes, dict | None]] = []
         for number, line in enumerate(lines, start=1):
             if not line.strip():
                 rows.append((line, None))
                 continue
-            try:
-                rows.append((line, json.loads(line)))
-            except json.JSONDecodeError as exc:
-                if any(rest.strip() for rest in lines[number:]):
-                    raise ValueError(
-                        f"{self.path} line {number}: invalid JSON ({exc.msg} at column {exc.colno}); "
-                        "only a torn last line is repaired on resume"
-                    ) from None
-                warnings.warn(
-                    f"{self.path} line {number}: dropped a torn last line (a write cut off by a kill): "
-                    f"{line[:60]!r}",
-                    stacklevel=2,
+            row, problem = _metrics_row(line)
+            if problem is None:
+                rows.append((line, row))
+                continue
+            if any(rest.strip() for rest in lines[number:]):
+                raise ValueError(
+                    f"{self.path} line {number}: {problem}; only a torn last line is repaired on resume"
                 )
-                break
-        kept = [line for line, row in rows if row is None or row.get("step", 0) <= step]
-        if kept and not kept[-1].endswith("\n"):  # so the next row starts on a line of its own
-            kept[-1] += "\n"
+            warnings.warn(
+                f"{self.path} line {number}: dropped a malformed last line ({problem}; most likely a write "
+                f"cut off by a kill): {line[:60]!r}",
+                stacklevel=2,
+            )
+            break
+        kept = [line for line, row in rows if row is None or row["step"] <= step]
+        if kept and not kept[-1].endswith(b"\n"):  # so the next row starts on a line of its own
+            kept[-1] += b"\n"
         if kept != lines:
             tmp = self.path.with_name(f".{self.path.name}.tmp")
-            tmp.write_text("".join(kept))
+            tmp.write_bytes(b"".join(kept))
             tmp.replace(self.path)
         return len(rows) - len(kept)
 
@@ -103,6 +104,23 @@ class MetricsLogger:
             self._tb.close()
         if self._wandb is not None:
             self._wandb.finish()
+
+
+def _metrics_row(line: bytes) -> tuple[dict[str, Any] | None, str | None]:
+    """One line of a metrics file as ``(row, None)``, or ``(None, what is wrong with it)``."""
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return None, f"not UTF-8 (byte 0x{line[exc.start]:02x} at column {exc.start + 1})"
+    try:
+        row = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return None, f"invalid JSON ({exc.msg} at column {exc.colno})"
+    step = row.get("step") if isinstance(row, dict) else None
+    if not isinstance(step, int) or isinstance(step, bool):
+        got = type(row).__name__ if not isinstance(row, dict) else f"step {step!r}"
+        return None, f"expected a JSON object with an integer step, got {got}"
+    return row, None
 
 
 def _jsonable(value: Any) -> Any:

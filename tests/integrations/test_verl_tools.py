@@ -163,7 +163,12 @@ def test_sandbox_preflight_says_what_to_change_when_the_interpreter_is_unreadabl
     message = str(err.value)
     assert message.startswith(f"agentcredit.tools.python on node {socket.gethostname()} (uid 0)")
     assert "keeps the sandbox uid from" in message and str(python) in message  # the directory in the way
-    for fix in ("bubblewrap", "agentcredit.tools.python_interpreter", "chmod o+rx", "python_isolation=bwrap"):
+    for fix in (
+        "bubblewrap",
+        "agentcredit.tools.python_interpreter",
+        "chmod o+rx",
+        "python_isolation=rlimits",
+    ):
         assert fix in message
 
 

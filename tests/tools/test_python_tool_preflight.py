@@ -65,7 +65,7 @@ def test_both_call_the_shared_preflight(monkeypatch):
 
     calls = []
     monkeypatch.setattr(
-        agentcredit.tools.sandbox, "check_available", lambda isolation="auto": calls.append(isolation)
+        agentcredit.tools.sandbox, "check_available", lambda isolation="bwrap": calls.append(isolation)
     )
     from agentcredit.bench.rollout import build_task
     from agentcredit.integrations.verl.settings import ToolSettings
@@ -73,4 +73,48 @@ def test_both_call_the_shared_preflight(monkeypatch):
 
     build_task("arith-tools", 1)[1].close()
     build_runtime(ToolSettings(python=True)).close()
-    assert calls == ["auto", "auto"]
+    assert calls == ["bwrap", "bwrap"]
+
+
+# ---- strict isolation by default (issue 52) -----------------------------------------------------------------------
+
+
+@pytest.fixture
+def no_bubblewrap(monkeypatch, tmp_path):
+    """A machine without bubblewrap, with the fallback's interpreter usable (so only the mode's choice matters)."""
+    real_which = ps.shutil.which
+    monkeypatch.setattr(ps.shutil, "which", lambda name: None if name == "bwrap" else real_which(name))
+    previous = ps.configure(python="/usr/bin/python3", uid_base=1_996_440, uid_count=8)
+    monkeypatch.setattr(ps, "_modes", {})
+    monkeypatch.setattr(ps, "_announced", set())
+    monkeypatch.setattr(ps, "_checked", set())
+    yield
+    ps.configure(**asdict(previous))
+
+
+def test_model_written_code_never_falls_back_unless_asked_by_name(no_bubblewrap):
+    # One failed bubblewrap probe dropped the whole process to the rlimits fallback with a warning only; in that
+    # mode a daemon survived a kill -9 of the host. The default is now bubblewrap or nothing.
+    with pytest.raises(ToolUnavailableError) as caught:
+        ps.check_available()
+    message = str(caught.value)
+    assert "\n" not in message and "bubblewrap is not installed" in message
+    assert "isolation='rlimits'" in message and "tools.sandbox_isolation: rlimits" in message
+    assert ps.python_tool()({"code": "print(1)"}).startswith("ERROR: the python sandbox is unavailable")
+    with pytest.raises(ValueError, match="'auto' no longer exists"):
+        ps.sandbox_mode("auto")  # type: ignore[arg-type]
+
+
+def test_training_builds_the_sandbox_with_the_configured_isolation(monkeypatch):
+    import agentcredit.tools.sandbox
+    from agentcredit.config import load_config
+    from agentcredit.environment import build_tools
+
+    calls = []
+    monkeypatch.setattr(
+        agentcredit.tools.sandbox, "check_available", lambda isolation="bwrap": calls.append(isolation)
+    )
+    for settings, expected in (([], "bwrap"), (["tools.sandbox_isolation=rlimits"], "rlimits")):
+        config = load_config("grpo-arith-tools", settings)
+        build_tools(config, "codefence", None).close()
+        assert calls.pop() == expected

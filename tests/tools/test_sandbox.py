@@ -331,7 +331,7 @@ def test_tool_in_tool_runtime(isolation):
 
 
 def test_tool_reports_an_unavailable_sandbox_as_text(monkeypatch):
-    def unavailable(isolation="auto"):
+    def unavailable(isolation="bwrap"):
         raise RuntimeError("bubblewrap is not installed")
 
     monkeypatch.setattr(ps, "sandbox_mode", unavailable)
@@ -405,17 +405,16 @@ def fresh_modes(monkeypatch, sandbox_tmp_root):
     ps.configure(**asdict(previous))
 
 
-def test_missing_bubblewrap_falls_back_with_one_warning(fresh_modes, monkeypatch):
+def test_missing_bubblewrap_is_refused_and_the_fallback_warns_once(fresh_modes, monkeypatch):
     real_which = shutil.which
     monkeypatch.setattr(ps.shutil, "which", lambda name: None if name == "bwrap" else real_which(name))
     with pytest.raises(RuntimeError, match="bubblewrap is not installed"):
-        ps.sandbox_mode("bwrap")
+        ps.sandbox_mode()  # the default: never the fallback unless asked for by name (issue 52)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        mode = resolve_mode("auto")
-        ps.sandbox_mode("auto")
-    assert mode.name == "rlimits"
-    assert mode.reason == "fallback: bubblewrap is not installed (Debian package 'bubblewrap')"
+        mode = resolve_mode("rlimits")
+        ps.sandbox_mode("rlimits")
+    assert mode.name == "rlimits" and mode.reason == "requested by name"
     messages = [str(w.message) for w in caught]
     assert len(messages) == 1 and "isolation mode 'rlimits'" in messages[0]
 

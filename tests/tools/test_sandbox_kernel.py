@@ -206,6 +206,130 @@ def test_the_probes_can_succeed_without_the_filter(one_uid):
         assert got["unshare_user"] == "ok"
 
 
+# ---- socket families, personality and memfd_secret (issue 52) ---------------------------------------------------
+
+# AF_VSOCK reached the hypervisor side of the VM (a network namespace does not cover it) and AF_ALG is Docker's
+# 2026 addition; the filter now allows only the families ordinary code needs: AF_UNIX, AF_INET, AF_INET6.
+FAMILIES = {
+    "vsock": "41, 40, 1, 0",  # socket(AF_VSOCK, SOCK_STREAM, 0): bound a port the host then could not bind
+    "alg": "41, 38, 5, 0",  # socket(AF_ALG, SOCK_SEQPACKET, 0)
+    "vsock_high_bits": "41, (1 << 32) | 40, 1, 0",  # the kernel reads an int: the high half is dropped
+    "tipc": "41, 30, 5, 0",  # AF_TIPC, one of the families Docker allows
+    "socketpair_tipc": "53, 30, 5, 0, buf",
+    "personality_no_aslr": "135, 0x0040000",  # ADDR_NO_RANDOMIZE
+    "personality_exec": "135, 0x0400000",  # READ_IMPLIES_EXEC
+    "personality_high_bits": "135, (1 << 32) | 0x0040000",
+    "memfd_secret": "447, 0",
+}
+ALLOWED = {
+    "unix": "41, 1, 1, 0",
+    "inet": "41, 2, 1, 0",
+    "inet6": "41, 10, 2, 0",
+    "personality_query": "135, 0xffffffff",  # what Docker allows: the query, PER_LINUX, PER_LINUX32, UNAME26
+    "personality_linux32": "135, 8",
+    "personality_uname26": "135, 0x0020000",
+    "personality_linux": "135, 0",
+}
+
+
+def test_other_socket_families_personality_and_memfd_secret_are_denied(one_uid):
+    got = _probe(one_uid, FAMILIES | ALLOWED)
+    allowed = {name: got.pop(name) for name in ALLOWED}
+    assert allowed == dict.fromkeys(ALLOWED, "ok")
+    if one_uid == "bwrap":
+        assert got == dict.fromkeys(FAMILIES, "EPERM") | {"memfd_secret": "ENOSYS"}
+    else:  # the control: without the filter the kernel hands out what it has (here vsock; AF_ALG and TIPC
+        # are not built into the development machine's kernel) and reads only an int's low half
+        assert (
+            got["vsock_high_bits"] == got["vsock"] == ("ok" if os.path.exists("/dev/vsock") else got["vsock"])
+        )
+        assert got["personality_no_aslr"] == got["personality_high_bits"] == "ok"
+
+
+def _cube_denies(value: int) -> bool:
+    return any(value & mask == bits for mask, bits in seccomp.PERSONALITY_DENIED)
+
+
+def test_personality_rules_deny_exactly_what_docker_does_not_allow():
+    # Docker allows personality(x) for x in {0, PER_LINUX32, UNAME26, UNAME26 | PER_LINUX32, 0xffffffff}: with
+    # one comparison per rule that is 32 masked rules (seccomp.py says how); checked on every one-bit and
+    # two-bit value, the allowed ones and their neighbours
+    allowed = {0, 8, 0x20000, 0x20008, 0xFFFFFFFF}
+    values = {1 << i for i in range(32)} | {(1 << i) | (1 << j) for i in range(32) for j in range(i)}
+    values |= {v ^ (1 << i) for v in allowed for i in range(32)} | allowed | {0xFFFFFFFE, 0x7FFFFFFF}
+    for value in values:
+        assert _cube_denies(value) == (value not in allowed), hex(value)
+        assert _cube_denies(value | (0xABCD << 32)) == (
+            value not in allowed
+        )  # the kernel drops the high half
+
+
+# ---- memory that RLIMIT_AS does not see (issue 52) ---------------------------------------------------------------
+
+# One process capped at 512 MiB held 1.5 GiB through memfd and, separately, through shmget: pages in no address
+# space. Under bubblewrap both are absent now (with SysV message queues and semaphores), and POSIX shared memory
+# is a file of the call's capped tmpfs. The fallback has no filter: there the same program holds them (control).
+_MEMORY_KINDS = """
+import ctypes, errno, json, os
+libc = ctypes.CDLL(None, use_errno=True); libc.syscall.restype = ctypes.c_long
+libc.shmat.restype = ctypes.c_void_p
+MiB, N = 1 << 20, {n}
+out = {{}}
+def fill(fd, n=N):
+    done = 0
+    try:
+        for _ in range(n):
+            os.write(fd, b'x' * MiB); done += 1
+    except OSError as exc:
+        return f'{{done}} MiB, then {{errno.errorcode[exc.errno]}}'
+    return f'{{done}} MiB'
+try:  # 16 MiB per memfd, as RLIMIT_FSIZE (file_bytes) caps each one: what one call holds is their sum
+    out['memfd'] = [fill(os.memfd_create('fill'), 16) for _ in range(N // 16)][-1] and f'{{N}} MiB'
+except OSError as exc:
+    out['memfd'] = errno.errorcode[exc.errno]
+segments = []
+for _ in range(N // 32):  # 32 MiB at a time: each attach counts against RLIMIT_AS only while attached
+    shmid = libc.syscall(29, 0, 32 * MiB, 0o1600)  # shmget(IPC_PRIVATE, 32 MiB, IPC_CREAT | 0600)
+    if shmid < 0:
+        out['shmget'] = errno.errorcode[ctypes.get_errno()]
+        break
+    segments.append(shmid)
+    at = libc.shmat(shmid, None, 0); ctypes.memset(at, 1, 32 * MiB); libc.shmdt(ctypes.c_void_p(at))
+else:
+    out['shmget'] = f'{{32 * len(segments)}} MiB'  # detached: in no address space, held until removed
+for name, nr, args in (('msgget', 68, (0, 0o1600)), ('semget', 64, (0, 8, 0o1600))):
+    r = libc.syscall(nr, *args)
+    out[name] = 'ok' if r >= 0 else errno.errorcode[ctypes.get_errno()]
+if {posix}:
+    out['posix_shm'] = fill(os.open('/dev/shm/fill', os.O_CREAT | os.O_RDWR, 0o600))
+print(json.dumps(out), flush=True)
+for shmid in segments:
+    libc.syscall(31, shmid, 0, None)  # shmctl(IPC_RMID): the control's segments must not outlive the test
+"""
+
+
+def _shmem_kib() -> int:
+    return int(next(line.split()[1] for line in open("/proc/meminfo") if line.startswith("Shmem:")))
+
+
+def test_memfd_and_sysv_memory_are_absent_and_posix_shm_is_the_capped_tmpfs(one_uid):
+    mib = 2**20  # file_bytes past tmp_bytes, so the tmpfs is what stops /dev/shm
+    limits = SandboxLimits(timeout=30.0, memory_bytes=256 * mib, tmp_bytes=16 * mib, file_bytes=64 * mib)
+    before = _shmem_kib()
+    code = _MEMORY_KINDS.format(n=320, posix=one_uid == "bwrap")  # 320 MiB: past memory_bytes
+    result = run_python(code, limits=limits, isolation=one_uid)
+    assert result.ok, (result.error, result.output)
+    got = json.loads(result.output)
+    if one_uid == "bwrap":
+        assert got == {"memfd": "ENOSYS", "shmget": "ENOSYS", "msgget": "ENOSYS", "semget": "ENOSYS",
+                       "posix_shm": got["posix_shm"]}  # fmt: skip
+        written, _, error = got["posix_shm"].partition(" MiB, then ")
+        assert int(written) <= 16 and error == "ENOSPC"  # the call's tmpfs, tmp_bytes for all of it
+    else:  # the control: 320 MiB each, past the 256 MiB address-space cap, in a process that has neither mapped
+        assert got == {"memfd": "320 MiB", "shmget": "320 MiB", "msgget": "ok", "semget": "ok"}
+    assert _shmem_kib() - before < 16 * 1024  # the host's shared memory is back (other jobs move it a little)
+
+
 _PTRACE = """import ctypes, errno, os
 libc = ctypes.CDLL(None, use_errno=True); libc.syscall.restype = ctypes.c_long
 r, w = os.pipe()

@@ -29,7 +29,7 @@ def working_sandbox(monkeypatch):
     monkeypatch.setattr(ps, "_announced", set())
     monkeypatch.setattr(ps, "_checked", set())
     try:
-        ps.sandbox_mode("auto")
+        ps.sandbox_mode()
     except RuntimeError as exc:
         ps.configure(**asdict(previous))
         pytest.skip(f"no sandbox can run here: {exc}")

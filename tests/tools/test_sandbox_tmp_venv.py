@@ -85,7 +85,7 @@ def test_print_1_runs_in_bwrap_from_a_venv_under_tmp(tmp_venv):
         f"assert sys.prefix == {str(tmp_venv)!r}, sys.prefix\n"
         "result = run_python('print(1)', isolation='bwrap')\n"
         "print('RESULT', result.ok, repr(result.output), result.error)\n"
-        "print('MODE', sandbox_mode('auto').name)\n"
+        "print('MODE', sandbox_mode().name)\n"
         # the venv's own directory and the base interpreter's standard library are both visible inside
         "result = run_python('import sys, decimal; print(sys.prefix, decimal.Decimal(6) * 7)', isolation='bwrap')\n"
         "print('PREFIX', result.ok, repr(result.output))\n"
@@ -94,7 +94,7 @@ def test_print_1_runs_in_bwrap_from_a_venv_under_tmp(tmp_venv):
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
     assert "RESULT True '1\\n' None" in lines, done.stdout + done.stderr
-    assert "MODE bwrap" in lines, done.stdout + done.stderr  # auto did not need the weaker fallback
+    assert "MODE bwrap" in lines, done.stdout + done.stderr  # the default mode: bubblewrap
     assert f"PREFIX True '{tmp_venv} 42\\n'" in lines, done.stdout + done.stderr
 
 

@@ -6,6 +6,7 @@ import json
 import logging
 import math
 import shutil
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from agentcredit.tools.search import (
     read_corpus,
     top_k,
 )
+from agentcredit.tools.search import bm25 as bm25_module
 
 HOTPOT = (
     Path(__file__).resolve().parents[3]
@@ -80,6 +82,36 @@ def test_multi_term_query_sums_term_scores(index: BM25Search) -> None:
     hits = index.retrieve("cat bird", k=3)
     assert [h.passage.id for h in hits] == ["d2", "d1", "d0"]
     assert hits[0].score == pytest.approx(0.570249, abs=1e-5)
+
+
+def test_a_repeated_query_term_is_scored_once_with_its_count_as_weight(
+    index: BM25Search, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each occurrence of a term was scored again: a 1 MiB query of one word read that word's postings 200,000
+    # times (1 s on 3k passages, minutes on a large corpus; issue 52). Anserini's bag-of-words query (Pyserini,
+    # Search-R1's BM25) scores each distinct term once, boosted by its count, and so does this now.
+    # "cat cat cat bird": d1 = 3 x 0.305197 = 0.915591, d0 = 3 x 0.247371 = 0.742113, d2 = 0.570249 (above)
+    hits = index.retrieve("cat cat bird cat", k=3)
+    assert [h.passage.id for h in hits] == ["d1", "d0", "d2"]
+    assert [h.score for h in hits] == pytest.approx([0.915591, 0.742113, 0.570249], abs=1e-5)
+    read: list[int] = []  # term ids whose postings were read
+    plain, weighted = index._bm25.get_scores_from_ids, getattr(bm25_module, "_weighted_scores", None)
+    monkeypatch.setattr(index._bm25, "get_scores_from_ids", lambda ids: read.extend(ids) or plain(ids))
+    monkeypatch.setattr(
+        bm25_module, "_weighted_scores", lambda s, c: read.extend(c) or weighted(s, c), raising=False
+    )
+    assert [h.passage.id for h in index.retrieve("cats " * 200_000 + "bird", k=3)] == ["d1", "d0", "d2"]
+    assert len(read) == 2
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.sampled_from(["cat", "dog", "fish", "bird", "zebra"]), min_size=1, max_size=12))
+def test_weighted_scores_equal_scoring_every_occurrence(words: list[str]) -> None:
+    index = BM25Search([P("d0", "cat dog"), P("d1", "cat cat fish"), P("d2", "bird")], use_cache=False)
+    ids = index._bm25.get_tokens_ids(words)
+    if ids:
+        weighted = bm25_module._weighted_scores(index._bm25.scores, Counter(ids))
+        np.testing.assert_allclose(weighted, index._bm25.get_scores_from_ids(ids), rtol=1e-6)
 
 
 def test_analysis_stems_and_drops_stopwords(index: BM25Search) -> None:

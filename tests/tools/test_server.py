@@ -318,7 +318,8 @@ def small_server(tmp_path: Path, **kwargs: Any) -> SearchServer:
 def test_64_simultaneous_connections_wait_in_the_backlog(tmp_path: Path) -> None:
     # The socket listens from construction; before serving, every connection waits in the kernel's accept queue.
     # With a backlog of 5 the 7th connect's SYN is dropped and retried after 1 s, so a 0.5 s connect times out.
-    srv = small_server(tmp_path)
+    # the default cap (32) would answer half of them 503; uvicorn counts the asking connection too, hence 65
+    srv = small_server(tmp_path, max_concurrency=65)
     host, port = srv.server_address[:2]
     socks = []
     try:
@@ -454,3 +455,80 @@ def test_clients_that_hang_up_leave_no_traceback(tmp_path: Path) -> None:
         proc.terminate()
         _, stderr = proc.communicate(timeout=20)
     assert "Traceback" not in stderr and "Error" not in stderr, stderr
+
+
+# ------------------------------------------------------------------------------------------ limits (issue 52)
+@pytest.mark.parametrize(
+    ("field", "number"),
+    [("topk", b"1" * 5000), ("return_scores", b"9" * 5000), ("topk", b"-" + b"7" * 4400)],
+)
+def test_a_number_of_thousands_of_digits_is_a_400_not_a_500(
+    tmp_path: Path, field: str, number: bytes
+) -> None:
+    # json.loads raises a plain ValueError past 4,300 digits (not a JSONDecodeError): it was a 500 with a traceback.
+    with serving(small_server(tmp_path)) as srv:
+        raw = b'{"queries": ["Paris"], "%s": %s}' % (field.encode(), number)
+        status, _, body = request(srv, "POST", "/retrieve", raw=raw)
+        assert status == 400 and "more than 4300 digits" in body["detail"], body
+        status, _, body = request(srv, "POST", "/retrieve", raw=b'{"queries": ["Paris"], "topk": 1%s}' % (
+            b"0" * 4000))  # fmt: skip
+        assert status == 422 and "got an integer of 4001 digits" in body["detail"]  # not 4,001 digits of echo
+        with socket.create_connection(
+            srv.server_address[:2], timeout=10
+        ) as sock:  # the one number in a header
+            sock.sendall(
+                b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Length: " + number.lstrip(b"-") + b"\r\n\r\n"
+            )
+            assert sock.recv(100).startswith(b"HTTP/1.1 400")  # h11's own refusal
+        assert request(srv, "GET", "/health")[0] == 200
+
+
+def test_concurrency_is_capped_with_a_503(tmp_path: Path) -> None:
+    # Concurrency was uncapped: 32 clients asking for the largest answer at once held 659 MiB. uvicorn's own
+    # limit_concurrency caps connections and requests in flight together.
+    with serving(small_server(tmp_path, max_concurrency=2)) as srv:
+        held = [socket.create_connection(srv.server_address[:2], timeout=10) for _ in range(2)]
+        try:
+            time.sleep(0.2)  # both accepted
+            conn = http.client.HTTPConnection(*srv.server_address[:2], timeout=10)
+            conn.request("GET", "/health")
+            assert conn.getresponse().status == 503  # uvicorn's own answer, in plain text
+            conn.close()
+        finally:
+            for sock in held:
+                sock.close()
+        time.sleep(0.3)
+        assert request(srv, "GET", "/health")[0] == 200
+
+
+def test_an_answer_nobody_reads_is_dropped_at_the_deadline(tmp_path: Path) -> None:
+    # A client that asks for a large answer and never reads it held the answer in the server's memory past every
+    # deadline (uvicorn's keep-alive close waits for the buffer to drain). It is now aborted request_timeout after
+    # the server's writes stalled: the client then gets the connection reset or cut short, not the whole answer.
+    text = "Paris " + "x" * 2000
+    rows = [{"id": f"p{i}", "title": "Paris", "text": text} for i in range(400)]
+    passages = [passage_from_row(r, where="t", default_id=r["id"]) for r in rows]
+    srv = SearchServer(
+        BM25Search(passages, cache_dir=tmp_path / "index"), host="127.0.0.1", port=0, request_timeout=1.0
+    )
+    with serving(srv):
+        body = json.dumps(
+            {"queries": ["Paris"] * 10, "topk": 400}
+        ).encode()  # ~8.5 MB: past the kernel's 4 MB
+        with socket.create_connection(srv.server_address[:2], timeout=60) as sock:
+            sock.sendall(
+                b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+            )
+            select.select(
+                [sock], [], [], 60
+            )  # the answer has started to arrive: the server's writes stall now
+            time.sleep(3.0)  # the deadline is 1 s
+            received = b""
+            try:
+                while chunk := sock.recv(1 << 20):
+                    received += chunk
+            except (ConnectionResetError, TimeoutError):
+                pass
+    head, _, answer = received.partition(b"\r\n\r\n")
+    length = int(re.search(rb"content-length: (\d+)", head.lower()).group(1))  # type: ignore[union-attr]
+    assert length > 8_000_000 and len(answer) < length  # the whole answer never came

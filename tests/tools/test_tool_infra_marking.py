@@ -33,7 +33,7 @@ def restore_sandbox(monkeypatch):
 @pytest.fixture
 def working_sandbox(restore_sandbox):
     try:
-        ps.sandbox_mode("auto")
+        ps.sandbox_mode()
     except RuntimeError as exc:
         pytest.skip(f"no sandbox can run here: {exc}")
 
@@ -47,7 +47,7 @@ def _run(tool, code: str):
 
 
 def test_an_unavailable_sandbox_is_marked_as_an_infrastructure_failure(monkeypatch):
-    def broken(isolation="auto"):
+    def broken(isolation="bwrap"):
         raise ToolUnavailableError("bubblewrap is not installed")
 
     monkeypatch.setattr(ps, "sandbox_mode", broken)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import warnings
 from pathlib import Path
 
@@ -66,7 +67,7 @@ def test_run_killed_in_its_first_checkpoint_write(tmp_path, monkeypatch):
 
     # --resume starts it over from step 0: one row per step, the torn line dropped with a warning naming the file
     lines: list[str] = []
-    with pytest.warns(UserWarning, match=r"metrics\.jsonl line 2: dropped a torn last line"):
+    with pytest.warns(UserWarning, match=r"metrics\.jsonl line 2: dropped a malformed last line"):
         run_train(config_for_resume(run_dir, []), resume=run_dir, progress=False, log=lines.append)
     assert _steps(run_dir) == [1, 2]
     assert any(
@@ -85,7 +86,7 @@ def test_torn_last_metrics_line_is_dropped_with_a_warning(tmp_path):
     path = tmp_path / "metrics.jsonl"
     with open(path, "a") as fh:
         fh.write('{"step": 4, "x": 4.')  # the write a kill cut off
-    with pytest.warns(UserWarning, match=rf"{path} line 4: dropped a torn last line"):
+    with pytest.warns(UserWarning, match=rf"{path} line 4: dropped a malformed last line"):
         assert logger.drop_after(2) == 1  # step 3's row; the torn line is not a row
     logger.log(3, {"x": 30.0})
     assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2, 3]
@@ -128,3 +129,77 @@ def test_a_run_directory_in_use_is_refused(tmp_path):
         assert result.exit_code == 2 and result.output.count("\n") == 1
         assert "is in use by another agentcredit process" in result.output
     assert not (run_dir / "metrics.jsonl").exists()
+
+
+# ---- the lock file (issue 52) -------------------------------------------------------------------------------------
+
+
+def test_a_symlinked_lock_is_refused_and_its_target_kept(tmp_path):
+    # The lock followed a symlink and truncated its target before the run was refused: `.lock` -> a victim file
+    # was overwritten with "pid@host". It is now opened without following links.
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    (run_dir / ".lock").symlink_to(victim)
+    with pytest.raises(ValueError, match=rf"{run_dir / '.lock'} is a symbolic link"):
+        with claim(run_dir / ".lock"):
+            pass
+    assert victim.read_text() == "precious\n"
+    result = CliRunner().invoke(
+        app, ["train", "--config", "grpo-arith-tools", "--run-dir", str(run_dir), *_sets(SETTINGS)]
+    )
+    assert result.exit_code == 2 and result.output.count("\n") == 1 and "symbolic link" in result.output
+    assert victim.read_text() == "precious\n"
+
+
+def test_a_lock_that_is_not_a_plain_file_is_refused(tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    os.link(victim, tmp_path / ".lock")  # a hard link: the same inode under two names
+    with pytest.raises(ValueError, match=r"\.lock has 2 links"):
+        with claim(tmp_path / ".lock"):
+            pass
+    assert victim.read_text() == "precious\n"
+    os.mkfifo(tmp_path / "fifo.lock")
+    with pytest.raises(ValueError, match=r"fifo\.lock is not a regular file"):
+        with claim(tmp_path / "fifo.lock"):
+            pass
+
+
+# ---- resume's metrics reader (issue 52) ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "last",
+    [b"[1, 2]\n", b"42", b'"step"', b'{"step": "3"}\n', b'{"x": 1}', b'{"step": 3, "x": \xff\xfe', b"\xff\n"],
+    ids=["list", "number", "string", "step-not-an-int", "no-step", "torn-bad-byte", "bad-byte"],
+)
+def test_every_malformed_last_metrics_line_is_dropped_with_a_warning(tmp_path, last):
+    # A non-object JSON last line crashed resume with a traceback (AttributeError), and a bad byte gave a
+    # UnicodeDecodeError that did not name the file.
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(b'{"step": 1}\n{"step": 2}\n' + last)
+    logger = MetricsLogger(tmp_path, tensorboard=False)
+    with pytest.warns(UserWarning, match=rf"{path} line 3: dropped a malformed last line"):
+        assert logger.drop_after(1) == 1  # step 2's row; the malformed line is not a row
+    assert path.read_bytes() == b'{"step": 1}\n'
+    logger.close()
+
+
+@pytest.mark.parametrize(
+    ("middle", "why"),
+    [
+        (b"[1]", "expected a JSON object with an integer step, got list"),
+        (b'{"step": 2, "x": "\xff"}', "not UTF-8"),
+    ],
+)
+def test_a_malformed_metrics_line_before_the_end_names_file_and_line(tmp_path, middle, why):
+    path = tmp_path / "metrics.jsonl"
+    original = b'{"step": 1}\n' + middle + b'\n{"step": 3}\n'
+    path.write_bytes(original)
+    logger = MetricsLogger(tmp_path, tensorboard=False)
+    with pytest.raises(ValueError, match=rf"{path} line 2: .*{why}"):
+        logger.drop_after(1)
+    assert path.read_bytes() == original  # nothing is repaired that is not a torn last line
+    logger.close()

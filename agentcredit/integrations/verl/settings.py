@@ -61,10 +61,10 @@ class ToolSettings(UserToolsConfig):
     )
     python: bool = Field(False, description="enable the sandboxed python tool (carl-segment's code fences).")
     python_timeout: float = Field(5.0, gt=0, description="wall-clock limit of one python call.")
-    python_isolation: Literal["auto", "bwrap", "rlimits"] = Field(
-        "auto",
-        description="the sandbox's isolation: auto (bubblewrap, else the rlimits fallback), bwrap (refuse the "
-        "fallback), rlimits (docs/sandbox.md).",
+    python_isolation: Literal["bwrap", "rlimits"] = Field(
+        "bwrap",
+        description="the sandbox's isolation: bwrap, or the rlimits fallback for trusted code only, by name "
+        "(docs/sandbox.md).",
     )
     python_interpreter: str | None = Field(
         None,

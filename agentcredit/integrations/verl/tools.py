@@ -145,12 +145,12 @@ class RemoteRetriever:
 
 #: What an agent-loop node needs for the python tool, and the keys that change it (docs/scaling-out-with-verl.md).
 SANDBOX_NODE_FIX = (
-    "Every node that runs agent-loop workers needs one of: bubblewrap able to create namespaces there (Debian "
-    "package 'bubblewrap'; in a container, one that allows user namespaces), or, for the rlimits fallback when the "
-    "worker runs as root, an interpreter the sandbox's unprivileged uid can read and execute: set "
+    "Every node that runs agent-loop workers needs bubblewrap able to create namespaces there (Debian "
+    "package 'bubblewrap'; in a container, one that allows user namespaces). The rlimits fallback, for trusted code "
+    "only, runs only when asked for (agentcredit.tools.python_isolation=rlimits); when the worker runs as root it "
+    "needs an interpreter the sandbox's unprivileged uid can read and execute: set "
     "agentcredit.tools.python_interpreter to one (e.g. /usr/bin/python3, with the packages your task's code "
-    "imports), or make the directories named above readable by others (chmod o+rx); "
-    "agentcredit.tools.python_isolation=bwrap refuses the fallback"
+    "imports), or make the directories named above readable by others (chmod o+rx)"
 )
 
 

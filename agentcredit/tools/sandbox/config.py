@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields
 from typing import Literal
 
 KiB, MiB = 1024, 1024 * 1024
-Isolation = Literal["auto", "bwrap", "rlimits"]
+Isolation = Literal["bwrap", "rlimits"]
 SearchFn = Callable[[str, int], str]
 ErrorKind = Literal["timeout", "memory", "cpu", "output", "exception", "crash", "exit", "setup", "input"]
 

@@ -1,4 +1,4 @@
-"""The system-call filter of the bubblewrap sandbox: Docker's default seccomp profile, in its effect.
+"""The system-call filter of the bubblewrap sandbox: what Docker's default seccomp profile denies, and more.
 
 Namespaces do not cover the whole kernel. Inside a nested user namespace, code that is an unprivileged uid
 outside becomes uid 0 with every capability, and from there it can mount file systems, open packet and netfilter
@@ -15,10 +15,19 @@ profile (moby ``profiles/seccomp/default.json``) closes that door, and this filt
   ``pidfd_getfd``;
 - no kernel modules, ``kexec``, ``reboot``, swap, clock setting, ``acct``, ``quotactl``, ``syslog`` and the
   other administrative calls Docker leaves out;
-- sockets: ``AF_PACKET`` and ``AF_NETLINK`` families and ``SOCK_RAW`` / ``SOCK_PACKET`` types are denied.
-  Docker allows ``socket`` and relies on dropping ``CAP_NET_RAW``; here the code has no capabilities either,
-  but a netlink socket needs none, and a nested user namespace would have given them back, so the rule is
-  explicit.
+- sockets: only the families ordinary code needs, ``AF_UNIX``, ``AF_INET`` and ``AF_INET6`` (``socket`` and
+  ``socketpair``), and no ``SOCK_RAW`` / ``SOCK_PACKET`` type. Docker denies ``AF_ALG`` and ``AF_VSOCK`` and
+  relies on dropping ``CAP_NET_RAW`` for the rest; here a netlink socket needs no capability, a network
+  namespace does not cover vsock (the code bound a port of the VM's host side, issue 52), and the other
+  families (TIPC, RDS, CAN, ...) are kernel surface nobody's Python needs, so it is an allow-list. The family
+  is compared as a 64-bit register while the kernel reads an ``int``, so the rule is "above ``AF_INET6``", which
+  also catches a family with junk in the high half (Docker's "below 38 or above 40" lets ``(1 << 32) | 40``
+  through: ``AF_VSOCK`` to the kernel);
+- ``personality`` only with the values Docker allows (the query, ``PER_LINUX``, ``PER_LINUX32``, ``UNAME26``):
+  no ``ADDR_NO_RANDOMIZE`` or ``READ_IMPLIES_EXEC``;
+- ``memfd_create``, ``memfd_secret``, ``shmget``, ``msgget``, ``semget`` (``ENOSYS``): Docker allows them, but
+  their memory is in no process's address-space limit, so one call could hold memory the sandbox does not
+  bound (issue 52); POSIX shared memory stays, as files of the call's capped ``/dev/shm``;
 
 Docker writes its profile as an allow-list; this filter is a deny-list of the calls above (default: allow), so an
 ordinary Python program (threads, ``subprocess``, files, ``mmap``) is never refused by a call we forgot to list.
@@ -61,12 +70,38 @@ DENIED: tuple[str, ...] = (
 )  # fmt: skip
 
 # Denied with ENOSYS, as Docker does: callers treat the call as absent and fall back.
-ABSENT: tuple[str, ...] = ("io_uring_setup", "io_uring_enter", "io_uring_register", "clone3")
+ABSENT: tuple[str, ...] = (
+    "io_uring_setup", "io_uring_enter", "io_uring_register", "clone3",
+    # memory outside every address-space limit (issue 52): one process capped at 512 MiB held 1.5 GiB through
+    # memfd and as much again through SysV shared memory, pages no RLIMIT_AS counts. Without them a call's
+    # memory is its processes' address spaces plus its capped tmpfs (POSIX shared memory is a file there).
+    # Docker allows them; ENOSYS reads as a kernel built without memfd / SysV IPC, which libraries handle.
+    "memfd_create", "memfd_secret", "shmget", "msgget", "semget",
+)  # fmt: skip
 
 # clone flags that make a new namespace: CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET.
 CLONE_NAMESPACE_FLAGS = 0x7E020000
-AF_NETLINK, AF_PACKET = 16, 17
+AF_UNIX, AF_INET, AF_INET6 = 1, 2, 10  # the only socket families allowed; every other one is EPERM
 SOCK_RAW, SOCK_PACKET, SOCK_TYPE_MASK = 3, 10, 0xF  # the type's low bits; the rest are SOCK_NONBLOCK/CLOEXEC
+
+
+def _personality_denied() -> tuple[tuple[int, int], ...]:
+    """``(mask, value)`` pairs: ``personality(x)`` is denied when ``x & mask == value`` for any of them.
+
+    Docker allows x in {0, PER_LINUX32 (8), UNAME26 (0x20000), both, 0xffffffff (the query)}. A libseccomp rule
+    holds one comparison per argument, so the complement is written as masked comparisons on the low 32 bits
+    (the kernel reads an ``unsigned int``). Call the 30 bits other than 8 and 0x20000 the "other" bits: the
+    allowed values have them all 0 (the first four) or all 1 (the query, where 8 and 0x20000 are set too).
+    So x is denied when (a) its other bits are mixed: some other bit is 1 and the next other bit (cyclically)
+    is 0, 30 rules; or (b) they are all 1 and 8 or 0x20000 is 0, 2 rules keyed on the lowest other bit.
+    """
+    others = [1 << i for i in range(32) if (1 << i) not in (0x8, 0x20000)]
+    mixed = [(bit | nxt, bit) for bit, nxt in zip(others, others[1:] + others[:1], strict=True)]
+    full_but = [(others[0] | flag, others[0]) for flag in (0x8, 0x20000)]
+    return tuple(mixed + full_but)
+
+
+PERSONALITY_DENIED = _personality_denied()
 
 
 def _binding():
@@ -109,9 +144,13 @@ def filter_program() -> bytes:
         bit = flags & -flags
         flags &= flags - 1
         flt.add_rule(eperm, "clone", sc.Arg(0, sc.MASKED_EQ, bit, bit))
-    for family in (AF_NETLINK, AF_PACKET):
-        flt.add_rule(eperm, "socket", sc.Arg(0, sc.EQ, family))
-        flt.add_rule(eperm, "socketpair", sc.Arg(0, sc.EQ, family))
+    for call in ("socket", "socketpair"):
+        flt.add_rule(eperm, call, sc.Arg(0, sc.GT, AF_INET6))  # unsigned: a negative family is above it too
+        for family in range(AF_INET6):
+            if family not in (AF_UNIX, AF_INET):
+                flt.add_rule(eperm, call, sc.Arg(0, sc.EQ, family))
+    for mask, value in PERSONALITY_DENIED:
+        flt.add_rule(eperm, "personality", sc.Arg(0, sc.MASKED_EQ, mask, value))
     for sock_type in (SOCK_RAW, SOCK_PACKET):
         flt.add_rule(eperm, "socket", sc.Arg(1, sc.MASKED_EQ, SOCK_TYPE_MASK, sock_type))
     fd = os.memfd_create("agentcredit-seccomp-export", os.MFD_CLOEXEC)

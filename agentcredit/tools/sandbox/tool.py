@@ -15,10 +15,11 @@ Two isolation modes, chosen once per process (``docs/sandbox.md`` says exactly w
 
 - ``bwrap``: bubblewrap gives the code its own PID, network, IPC and mount namespaces, a read-only view of the
   system and Python directories only, private size- and inode-capped /tmp, /dev/shm and working directory, and a
-  seccomp filter with Docker's default-profile semantics (:mod:`agentcredit.tools.sandbox.seccomp`);
-- ``rlimits``: the fallback where bubblewrap is missing or does not work: rlimits, a fresh host temp directory,
-  and an empty network namespace where the kernel allows one (else a Python-level socket block). It is not safe
-  for untrusted code, and a process that uses it logs a WARNING that says so, once.
+  seccomp filter that denies what Docker's default profile denies and a little more
+  (:mod:`agentcredit.tools.sandbox.seccomp`);
+- ``rlimits``: the fallback, used only when asked for by name (never because bubblewrap failed): rlimits, a
+  fresh host temp directory, and an empty network namespace where the kernel allows one (else a Python-level
+  socket block). It is not safe for untrusted code, and a process that uses it logs a WARNING that says so, once.
 
 In both modes, when the host runs as root, the code runs under a dedicated unprivileged uid leased for the call
 (:mod:`agentcredit.tools.sandbox.procs`), which is what makes the process cap real and lets the parent kill every
@@ -108,16 +109,21 @@ _modes: dict[str, SandboxMode] = {}
 _announced: set[str] = set()
 
 
-def sandbox_mode(isolation: Isolation = "auto") -> SandboxMode:
+def sandbox_mode(isolation: Isolation = "bwrap") -> SandboxMode:
     """Resolve (once, then cached) which isolation mode ``isolation`` means on this machine.
 
-    ``auto`` probes bubblewrap by really running a program in it and falls back to ``rlimits`` when that fails.
-    ``bwrap`` raises :class:`ToolUnavailableError` (a RuntimeError) when bubblewrap does not work here, ``auto``
-    when neither mode does. The first resolution logs the mode, and
-    warns (``warnings.warn``, once per process) when the weaker fallback is in force.
+    ``bwrap`` (the default) probes bubblewrap by really running a program in it and raises
+    :class:`ToolUnavailableError` (a RuntimeError), one line saying why and how to opt in to the fallback, when
+    that fails. ``rlimits`` is the fallback, used only when asked for by name: the first resolution logs the
+    mode, and warns (``warnings.warn``, once per process) that it is not safe for untrusted code.
     """
-    if isolation not in ("auto", "bwrap", "rlimits"):
-        raise ValueError(f"isolation must be 'auto', 'bwrap' or 'rlimits', got {isolation!r}")
+    if isolation == "auto":
+        raise ValueError(
+            "isolation 'auto' no longer exists: it dropped model-written code to the unsafe rlimits fallback "
+            "whenever bubblewrap failed (issue 52); use 'bwrap' (the default) or ask for 'rlimits' by name"
+        )
+    if isolation not in ("bwrap", "rlimits"):
+        raise ValueError(f"isolation must be 'bwrap' or 'rlimits', got {isolation!r}")
     with _mode_lock:
         if isolation not in _modes:
             _modes[isolation] = _resolve_mode(isolation)
@@ -151,7 +157,7 @@ _PROBE_CODE = "import decimal\nprint('probe', decimal.Decimal(6) * 7)"
 
 def _resolve_mode(isolation: Isolation) -> SandboxMode:
     dedicated = os.geteuid() == 0
-    if isolation in ("auto", "bwrap"):
+    if isolation == "bwrap":
         bwrap = shutil.which("bwrap")
         if bwrap is None:
             why = "bubblewrap is not installed (Debian package 'bubblewrap')"
@@ -161,22 +167,25 @@ def _resolve_mode(isolation: Isolation) -> SandboxMode:
             if failure is None:
                 return candidate
             why = f"bubblewrap at {bwrap} does not work here: {failure}"
-        if isolation == "bwrap":
-            raise ToolUnavailableError(f"isolation='bwrap' was requested but {why}")
-        reason = f"fallback: {why}"
-    else:
-        reason = "requested explicitly"
-    candidate = SandboxMode("rlimits", dedicated, "unknown", reason)
+        raise ToolUnavailableError(f"the python sandbox cannot start: {why}. {OPT_IN}")
+    candidate = SandboxMode("rlimits", dedicated, "unknown", "requested by name")
     failure = _probe(candidate)
     if failure is not None:
         hint = _unreadable_hint(_settings.python) if dedicated else ""
         raise ToolUnavailableError(
-            f"the sandbox cannot run Python on this machine ({reason}): {failure}{hint}"
+            f"the sandbox cannot run Python on this machine (the rlimits fallback): {failure}{hint}"
         )
     return replace(candidate, network=_probe_network.get("rlimits", "unknown"))
 
 
 _probe_network: dict[str, str] = {}
+
+#: How to get the fallback, said wherever bubblewrap cannot start (one line with the reason).
+OPT_IN = (
+    "Install bubblewrap, or, for code you trust only, ask for the unsafe fallback by name: isolation='rlimits' "
+    "(a config's tools.sandbox_isolation: rlimits; under verl agentcredit.tools.python_isolation=rlimits; "
+    "docs/sandbox.md)"
+)
 
 
 def _probe(mode: SandboxMode) -> str | None:
@@ -219,7 +228,7 @@ def run_python(
     timeout: float = 5.0,
     limits: SandboxLimits | None = None,
     search_fn: SearchFn | Any | None = None,
-    isolation: Isolation = "auto",
+    isolation: Isolation = "bwrap",
 ) -> SandboxResult:
     """Run ``code`` in a fresh sandboxed interpreter and return its output or the reason it failed.
 
@@ -250,7 +259,7 @@ _FIX = (
 )
 
 
-def check_available(isolation: Isolation = "auto") -> None:
+def check_available(isolation: Isolation = "bwrap") -> None:
     """Run ``print(1)`` in the sandbox (once per process and settings); raise when that does not work.
 
     The preflight of every task that needs the python tool: without it a broken sandbox turns every tool call
@@ -289,7 +298,7 @@ def tool_text(result: SandboxResult) -> str:
 
 
 def python_tool(
-    search_fn: SearchFn | Any | None = None, *, isolation: Isolation = "auto", **limits: Any
+    search_fn: SearchFn | Any | None = None, *, isolation: Isolation = "bwrap", **limits: Any
 ) -> ToolFn:
     """The sandbox as a :class:`~agentcredit.tools.base.ToolRuntime` tool: ``{"code": str} -> text``.
 
@@ -353,7 +362,7 @@ class SandboxPool:
         *,
         limits: SandboxLimits | None = None,
         search_fn: SearchFn | Any | None = None,
-        isolation: Isolation = "auto",
+        isolation: Isolation = "bwrap",
     ):
         if isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1:
             raise ValueError(f"SandboxPool: max_workers must be a positive int, got {max_workers!r}")

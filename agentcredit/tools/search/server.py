@@ -10,13 +10,14 @@ in a verl tool config, or ``search_url`` in Search-R1, can point here unchanged.
 Differences from Search-R1's FastAPI server, all on the strict side: ``topk`` must be a positive integer or
 null (Search-R1 silently treats 0 as "default"), and requests are bounded (body size, number of queries, topk,
 and results per request = queries x topk, which bounds the response's size and the server's memory). Errors are
-``{"detail": message}`` with a 4xx status, FastAPI's shape.
+``{"detail": message}`` with a 4xx status, FastAPI's shape; past ``max_concurrency`` connections and requests in
+flight, uvicorn answers ``503 Service Unavailable`` in plain text (Search-R1's and verl's clients retry a 503).
 
 The HTTP layer is uvicorn (h11) running a Starlette app, not hand-written: a large listen backlog, an event loop
 instead of a thread per connection (a slow client costs a coroutine, not a thread), quiet handling of clients
 that hang up. Two limits uvicorn does not set are added here: a deadline for a request's headers (uvicorn bounds
-idle keep-alive connections only, so a client trickling header bytes would be held forever) and one for its
-body. Retrieval runs in a worker thread so a long batch does not stall other connections.
+idle keep-alive connections only, so a client trickling header bytes would be held forever), one for its
+body, and one for the client to take an answer once the server's writes stall (``_HeaderDeadlineH11``). Retrieval runs in a worker thread so a long batch does not stall other connections.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ import json
 import logging
 import os
 import socket
+import struct
+import sys
 import threading
 from http import HTTPStatus
 from pathlib import Path
@@ -53,6 +56,11 @@ MAX_RESULTS = 16384
 LISTEN_BACKLOG = (
     2048  # uvicorn's default; with the old 5, 27 of 64 simultaneous connects waited >1 s (SYN retry)
 )
+# uvicorn's limit_concurrency: a request that finds this many connections open (its own included) or requests
+# in flight gets a 503. Each connection holds at most its body (MAX_BODY_BYTES), the answer being written and
+# the next pipelined one (12-16 MiB each at MAX_RESULTS), for at most request_timeout once its writes stall:
+# under 1 GiB in all. Uncapped, 32 clients asking for the largest answer held 659 MiB, more clients more (issue 52).
+MAX_CONCURRENCY = 32
 
 
 class RequestError(Exception):
@@ -89,7 +97,8 @@ def parse_retrieve_request(
     elif isinstance(topk, bool) or not isinstance(topk, int):
         raise RequestError(bad, f"field 'topk' must be an integer or null, got {type(topk).__name__}")
     elif not 1 <= topk <= MAX_TOPK:
-        raise RequestError(bad, f"field 'topk' must be between 1 and {MAX_TOPK}, got {topk}")
+        got = topk if abs(topk) < 10**20 else f"an integer of {len(str(abs(topk)))} digits"
+        raise RequestError(bad, f"field 'topk' must be between 1 and {MAX_TOPK}, got {got}")
     if len(queries) * topk > max_results:
         raise RequestError(
             bad,
@@ -117,6 +126,13 @@ def decode_json_body(raw: bytes) -> Any:
         ) from None
     except RecursionError:  # e.g. 100,000 nested '[': the decoder's recursion guard, not a server fault
         raise RequestError(HTTPStatus.BAD_REQUEST, "request body is JSON nested too deeply") from None
+    except (
+        ValueError
+    ):  # an integer past Python's 4,300-digit conversion limit: not a JSONDecodeError (issue 52)
+        raise RequestError(
+            HTTPStatus.BAD_REQUEST,
+            f"request body holds an integer of more than {sys.get_int_max_str_digits()} digits",
+        ) from None
 
 
 def retrieve_response(
@@ -228,12 +244,18 @@ class _SearchApp:
 
 
 class _HeaderDeadlineH11(H11Protocol):
-    """uvicorn's h11 protocol with a deadline on a request's headers.
+    """uvicorn's h11 protocol with a deadline on a request's headers and one on stalled writes.
 
     uvicorn cancels its keep-alive timer on any received byte and has no header timeout, so a client sending a
     header byte now and then would hold its connection forever. The deadline starts when the connection opens
     and again after each response; if the client's next request line and headers are not complete by then, the
     connection is closed (nothing was asked yet, so there is no one to answer).
+
+    Writes: an answer goes to the transport's buffer whole. A client that never reads kept it there past every
+    deadline (a keep-alive ``close`` waits for the buffer to drain), with the next pipelined answer waiting
+    behind it (issue 52). When the buffer passes its high-water mark (asyncio calls ``pause_writing``), the
+    client has ``header_timeout`` to take it below the low-water mark again; otherwise the connection is aborted
+    and both answers are freed.
     """
 
     header_timeout: float = 60.0  # set per server by SearchServer (a subclass per instance)
@@ -255,10 +277,31 @@ class _HeaderDeadlineH11(H11Protocol):
         if conn is self.conn and conn.their_state is h11.IDLE and not self.transport.is_closing():
             self.transport.close()
 
-    def connection_lost(self, exc: Exception | None) -> None:
-        handle = getattr(self, "_header_deadline", None)
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self._write_deadline = self.loop.call_later(self.header_timeout, self._write_deadline_passed)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._cancel("_write_deadline")
+
+    def _write_deadline_passed(self) -> None:
+        if self.transport.get_write_buffer_size():
+            # A reset, not a close: the kernel's send queue (up to tcp_wmem's 4 MiB) is freed at once too, rather
+            # than trickled out to the stalled client. abort() drops our buffer; connection_lost ends the cycle.
+            sock = self.transport.get_extra_info("socket")
+            if sock is not None:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self.transport.abort()
+
+    def _cancel(self, name: str) -> None:
+        handle = getattr(self, name, None)
         if handle is not None:
             handle.cancel()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel("_header_deadline")
+        self._cancel("_write_deadline")
         super().connection_lost(exc)
 
 
@@ -282,11 +325,14 @@ class SearchServer:
         retriever_name: str | None = None,
         request_timeout: float = 60.0,
         backlog: int = LISTEN_BACKLOG,
+        max_concurrency: int = MAX_CONCURRENCY,
     ):
         if not 1 <= default_topk <= MAX_TOPK:
             raise ValueError(f"default_topk must be between 1 and {MAX_TOPK}, got {default_topk}")
         if not 0 <= port <= 65535:
             raise ValueError(f"port must be between 0 and 65535, got {port}")
+        if max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be at least 1, got {max_concurrency}")
         self.retriever = retriever
         self.default_topk = default_topk
         self.max_body_bytes = max_body_bytes
@@ -310,6 +356,7 @@ class SearchServer:
             lifespan="off",
             ws="none",  # plain HTTP only
             backlog=backlog,
+            limit_concurrency=max_concurrency,
             log_config=None,  # leave logging to the application (the CLI), as the rest of agentcredit does
             access_log=False,
             timeout_graceful_shutdown=5,
@@ -356,11 +403,17 @@ def serve(
     topk: int = DEFAULT_TOPK,
     dense: bool = False,
     model_path: str | os.PathLike[str] | None = None,
+    max_concurrency: int = MAX_CONCURRENCY,
 ) -> None:
     """Load the corpus, then serve until interrupted (the ``agentcredit serve-search`` command)."""
     retriever = load_retriever(Path(corpus), dense=dense, model_path=model_path)
     server = SearchServer(
-        retriever, host=host, port=port, default_topk=topk, retriever_name="dense" if dense else "bm25"
+        retriever,
+        host=host,
+        port=port,
+        default_topk=topk,
+        retriever_name="dense" if dense else "bm25",
+        max_concurrency=max_concurrency,
     )
     if not is_loopback(host):
         log.warning("serving on %s: the search service is reachable from other machines", host)
