@@ -7,8 +7,7 @@ losses and the agentcredit metrics; it exits non-zero when a loss is missing or 
 the model and data and composes and validates every config (verl's ``validate_config`` and agentcredit's checks)
 without Ray or a GPU; ``tests/integrations/test_verl_gpu_check.py`` runs that part on CPU.
 
-    VERL_USE_EXTERNAL_MODULES=agentcredit.integrations.verl.register,verl_gpu_check \\
-    PYTHONPATH=$PWD:$PWD/scripts python scripts/verl_gpu_check.py --workdir /tmp/verl-gpu-check
+    python scripts/verl_gpu_check.py --workdir /tmp/verl-gpu-check
 
 ``scripts/verl_gpu_check.md`` says what it needs and what it checks. It has not run on a GPU yet.
 """
@@ -37,12 +36,24 @@ SCRIPTED = "agentcredit_scripted"
 METHODS = ("carl-segment", "grpo", "ppo")
 #: metric keys whose values must be finite numbers when present; at least one per step must be present
 LOSS_KEYS = re.compile(r"^(actor/(pg_loss|kl_loss|entropy_loss)|critic/vf_loss)$")
-#: what the scripted model says, per protocol: a tool call (an observation follows), then an answer
+#: what the scripted model says, per protocol: a tool call (an observation follows), then an answer. The first
+#: turn has two wordings; the episode answers right after the first and wrongly after the second, so groups have
+#: variance. The server reads which turn it is (and the wording) from the prompt: verl gives every call a fresh
+#: request id, so an id says nothing about the episode (issue 51: keyed by id, every turn was turn 0)
 SCRIPTS = {
-    "tags": ["<search>who wrote X</search>", "<answer>Jane Doe</answer>"],
-    "codefence": ["I compute.\n```python\nprint(6 * 7)\n```", "<context>42</context>", "\\boxed{Jane Doe}"],
+    "tags": (
+        ["<search>who wrote X</search>", "<search>who wrote X, again</search>"],
+        "<answer>{answer}</answer>",
+    ),
+    "codefence": (
+        ["I compute.\n```python\nprint(6 * 7)\n```", "I compute again.\n```python\nprint(6 * 7)\n```"],
+        "<context>42</context>",
+        "\\boxed{{{answer}}}",
+    ),
 }
-QUESTIONS = [("who wrote X", ["Jane Doe"]), ("who wrote Y", ["John Roe"])]
+QUESTIONS = [("who wrote X", ["Jane Doe"]), ("who wrote Y", ["Jane Doe"])]
+#: a run's batch: every question once per step (verl counts steps per epoch: --steps epochs of one step each)
+BATCH = len(QUESTIONS)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -115,6 +126,25 @@ def build_model(out: Path, seed: int = 0) -> Path:
     return out
 
 
+def prompt_length(model_path: Path, data: Path) -> int:
+    """The longest prompt of ``data`` in tokens, as verl's dataset measures it (the chat template with the
+    generation prompt), rounded up to 64: ``data.max_prompt_length`` below it filters rows out (issue 51: the old
+    256 left none of the 596- and 299-token prompts)."""
+    import pyarrow.parquet as pq
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_path)
+    longest = max(
+        len(
+            tok(tok.apply_chat_template(list(row["prompt"]), add_generation_prompt=True, tokenize=False))[
+                "input_ids"
+            ]
+        )
+        for row in pq.read_table(data).to_pylist()
+    )
+    return -(-longest // 64) * 64
+
+
 def write_data(out: Path, protocol: str, protocol_options: dict[str, Any]) -> Path:
     """Two questions as the agent loop reads them (:func:`agentcredit.integrations.verl.data.verl_row`)."""
     import pyarrow as pa
@@ -132,6 +162,8 @@ def write_data(out: Path, protocol: str, protocol_options: dict[str, Any]) -> Pa
             "train",
             proto.messages(proto.new_episode(q)),
             "qa",
+            protocol,
+            protocol_options,
         )
         for i, (q, answers) in enumerate(QUESTIONS)
     ]
@@ -143,28 +175,36 @@ def write_data(out: Path, protocol: str, protocol_options: dict[str, Any]) -> Pa
 # ------------------------------------------------------------------------------------- the scripted server
 class ScriptedModel:
     """verl's token-in/token-out server interface, answering from :data:`SCRIPTS` (no model runs here: the
-    trainer's FSDP workers compute every log-prob it trains on). Per request id it walks through the script, so
-    each episode makes its tool call and then answers; odd episodes answer wrongly, so groups have variance."""
+    trainer's FSDP workers compute every log-prob it trains on). The turn is read from the prompt (how many of the
+    script's turns it already holds), so each episode makes its tool call and then answers; episodes alternate
+    the first turn's two wordings, and the second wording's episode answers wrongly, so groups have variance."""
 
     def __init__(self, model_path: str, protocol: str):
         from transformers import AutoTokenizer
 
         self.tok = AutoTokenizer.from_pretrained(model_path)
-        self.script = SCRIPTS[protocol]
-        self.turns: dict[str, int] = {}
+        self.first, *self.rest = SCRIPTS[protocol]
         self.episodes = 0
+        self.turns: list[int] = []  # the turn of every policy call (the check reads them)
+
+    def reply(self, prompt: str) -> str:
+        """The scripted reply after ``prompt`` (the episode so far)."""
+        wording = next((i for i in (0, 1) if self.first[i] in prompt), None)
+        if wording is None:  # turn 0: a new episode
+            self.turns.append(0)
+            self.episodes += 1
+            return self.first[(self.episodes - 1) % 2]
+        turn = 1 + sum(1 for t in self.rest[:-1] if t in prompt)
+        self.turns.append(turn)
+        if turn < len(self.rest):
+            return self.rest[turn - 1]
+        return self.rest[-1].format(answer="Jane Doe" if wording == 0 else "nobody")
 
     async def generate(self, prompt_ids, sampling_params, request_id, **kwargs) -> TokenOutput:
         if "prompt_logprobs" in sampling_params:  # a teacher scoring request (not used by these methods)
             lp = [[-1.0] for _ in range(len(prompt_ids) - 1)] + [[0.0]]
             return TokenOutput(token_ids=[self.tok.eos_token_id], extra_fields={"prompt_logprobs": lp})
-        turn = self.turns.get(request_id, 0)
-        if turn == 0:
-            self.episodes += 1
-        self.turns[request_id] = turn + 1
-        text = self.script[min(turn, len(self.script) - 1)]
-        if turn == len(self.script) - 1 and self.episodes % 2 == 0:
-            text = text.replace("Jane Doe", "nobody")
+        text = self.reply(self.tok.decode(prompt_ids))
         budget = int(sampling_params.get("max_new_tokens", sampling_params.get("max_tokens", 256)))
         ids = (self.tok.encode(text, add_special_tokens=False) + [self.tok.eos_token_id])[:budget]
         log_probs = [-0.5] * len(ids) if sampling_params.get("logprobs") else None
@@ -244,15 +284,14 @@ register()  # at import: VERL_USE_EXTERNAL_MODULES lists this module, so every R
 # ---------------------------------------------------------------------------------------------- configs
 def overrides(method: str, model: Path, data: Path, workdir: Path, steps: int) -> list[str]:
     """The shipped config of ``method`` scaled down to one GPU, two prompts and short sequences."""
-    scripts = str(Path(__file__).resolve().parent)
     out = [
         f"actor_rollout_ref.model.path={model}",
         f"critic.model.path={model}",
         f"data.train_files={data}",
         f"data.val_files={data}",
-        "data.train_batch_size=2",
-        "data.max_prompt_length=256",
-        "data.max_response_length=256",
+        f"data.train_batch_size={BATCH}",
+        f"data.max_prompt_length={prompt_length(model, data)}",
+        "data.max_response_length=512",
         "agentcredit.max_segment_tokens=64",
         "actor_rollout_ref.rollout.name=" + SCRIPTED,
         "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
@@ -270,16 +309,19 @@ def overrides(method: str, model: Path, data: Path, workdir: Path, steps: int) -
         "+critic.model.override_config.attn_implementation=sdpa",
         "trainer.nnodes=1",
         "trainer.n_gpus_per_node=1",
+        # one step per epoch (the batch is every question): --steps epochs, so --steps 2 runs 2 steps
+        f"trainer.total_epochs={steps}",
         f"trainer.total_training_steps={steps}",
         "trainer.val_before_train=false",
         "trainer.test_freq=-1",
         "trainer.save_freq=-1",
         "trainer.logger=[console]",
         f"trainer.default_local_dir={workdir / 'checkpoints' / method}",
-        "ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES="
-        "'agentcredit.integrations.verl.register,verl_gpu_check'",
-        f"+ray_kwargs.ray_init.runtime_env.env_vars.PYTHONPATH='{ROOT}:{scripts}'",
-        f"+ray_kwargs.ray_init.runtime_env.env_vars.AGENTCREDIT_GPU_CHECK_PROTOCOL={protocol_of(method)}",
+        # this module registers the scripted backend; agentcredit's own module too, for a checkout that is not
+        # installed (no verl.plugins entry point then; importing it twice is harmless)
+        f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES='{EXTERNAL_MODULES}'",
+        f"+ray_kwargs.ray_init.runtime_env.env_vars.PYTHONPATH='{python_path()}'",
+        f"+ray_kwargs.ray_init.runtime_env.env_vars.AGENTCREDIT_GPU_CHECK_PROTOCOL={protocol_of(method)[0]}",
     ]
     if method == "carl-segment":
         # the python tool is off (no sandbox set-up on the check's node): the code fence gets an "unknown tool"
@@ -293,8 +335,21 @@ def overrides(method: str, model: Path, data: Path, workdir: Path, steps: int) -
     return out
 
 
-def protocol_of(method: str) -> str:
-    return "codefence" if method == "carl-segment" else "tags"
+def protocol_of(method: str) -> tuple[str, dict[str, Any]]:
+    """The protocol (and options) the method's shipped config parses with: the data is rendered with it."""
+    from agentcredit.integrations.verl.data import method_protocol
+
+    return method_protocol(method)
+
+
+#: the modules every process imports at `import verl` (the check's child processes and Ray workers)
+EXTERNAL_MODULES = "agentcredit.integrations.verl.register,verl_gpu_check"
+
+
+def python_path() -> str:
+    """The repository and ``scripts/`` before whatever ``PYTHONPATH`` the caller has (kept, not overwritten)."""
+    parts = [str(ROOT), str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH", "")]
+    return os.pathsep.join(p for p in parts if p)
 
 
 def compose_config(method: str, model: Path, data: Path, workdir: Path, steps: int):
@@ -318,6 +373,24 @@ def compose_config(method: str, model: Path, data: Path, workdir: Path, steps: i
     check_trainer_config(cfg)
     validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
     return cfg
+
+
+def check_dataset(cfg) -> int:
+    """verl's own dataset on the composed config: every question survives its overlong-prompt filter (and the
+    protocol check), or the run would train on nothing."""
+    from transformers import AutoTokenizer
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    from agentcredit.integrations.verl.data import check_data_files
+
+    check_data_files(
+        cfg.data.train_files, cfg.agentcredit.protocol, dict(cfg.agentcredit.protocol_options or {})
+    )
+    tok = AutoTokenizer.from_pretrained(cfg.actor_rollout_ref.model.path)
+    n = len(RLHFDataset(cfg.data.train_files, tok, cfg.data))
+    if n != len(QUESTIONS):
+        raise RuntimeError(f"verl's dataset kept {n} of {len(QUESTIONS)} prompts (data.max_prompt_length?)")
+    return n
 
 
 # ------------------------------------------------------------------------------------------- the check
@@ -358,12 +431,8 @@ def run_method(method: str, args: argparse.Namespace, model: Path) -> None:
     """One method in a fresh process (one Ray cluster per method, as a user's launch)."""
     from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
 
-    from agentcredit.integrations.verl.settings import load_settings
-
     workdir = args.workdir
-    probe = compose_config(method, model, workdir / "probe.parquet", workdir, args.steps)
-    settings = load_settings(probe.agentcredit)
-    data = write_data(workdir / f"{method}.parquet", settings.protocol, settings.protocol_options)
+    data = write_data(workdir / f"{method}.parquet", *protocol_of(method))
     cfg = compose_config(method, model, data, workdir, args.steps)
     from omegaconf import open_dict
 
@@ -378,16 +447,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     model = build_model(args.workdir / "tiny-qwen2")
     if args.dry_run:
         for method in args.methods:
-            compose_config(method, model, args.workdir / "probe.parquet", args.workdir, args.steps)
-            print(f"DRY-RUN {method}: config composed and validated")
+            data = write_data(args.workdir / f"{method}.parquet", *protocol_of(method))
+            cfg = compose_config(method, model, data, args.workdir, args.steps)
+            n = check_dataset(cfg)
+            print(
+                f"DRY-RUN {method}: config composed and validated; {n} prompts of <= "
+                f"{cfg.data.max_prompt_length} tokens kept; {cfg.trainer.total_training_steps} steps"
+            )
         return 0
     if not torch.cuda.is_available():
         print("no GPU visible: run with --dry-run on a CPU machine", file=sys.stderr)
         return 2
     failed = []
     for method in args.methods:  # a fresh interpreter per method: Ray and TransferQueue are per process
-        env = dict(os.environ, PYTHONPATH=f"{ROOT}:{Path(__file__).resolve().parent}")
-        env["VERL_USE_EXTERNAL_MODULES"] = "agentcredit.integrations.verl.register,verl_gpu_check"
+        env = dict(os.environ, PYTHONPATH=python_path(), VERL_USE_EXTERNAL_MODULES=EXTERNAL_MODULES)
         code = (
             "import sys, verl_gpu_check as c; a = c.parse_args(sys.argv[1:]); "
             f"c.run_method({method!r}, a, a.workdir / 'tiny-qwen2')"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from types import SimpleNamespace
 
 import pytest
 
@@ -28,6 +29,7 @@ from verl.workers.rollout.replica import TokenOutput  # noqa: E402
 import agentcredit.integrations.verl.agent_loop as agent_loop_module  # noqa: E402
 import agentcredit.integrations.verl.scoring as scoring_module  # noqa: E402
 from agentcredit.integrations.verl import AGENT_LOOP_NAME, config_dir  # noqa: E402
+from agentcredit.integrations.verl.data import protocol_tag  # noqa: E402
 from agentcredit.integrations.verl.fields import RowRecord  # noqa: E402
 from agentcredit.protocols import get_protocol  # noqa: E402
 from agentcredit.tools.base import ToolRuntime  # noqa: E402
@@ -48,8 +50,15 @@ class FakeServer:
         self.score_ids: list[str] = []
         self.score_params: list[dict] = []  # the sampling params of the teacher scoring requests
         self.posts: list[tuple[str, dict]] = []  # SGLang's /generate calls: (url, payload)
+        self.routes: list[str] = []  # the load balancer's key of every call (the replica it lands on)
+        self.seeds: list[int | None] = []  # the sampling seed of each policy turn
 
     async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
+        """verl's LLMServerClient.generate: routed by the request id, which (under full determinism) vLLM gets."""
+        self.routes.append(request_id)
+        return await self._answer(request_id, prompt_ids, sampling_params)
+
+    async def _answer(self, request_id, prompt_ids, sampling_params):
         if "prompt_logprobs" in sampling_params:
             self.score_ids.append(request_id)
             self.score_params.append(dict(sampling_params))
@@ -66,25 +75,40 @@ class FakeServer:
         else:  # the scripted text is used up: the model ends its turn
             ids = self.tok.encode(text, add_special_tokens=False) + [self.tok.eos_token_id]
         self.request_ids.append(request_id)
+        self.seeds.append(sampling_params.get("seed"))
         return TokenOutput(
             token_ids=ids,
             log_probs=[-0.25] * len(ids),
             extra_fields={"min_global_steps": 7, "max_global_steps": 8},
         )
 
-    async def _acquire_server(self, request_id, **extra):  # verl's LLMServerClient, for SGLang's own endpoint
-        self.score_ids.append(request_id)
-        return "10.0.0.7:30000", self
+    async def _acquire_server(
+        self, request_id, **extra
+    ):  # verl's LLMServerClient: the replica for a routing id
+        self.routes.append(request_id)
+        return "10.0.0.7:30000", _ServerActor(self)
 
     def _release_server(self, server_id, request_id=None):
         pass
 
     def sglang_generate(self, url, payload):
         self.posts.append((url, payload))
+        self.score_ids.append(payload["rid"])
         ids, start = payload["input_ids"], payload["logprob_start_len"]
         self.scored.append(list(ids))
         entries = [[None if p == start else -0.001 * p, ids[p], None] for p in range(start, len(ids))]
         return {"meta_info": {"input_token_logprobs": entries}}
+
+
+class _ServerActor:
+    """The server actor handle verl's load balancer hands out (``generate.remote``)."""
+
+    def __init__(self, fake):
+        self.generate = SimpleNamespace(
+            remote=lambda request_id, prompt_ids, sampling_params: fake._answer(
+                request_id, prompt_ids, sampling_params
+            )
+        )
 
 
 #: the example's info as prepare-data writes it (JSON): one hop, so GEAR's tau* searches "author of X" and answers
@@ -108,6 +132,10 @@ def _run_loop(
     with initialize_config_dir(str(config_dir()), version_base=None):
         cfg = compose(method_config, overrides=["data.max_response_length=400", *overrides])
     answers = list(answers)
+    # the protocol prepare-data records in each row (the run's own unless a test passes another; None: no record)
+    tag = sample.pop(
+        "protocol", protocol_tag(cfg.agentcredit.protocol, dict(cfg.agentcredit.protocol_options))
+    )
     protocol = get_protocol(cfg.agentcredit.protocol, **cfg.agentcredit.protocol_options)
     messages = protocol.messages(protocol.new_episode(question))
     agent_loop_module._RUNTIMES.clear()
@@ -136,7 +164,13 @@ def _run_loop(
         return await loop.run(
             {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True},
             raw_prompt=messages,
-            extra_info={"question": question, "answers": answers, "index": 0, "example_info": example_info},
+            extra_info={
+                "question": question,
+                "answers": answers,
+                "index": 0,
+                "example_info": example_info,
+                "protocol": tag,
+            },
             reward_model={"style": "rule", "ground_truth": answers},
             **sample,
         )
@@ -148,6 +182,20 @@ def _run_loop(
 
 
 SEARCH = {"search": lambda a: f"Doc 1 Jane Doe wrote {a['query']}"}
+
+
+def test_a_row_prompted_for_another_protocol_is_refused(byte_tokenizer):
+    """issue 51: carl-segment parses code fences; a row written for GRPO's tags prompt would be read with the wrong
+    parser (reward ~ 0, no error). The row's recorded protocol is checked against the run's."""
+    server = FakeServer(byte_tokenizer, ["<answer>Jane Doe</answer>"])
+    tags = protocol_tag("tags", {"style": "search-r1"})
+    with pytest.raises(
+        ValueError, match=r"dataset row 0: prompts rendered for protocol .*tags.* parse .*codefence"
+    ):
+        _run_loop(byte_tokenizer, "carl_segment", server, tools=SEARCH, protocol=tags)
+    with pytest.raises(ValueError, match=r"extra_info.protocol is missing"):
+        _run_loop(byte_tokenizer, "grpo", server, tools=SEARCH, protocol=None)
+    assert server.request_ids == []  # refused before the first generate call
 
 
 def test_grpo_loop_returns_one_output_with_the_record(byte_tokenizer):
@@ -294,8 +342,39 @@ def test_full_determinism_routes_by_priority_as_verls_tool_agent_loop(byte_token
     _run_loop(byte_tokenizer, "tips", server, overrides=overrides, tools=SEARCH, priority=3)
     assert server.request_ids == ["det-3", "det-3"]
     assert len(set(server.score_ids)) == 4 and all(i.startswith("det-3-") for i in server.score_ids)
+    # issue 51: the scores' own ids went to the load balancer too, scattering them away from the episode's cache
+    assert set(server.routes) == {"det-3"} and len(server.routes) == 6
     # verl's V1 workers pass no priority: a shared det-0 would be one vLLM id for concurrent episodes
     assert agent_loop_module.episode_request_id(True) != agent_loop_module.episode_request_id(True)
+
+
+def test_full_determinism_on_verls_v1_workers_gives_ids_that_repeat(byte_tokenizer):
+    """issue 51: without a priority (verl's V1 TransferQueue workers) every episode got a uuid4, so a rerun sent
+    other ids (and other seeds). The id is the step, the dataset row and the session; the seeds follow from it."""
+    runs = []
+    for _ in range(2):
+        server = FakeServer(byte_tokenizer, TIPS_TURNS)
+        overrides = ["actor_rollout_ref.rollout.full_determinism=true", *CURRENT_POLICY_TEACHER]
+        _run_loop(byte_tokenizer, "tips", server, overrides, tools=SEARCH, global_steps=4, session_id=2)
+        runs.append((server.request_ids, server.score_ids, server.seeds))
+    assert runs[0] == runs[1] and runs[0][0] == ["det-4-0-2", "det-4-0-2"]
+    seeds = runs[0][2]
+    assert None not in seeds and seeds[0] != seeds[1]  # a seed per turn
+    sample = {"global_steps": 4, "index": 0}
+    other = agent_loop_module.episode_request_id(True, None, {**sample, "session_id": 3})
+    assert other == "det-4-0-3"  # the next of the prompt's rollout.n sessions
+    # verl seeds every request of a replica alike (rank + seed): the sessions of one prompt would sample alike
+    assert agent_loop_module.request_seed(0, "det-4-0-2", 0) != agent_loop_module.request_seed(0, other, 0)
+
+
+def test_sglang_scoring_names_the_actors_lora_adapter(byte_tokenizer):
+    """issue 51: verl's SGLang server serves a LoRA actor as an adapter and names it on every generate request; the
+    scorer's direct /generate call did not, so GEAR's teacher would have been the base model."""
+    overrides = ["actor_rollout_ref.rollout.name=sglang", "actor_rollout_ref.model.lora_rank=16"]
+    for extra, want in (([], "verl_actor_lora_name"), (["actor_rollout_ref.model.lora_rank=0"], None)):
+        server = FakeServer(byte_tokenizer, ["<search>author of X</search>", "<answer>Jane Doe</answer>"])
+        _run_loop(byte_tokenizer, "gear", server, overrides=[*overrides, *extra], tools=SEARCH)
+        assert server.posts and all(p.get("lora_path") == want for _, p in server.posts)
 
 
 @pytest.mark.parametrize(("engine", "method"), [("sglang", "tips"), ("sglang", "gear"), ("vllm", "gear")])
@@ -525,6 +604,12 @@ def test_tree_branches_get_request_ids_of_their_own_under_full_determinism(
     assert all(i.startswith("det-3-branch") for i in server.request_ids)
     # round 1: two concurrent paths, each with an id of its own
     assert len(set(server.request_ids[:2])) == 2
+    # issue 51: ...routed by the tree's id (one replica's prefix cache), and sampled with seeds of their own: verl's
+    # one seed per replica would make PORTool's duplicated paths sample the same tokens from the same context
+    assert set(server.routes) == {"det-3"}
+    assert len(set(server.seeds[:2])) == 2 and None not in server.seeds
+    recs = [RowRecord.model_validate(o.extra_fields["agentcredit"]) for o in outs]
+    assert recs[0].tree_id == "det-3-tree"
     assert agent_loop_module.branch_request_id("det-3", 1, True) == "det-3-branch1"
     assert agent_loop_module.branch_request_id("det-3", None, True) == "det-3"  # one episode: verl's id
     assert agent_loop_module.branch_request_id("abc", 1, False) == "abc"  # shared: the tree's cache routing

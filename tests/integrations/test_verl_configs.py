@@ -14,7 +14,6 @@ from agentcredit.credit.methods import BUILT_IN  # noqa: E402
 from agentcredit.integrations.verl import (  # noqa: E402
     GENERIC_CONFIG,
     METHOD_CONFIGS,
-    REGISTER_MODULE,
     TRAINER_NAME,
     config_dir,
 )
@@ -39,7 +38,14 @@ def test_every_method_config_composes_with_verls_tree(hydra_ctx, method):
     assert "rollout_correction" in cfg.algorithm
     assert cfg.trainer.use_v1 is True and cfg.trainer.v1.trainer_mode == TRAINER_NAME
     assert cfg.actor_rollout_ref.rollout.agent.default_agent_loop == "agentcredit_agent"
-    assert cfg.ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES == REGISTER_MODULE
+    # registration comes from the verl.plugins entry point, not from a variable the config forwards
+    assert "VERL_USE_EXTERNAL_MODULES" not in (cfg.ray_kwargs.ray_init.get("runtime_env") or {}).get(
+        "env_vars", {}
+    )
+    # absolute, per-method data paths (verl's parquet loader does not expand `~`)
+    for path in (cfg.data.train_files, cfg.data.val_files, cfg.agentcredit.tools.get("suite_corpus") or "/"):
+        assert path.startswith("/") and "~" not in path
+    assert f"/search_r1/{method}/" in cfg.data.train_files
     assert cfg.actor_rollout_ref.model.path == "Qwen/Qwen2.5-3B-Instruct"
     assert cfg.trainer.n_gpus_per_node == 8
     settings = check_trainer_config(cfg)
@@ -208,3 +214,80 @@ def test_a_method_registered_outside_the_package_runs_from_the_generic_config(hy
         assert METHODS["halved-grpo"].settings_from(settings)["halved_grpo"].factor == 0.25
     finally:
         unregister_method("halved-grpo")
+
+
+@pytest.mark.parametrize(
+    ("method", "key"),
+    [
+        ("portool", r"set actor_rollout_ref\.rollout\.n=\d+"),
+        ("tips", r"actor_rollout_ref\.rollout\.checkpoint_engine\.backend=nccl"),
+    ],
+)
+def test_the_generic_config_refuses_portool_and_tips_naming_the_key(hydra_ctx, method, key):
+    """issue 51: the generic config does not run PORTool (its tree's leaves vs the base's n = 5) or TIPS (its
+    lagged teacher's transport); it stays so (their recipes set both, docs/scaling-out-with-verl.md), and the
+    refusal names the key to change."""
+    cfg = compose(GENERIC_CONFIG, overrides=[f"agentcredit.method={method}"])
+    with pytest.raises(ValueError, match=key):
+        check_trainer_config(cfg)
+
+
+def _launch_commands() -> list[list[str]]:
+    """The shell commands of the doc's Launch section (continuations joined, comments dropped), tokenised."""
+    import re
+    import shlex
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "scaling-out-with-verl.md").read_text(
+        encoding="utf-8"
+    )
+    start = text.index("## Launch (")
+    block = re.search(r"```bash\n(.*?)```", text[start:], re.S).group(1)
+    return [shlex.split(c, comments=True) for c in block.replace("\\\n", " ").splitlines() if c.strip()]
+
+
+def test_the_documented_launch_is_what_runs(hydra_ctx, monkeypatch, tmp_path):
+    """issue 51: the recipe had `~` data paths (verl's parquet loader does not expand them) and an export the docs
+    called optional; the resolver it needs was only registered with that export. Every command of the doc's
+    recipe: no `~`, no export; prepare-data per method, written where that method's config reads it; each
+    main_ppo line composes with verl's tree and passes agentcredit's checks."""
+    from agentcredit.integrations.verl.__main__ import main as verl_main
+
+    commands = [c for c in _launch_commands() if c and not c[0].startswith("#")]
+    assert commands and not any(c[0] == "export" for c in commands)
+    assert not any("~" in token for c in commands for token in c)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    prepared, launched = {}, []
+    for c in commands:
+        if c[:3] == ["python", "-m", "agentcredit.integrations.verl"] and c[3] == "prepare-data":
+            args = c[4:]
+            method = args[args.index("--method") + 1]
+            prepared[method] = args
+        elif c[:3] == ["python", "-m", "verl.trainer.main_ppo"]:
+            name = c[c.index("--config-name") + 1]
+            overrides = [t for t in c[c.index("--config-name") + 2 :] if "=" in t]
+            launched.append((name, overrides))
+    assert prepared and launched
+    for name, overrides in launched:
+        cfg = compose(name, overrides=overrides)
+        OmegaConf.resolve(cfg)
+        settings = check_trainer_config(cfg)
+        assert (
+            cfg.data.train_files == f"{tmp_path}/data/agentcredit/search_r1/{settings.method}/train.parquet"
+        )
+        if settings.method in prepared:  # written for this method, with the run's protocol options
+            args = prepared[settings.method]
+            options = dict(args[i + 1].split("=", 1) for i, a in enumerate(args) if a == "--protocol-option")
+            from agentcredit.integrations.verl.data import method_protocol
+
+            protocol, defaults = method_protocol(settings.method)
+            assert (protocol, options or defaults) == (settings.protocol, settings.protocol_options)
+    # a prepare-data line runs as written (a local JSONL in place of Search-R1's export)
+    questions = tmp_path / "data" / "search_r1" / "nq_hotpotqa_train.jsonl"
+    questions.parent.mkdir(parents=True)
+    questions.write_text('{"id": "a", "question": "who wrote X", "golden_answers": ["Jane Doe"]}\n')
+    method, args = next(iter(prepared.items()))
+    args = [a.replace("$HOME", str(tmp_path)) for a in args]
+    args[args.index("--val") + 1] = ""
+    assert verl_main(["prepare-data", *args]) == 0
+    assert (tmp_path / "data" / "agentcredit" / "search_r1" / method / "train.parquet").is_file()

@@ -88,3 +88,32 @@ def test_prepare_data_rejects_questions_without_answers(tmp_path):
     questions.write_text('{"id": "a", "question": "q", "answers": []}\n')
     with pytest.raises(ValueError):
         main(["prepare-data", "--train", f"jsonl:{questions}", "--val", "", "--out", str(tmp_path / "o")])
+
+
+@pytest.mark.parametrize(
+    "method", ["grpo", "ppo", "carl-segment", "carl-critical", "tips", "gear", "portool", "gigpo"]
+)
+def test_prepare_data_renders_each_methods_protocol(method, monkeypatch, tmp_path):
+    """issue 51: prepare-data rendered every prompt with the tags protocol; --method takes the protocol (and options)
+    the method's config parses with, and writes where that config's data.train_files looks."""
+    from agentcredit.integrations.verl import config_name
+    from agentcredit.integrations.verl.data import check_data_files, method_protocol
+
+    with initialize_config_dir(str(config_dir()), version_base=None):
+        cfg = compose(config_name(method), overrides=[f"agentcredit.method={method}"])
+    block = cfg.agentcredit
+    assert method_protocol(method) == (block.protocol, dict(block.get("protocol_options") or {}))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    questions = tmp_path / "qa.jsonl"
+    questions.write_text('{"id": "a", "question": "who wrote X", "answers": ["Jane Doe"]}\n')
+    assert main(["prepare-data", "--method", method, "--train", f"jsonl:{questions}", "--val", ""]) == 0
+    from omegaconf import OmegaConf
+
+    OmegaConf.resolve(cfg)  # ${oc.env:HOME}/data/agentcredit/search_r1/<method>/train.parquet
+    check_data_files(cfg.data.train_files, block.protocol, dict(block.get("protocol_options") or {}))
+
+
+def test_prepare_data_refuses_an_unknown_method_in_one_line(capsys, tmp_path):
+    assert main(["prepare-data", "--method", "grpoo", "--train", "nq", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("--method: ") and len(err.strip().splitlines()) == 1

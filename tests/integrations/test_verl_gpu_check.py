@@ -62,23 +62,28 @@ def test_tiny_qwen2_loads_back_with_two_layers(check, model):
 @pytest.mark.parametrize("method", ["carl-segment", "grpo", "ppo"])
 def test_one_gpu_configs_pass_verls_and_agentcredits_validation(check, model, tmp_path, method, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    data = check.write_data(tmp_path / "d.parquet", check.protocol_of(method), {})
+    monkeypatch.setenv("PYTHONPATH", "/somewhere/else")
+    data = check.write_data(tmp_path / "d.parquet", *check.protocol_of(method))
     cfg = check.compose_config(method, model, data, tmp_path, steps=2)
     assert cfg.actor_rollout_ref.rollout.name == check.SCRIPTED and cfg.trainer.n_gpus_per_node == 1
-    assert cfg.trainer.total_training_steps == 2 and cfg.agentcredit.method == method
-    modules = cfg.ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES
-    assert modules == "agentcredit.integrations.verl.register,verl_gpu_check"
+    assert cfg.agentcredit.method == method
+    # issue 51: 2 questions at batch 2 are one step per epoch, and total_epochs defaulted to 1: --steps 2 ran one
+    assert cfg.trainer.total_training_steps == 2 == cfg.trainer.total_epochs
+    assert cfg.data.train_batch_size == len(check.QUESTIONS)
+    env = cfg.ray_kwargs.ray_init.runtime_env.env_vars
+    assert env.VERL_USE_EXTERNAL_MODULES == "agentcredit.integrations.verl.register,verl_gpu_check"
+    assert env.PYTHONPATH.split(":")[-1] == "/somewhere/else"  # appended to, not overwritten
+    # issue 51: max_prompt_length=256 was below every prompt (596 / 299 tokens): verl's filter left no row
+    assert check.check_dataset(cfg) == len(check.QUESTIONS)
 
 
 def test_dry_run_builds_and_validates_every_method(check, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert check.main(["--dry-run", "--workdir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert [line.split()[1] for line in out.splitlines() if line.startswith("DRY-RUN")] == [
-        "carl-segment:",
-        "grpo:",
-        "ppo:",
-    ]
+    lines = [line for line in out.splitlines() if line.startswith("DRY-RUN")]
+    assert [line.split()[1] for line in lines] == ["carl-segment:", "grpo:", "ppo:"]
+    assert all("2 prompts" in line and "2 steps" in line for line in lines)
 
 
 def test_data_rows_are_what_the_agent_loop_reads(check, tmp_path):
@@ -86,28 +91,42 @@ def test_data_rows_are_what_the_agent_loop_reads(check, tmp_path):
 
     from agentcredit.integrations.verl.agent_loop import sample_fields
 
-    rows = pq.read_table(check.write_data(tmp_path / "d.parquet", "tags", {})).to_pylist()
+    rows = pq.read_table(check.write_data(tmp_path / "d.parquet", *check.protocol_of("grpo"))).to_pylist()
     messages, question, golds = sample_fields({"raw_prompt": rows[0]["prompt"], **rows[0]})
     assert question == "who wrote X" and golds == ["Jane Doe"] and messages[-1]["role"] == "user"
 
 
-def test_scripted_server_calls_a_tool_then_answers(check, model):
-    server = check.ScriptedModel(str(model), "tags")
+@pytest.mark.parametrize("protocol", ["tags", "codefence"])
+def test_scripted_server_calls_a_tool_then_answers(check, model, protocol):
+    """issue 51: the server walked its script per request id, but verl gives every call a fresh id: every turn was
+    turn 0, no episode answered, every reward 0, and the check would still have printed OK. The turn is read from
+    the prompt; here every call has a fresh id, as from verl, and two episodes interleave."""
+    server = check.ScriptedModel(str(model), protocol)
+    tok = server.tok
+    prompt = tok.encode("<|im_start|>user\nwho wrote X<|im_end|>\n<|im_start|>assistant\n")
+    params = {"max_new_tokens": 64, "logprobs": True}
+    fresh = iter(range(100))
 
-    async def episode(request_id):
-        return [
-            await server.generate([1, 2], {"max_new_tokens": 64, "logprobs": True}, request_id)
-            for _ in range(2)
-        ]
+    async def turn(context):
+        out = await server.generate(context, params, f"uuid-{next(fresh)}")
+        return context + out.token_ids + tok.encode("\nobservation\n"), tok.decode(
+            out.token_ids, skip_special_tokens=True
+        )
 
-    first = asyncio.run(episode("a"))
-    second = asyncio.run(episode("b"))
-    text = [server.tok.decode(o.token_ids, skip_special_tokens=True) for o in first + second]
-    assert text == ["<search>who wrote X</search>", "<answer>Jane Doe</answer>"] + [
-        "<search>who wrote X</search>",
-        "<answer>nobody</answer>",  # every other episode is wrong: the groups have variance
-    ]
-    assert first[0].log_probs == [-0.5] * len(first[0].token_ids)
+    async def two_episodes():
+        a, b, texts = list(prompt), list(prompt), ([], [])
+        for _ in range(len(check.SCRIPTS[protocol])):
+            a, t = await turn(a)
+            texts[0].append(t)
+            b, t = await turn(b)
+            texts[1].append(t)
+        return texts
+
+    right, wrong = asyncio.run(two_episodes())
+    first, *rest = check.SCRIPTS[protocol]
+    assert right == [first[0], *rest[:-1], rest[-1].format(answer="Jane Doe")]
+    assert wrong == [first[1], *rest[:-1], rest[-1].format(answer="nobody")]  # groups have variance
+    assert server.turns == [t for t in range(len(check.SCRIPTS[protocol])) for _ in range(2)]
 
 
 def test_scripted_backend_is_registered_in_verl(check):

@@ -10,6 +10,7 @@ agentcredit's trainer takes mini-batches of whole trajectories and weighs them w
 
 from __future__ import annotations
 
+import random
 from types import SimpleNamespace
 
 import pytest
@@ -22,10 +23,14 @@ pytest.importorskip("verl")
 
 from hydra import compose, initialize_config_dir  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
+from tensordict import TensorDict  # noqa: E402
 from verl.trainer.ppo.core_algos import compute_policy_loss_vanilla  # noqa: E402
+from verl.utils import tensordict_utils as tu  # noqa: E402
 from verl.utils.tensordict_utils import make_iterator  # noqa: E402
+from verl.workers.engine.utils import prepare_micro_batches  # noqa: E402
 
 from agentcredit.credit import aggregation_weights  # noqa: E402
+from agentcredit.integrations.verl import GENERIC_CONFIG, METHOD_CONFIGS  # noqa: E402
 from agentcredit.integrations.verl import trainer as trainer_module  # noqa: E402
 from agentcredit.integrations.verl.__main__ import config_dir  # noqa: E402
 from agentcredit.integrations.verl.advantages import apply_to_dataproto  # noqa: E402
@@ -261,6 +266,11 @@ def test_trainer_lays_out_multi_row_batches_and_updates_with_the_plans_rows(monk
         "actor_rollout_ref.actor.ppo_mini_batch_size=1",
         "critic.ppo_mini_batch_size=1",
         "actor_rollout_ref.rollout.n=1",
+        # one row per micro-batch everywhere (the recipe's 2 and 8 round each mini-batch up: the next test)
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+        "critic.ppo_micro_batch_size_per_gpu=1",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=1",
     )
     b = build_batch([Ep("p0", TWO_CALLS, 1.0), Ep("p1", DIRECT, 0.0)], seed=7)
     rows = _stored_rows(b)
@@ -290,6 +300,15 @@ def test_trainer_lays_out_multi_row_batches_and_updates_with_the_plans_rows(monk
     trainer._update_actor(batch, {})
     assert sent[0]["mini_batch_size"] == sent[0]["global_batch_size"] == 3
     assert cfg.actor_rollout_ref.actor.ppo_mini_batch_size == 1  # restored after the update
+    # with the recipe's micro-batches of 2 rows (critic, actor) the 3-row groups become 4
+    for key in (
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+        "critic.ppo_micro_batch_size_per_gpu",
+    ):
+        OmegaConf.update(cfg, key, 2)
+    keys = list(rows)[::-1]
+    batch = trainer._balance_batch(_PlanMeta(keys, tags=[{"seq_len": 1} for _ in keys]), metrics)
+    assert metrics["agentcredit/minibatch_rows"] == 4.0 and len(batch.keys) == 8
 
 
 @settings_h(max_examples=200, deadline=None)
@@ -298,15 +317,18 @@ def test_trainer_lays_out_multi_row_batches_and_updates_with_the_plans_rows(monk
     per_minibatch=st.integers(1, 5),
     dp_size=st.integers(1, 4),
     row_multiple=st.integers(1, 5),
+    micro=st.integers(1, 4),
 )
-def test_plan_invariants(episode_of_row, per_minibatch, dp_size, row_multiple):
+def test_plan_invariants(episode_of_row, per_minibatch, dp_size, row_multiple, micro):
     """Any episode count (short last mini-batch included): every row once, every mini-batch whole episodes (at
     most ``per_minibatch``, only the last one fewer), one row count that is a multiple of dp and n."""
-    plan = plan_minibatches(episode_of_row, per_minibatch, dp_size=dp_size, row_multiple=row_multiple)
+    plan = plan_minibatches(
+        episode_of_row, per_minibatch, dp_size=dp_size, row_multiple=row_multiple, micro_batch_per_rank=micro
+    )
     rows = [r for r in plan.order if r is not None]
     assert sorted(rows) == list(range(len(episode_of_row)))
     width = plan.rows_per_minibatch
-    assert width % dp_size == 0 and width % row_multiple == 0
+    assert width % dp_size == 0 and width % row_multiple == 0 and (width // dp_size) % micro == 0
     assert len(plan.order) == plan.n_minibatches * width
     share = width // dp_size
     n_episodes = len(set(episode_of_row))
@@ -322,3 +344,48 @@ def test_plan_invariants(episode_of_row, per_minibatch, dp_size, row_multiple):
         full = j < plan.n_minibatches - 1
         assert len(episodes) == per_minibatch if full else 1 <= len(episodes) <= per_minibatch
     assert plan.rows_per_episode == width / per_minibatch  # nominal, whatever the last mini-batch holds
+
+
+RECIPES = sorted({*METHOD_CONFIGS.values(), GENERIC_CONFIG})
+
+
+@pytest.mark.parametrize("config_name", RECIPES)
+def test_the_plan_fits_verls_micro_batches_for_every_recipe_and_dp_1_to_8(config_name):
+    """issue 51: the plan rounded a mini-batch's rows to lcm(dp, n) only. carl-segment's recipe cuts each rank's
+    rows into micro-batches of 2 without dynamic batch sizes: 120 rows on 8 GPUs -> 15 per rank, and verl's
+    ``prepare_micro_batches`` asserted at the first critic update. Every shipped recipe, dp 1-8, multi-row
+    episodes (1-3 views) and a short last mini-batch, through verl's own function, for every micro-batch size the
+    updates (a rank's mini-batch share) and the log-prob / value passes (a rank's whole slice) use."""
+    with initialize_config_dir(str(config_dir()), version_base=None):
+        cfg = compose(config_name)
+    OmegaConf.resolve(cfg)
+    use_critic = bool(cfg.critic.enable)
+    micro = trainer_module.micro_batch_multiple(cfg, use_critic)
+    n = int(cfg.actor_rollout_ref.rollout.n)
+    per_minibatch = int(cfg.actor_rollout_ref.actor.ppo_mini_batch_size) * n
+    sizes = {  # every per-GPU micro-batch size a section sets (None: unset, verl's default is dynamic or 1)
+        cfg_key: value
+        for section in (
+            "actor_rollout_ref.actor",
+            "actor_rollout_ref.rollout",
+            "actor_rollout_ref.ref",
+            "critic",
+        )
+        for cfg_key, value in (OmegaConf.select(cfg, section) or {}).items()
+        if "micro_batch_size_per_gpu" in cfg_key and value is not None and (section != "critic" or use_critic)
+    }
+    assert sizes and all(micro % v == 0 for v in sizes.values())
+    rng = random.Random(config_name)
+    episodes = 2 * per_minibatch - 3  # a short last mini-batch (failed sessions)
+    episode_of_row = [e for e in range(episodes) for _ in range(rng.randint(1, 3))]
+    for dp in range(1, 9):
+        plan = plan_minibatches(
+            episode_of_row, per_minibatch, dp_size=dp, row_multiple=n, micro_batch_per_rank=micro
+        )
+        share = plan.rows_per_minibatch // dp
+        for size in set(sizes.values()):
+            for rows in (share, share * plan.n_minibatches):  # a mini-batch, the whole slice
+                data = TensorDict({"x": torch.zeros(rows, 1)}, batch_size=[rows])
+                tu.assign_non_tensor(data, use_dynamic_bsz=False, micro_batch_size_per_gpu=size)
+                micro_batches, _ = prepare_micro_batches(data)  # verl's assertion
+                assert sum(len(m) for m in micro_batches) == rows

@@ -25,6 +25,7 @@ pytest.importorskip("verl")
 from agentcredit.integrations.verl.scoring import (  # noqa: E402
     TeacherScorer,
     full_params,
+    prompt_rows,
     rows_computed,
     sglang_logprobs,
     sglang_request,
@@ -49,7 +50,10 @@ class ScriptedVllm:
     """verl's LLMServerClient in front of vLLM 0.24: ``generate`` answers ``prompt_logprobs`` rows and
     ``num_cached_tokens``; rows at cached positions are unwritten (NaN), as vLLM's empty_cpu buffer leaves them."""
 
-    def __init__(self, report_cached=True):
+    def __init__(self, report_cached=True, runner="v1"):
+        self.runner = (
+            runner  # vLLM 0.24's model runner: v1 (Qwen2) or v2 (the default for Llama, Qwen3, Mistral)
+        )
         self.seen: list[list[int]] = []
         self.calls: list[dict] = []
         self.forwarded = 0  # tokens run through the model (prefill)
@@ -65,10 +69,14 @@ class ScriptedVllm:
         hit = 0 if skip else max((common_prefix(ids, s) for s in self.seen), default=0)
         cached = min(hit, len(ids) - 1) // BLOCK * BLOCK
         rows = [[true_logprob(ids, r + 1)] if r >= cached else [math.nan] for r in range(len(ids) - 1)]
+        names = [[ids[r + 1]] if r >= cached else [-1] for r in range(len(ids) - 1)]  # the token of each row
+        if self.runner == "v2":  # only the rows it computed (v1/worker/gpu/: compute_prompt_logprobs)
+            rows, names = rows[cached:], names[cached:]
         self.forwarded += len(ids) - cached
         self.rows_computed += len(ids) - 1 - cached
         self.seen.append(ids)
-        extra = {"prompt_logprobs": rows + [[0.0]]}
+        # verl's extract_prompt_logprobs: one row per prompt token after the first, then a padding row
+        extra = {"prompt_logprobs": rows + [[0.0]], "prompt_ids": names + [[0]]}
         if self.report_cached:
             extra["num_cached_tokens"] = cached
         return SimpleNamespace(token_ids=[0], extra_fields=extra)
@@ -196,6 +204,22 @@ def test_a_vllm_cache_hit_that_reaches_the_continuation_is_scored_again_afresh()
     assert s.stats == {"requests": 2, "resent": 1}
 
 
+def test_vllms_v2_runner_returns_only_the_computed_rows():
+    """issue 51: vLLM 0.24's V2 model runner (Llama, Qwen3, Mistral) answers the rows it computed, not all P - 1
+    rows with the cached ones unwritten; the cached path raised "returned no prompt_logprobs" on every call."""
+    server = ScriptedVllm(runner="v2")
+    s = scorer("vllm", server)
+    context = list(range(1, 40))  # 2 whole blocks cached, 7 context tokens computed
+    server.seen.append(context + [99])
+    assert asyncio.run(s(context, [7, 8, 9])) == old_path(context, [7, 8, 9])
+    assert s.stats == {"requests": 1, "resent": 0}  # read from the cache, not sent again
+    (call,) = server.calls
+    assert len(server.calls) == 1 and call["params"] == vllm_cached_params()
+    # rows naming other tokens than the ones sent: another layout, refused rather than scored at wrong positions
+    with pytest.raises(ValueError, match="is for token"):
+        prompt_rows({"prompt_logprobs": [[-1.0], [-2.0], [0.0]], "prompt_ids": [[6], [9], [0]]}, [5, 6, 7, 8])
+
+
 def test_an_unreported_vllm_cache_hit_is_no_proof():
     server = ScriptedVllm(report_cached=False)
     s = scorer("vllm", server)
@@ -214,7 +238,7 @@ def test_old_path_is_kept_for_other_engines_and_on_request():
 
 @settings(max_examples=60, deadline=None)
 @given(
-    engine=st.sampled_from(["vllm", "sglang"]),
+    engine=st.sampled_from(["vllm", "vllm-v2", "sglang"]),
     prefix=st.lists(st.integers(1, 50), min_size=1, max_size=70),
     episodes=st.lists(
         st.tuples(
@@ -226,8 +250,12 @@ def test_old_path_is_kept_for_other_engines_and_on_request():
 )
 def test_cached_scoring_equals_the_whole_sequence_path(engine, prefix, episodes):
     """Property: contexts that share a prefix (a rollout's boundaries, a question's teacher prompt), scored one
-    after another on a server whose cache holds what it saw, give the old path's log-probs exactly."""
-    server = ScriptedVllm() if engine == "vllm" else ScriptedSglang()
+    after another on a server whose cache holds what it saw, give the old path's log-probs exactly (vLLM: either
+    model runner's row layout)."""
+    server = {"vllm": ScriptedVllm(), "vllm-v2": ScriptedVllm(runner="v2"), "sglang": ScriptedSglang()}[
+        engine
+    ]
+    engine = engine.removesuffix("-v2")
     s = scorer(engine, server)
     for middle, continuation in episodes:
         context = prefix + middle

@@ -226,6 +226,8 @@ def test_trainer_runs_verls_sync_path(config_name, tmp_path, monkeypatch, byte_t
     data = tmp_path / "data"
     prepare = [
         "prepare-data",
+        "--method",
+        config_name,  # the method (its recipe's name here): its protocol renders the prompts
         "--train",
         f"jsonl:{questions}",
         "--val",
@@ -246,6 +248,8 @@ def test_trainer_runs_verls_sync_path(config_name, tmp_path, monkeypatch, byte_t
                 "data.val_batch_size=4",
                 "data.dataloader_num_workers=0",
                 "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+                # PORTool's prompt lists its 17 tools' schemas: one byte-level token per byte here
+                "data.max_prompt_length=32768",
             ],
         )
     assert cfg.trainer.v1.trainer_mode == TRAINER_NAME
@@ -273,6 +277,43 @@ def test_trainer_runs_verls_sync_path(config_name, tmp_path, monkeypatch, byte_t
         assert batch["__rollout_n__"].tolist() == [1, 1, 1, 1]  # verl's sessions per prompt
     else:
         assert "__rollout_n__" not in batch.keys()
+
+
+def test_the_trainer_refuses_data_written_for_another_protocol(tmp_path, byte_tokenizer):
+    """issue 51: prepare-data used to render every method's prompts with the tags protocol; carl-segment parses code
+    fences, so its episodes were scored ~0 with no error. The trainer reads each file's recorded protocol first."""
+    questions = tmp_path / "qa.jsonl"
+    questions.write_text('{"id": "q0", "question": "who wrote X", "answers": ["A"]}\n')
+    data = tmp_path / "data"
+    args = [
+        "prepare-data",
+        "--method",
+        "grpo",
+        "--train",
+        f"jsonl:{questions}",
+        "--val",
+        "",
+        "--out",
+        str(data),
+    ]
+    assert verl_main(args) == 0
+    with initialize_config_dir(str(config_dir()), version_base=None):
+        cfg = compose(
+            "carl_segment", overrides=[f"data.train_files={data / 'train.parquet'}", "data.val_files=null"]
+        )
+    OmegaConf.resolve(cfg)
+    trainer = AgentCreditTrainer(config=cfg)
+    with pytest.raises(
+        ValueError, match=r"train\.parquet: prompts rendered for protocol .*tags.* parse .*codefence"
+    ):
+        trainer._init_dataloader()  # before verl reads the files
+    assert verl_main([*args[:2], "carl-segment", *args[3:]]) == 0  # written for the method: accepted
+    import pyarrow.parquet as pq
+
+    from agentcredit.integrations.verl.data import check_data_files
+
+    check_data_files(str(data / "train.parquet"), "codefence", {})
+    assert "\\boxed{}" in pq.read_table(data / "train.parquet").to_pylist()[0]["prompt"][0]["content"]
 
 
 def test_a_tree_needs_rollout_n_equal_to_its_leaves():
@@ -311,3 +352,28 @@ def test_gear_teacher_logprobs_travel_as_a_tensor_field(monkeypatch):
         n = rows[key]["response_mask"].shape[0]
         torch.testing.assert_close(rows[key]["advantages"], reference.proto.batch["advantages"][r, :n])
     assert trainer_module.teacher_to_tensor_field([{"agentcredit": {"teacher_logprobs": None}}]) is None
+
+
+def test_tips_alpha_survives_a_checkpoint(monkeypatch, tmp_path):
+    """issue 51: batch_target's alpha carries over a batch without non-zero deltas; it was not in the checkpoint, so
+    after a resume such a batch was shaped with no alpha. It is saved beside verl's data.pt and read back."""
+    from verl.trainer.ppo.v1 import PPOTrainerSync
+
+    with initialize_config_dir(str(config_dir()), version_base=None):
+        cfg = compose(
+            "tips", overrides=[f"trainer.default_local_dir={tmp_path}", "agentcredit.tips.refresh_every=1"]
+        )
+    monkeypatch.setattr(PPOTrainerSync, "_save_checkpoint", lambda self: None)  # verl's part: models, data.pt
+
+    def resume(self):  # verl's part: sets the step it resumed from
+        self.global_steps = 7
+
+    monkeypatch.setattr(PPOTrainerSync, "_load_checkpoint", resume)
+    trainer = _trainer(cfg)
+    trainer.global_steps, trainer._tips_alpha = 7, 0.37
+    trainer._save_checkpoint()
+    assert (tmp_path / "global_step_7" / AgentCreditTrainer.STATE_FILE).is_file()
+    resumed = _trainer(cfg)
+    assert resumed._tips_alpha is None
+    resumed._load_checkpoint()
+    assert resumed._tips_alpha == 0.37

@@ -188,13 +188,16 @@ def test_wheel_holds_what_the_verl_plugin_reads(wheel):
 
 
 def test_wheel_registers_the_plugin_the_way_verl_finds_it(wheel):
-    """verl has no entry-point discovery: it imports VERL_USE_EXTERNAL_MODULES, which the configs forward."""
+    """verl 0.9.1 loads the ``verl.plugins`` entry points at ``import verl`` in every process: the wheel declares
+    the register module there, so no VERL_USE_EXTERNAL_MODULES is needed (nor forwarded by the configs)."""
     base = yaml.safe_load(_read(wheel, "agentcredit/integrations/verl/config/agentcredit_base.yaml"))
-    env_vars = base["ray_kwargs"]["ray_init"]["runtime_env"]["env_vars"]
-    assert env_vars["VERL_USE_EXTERNAL_MODULES"] == REGISTER_MODULE
+    assert "ray_kwargs" not in base
     assert f"{REGISTER_MODULE.replace('.', '/')}.py" in _names(wheel)
     entry_points = _read(wheel, f"agentcredit-{VERSION}.dist-info/entry_points.txt")
     assert re.search(r"^\[console_scripts\]\s*\nagentcredit = agentcredit\.cli:app$", entry_points, re.M)
+    assert re.search(
+        rf"^\[verl\.plugins\]\s*\nagentcredit = {re.escape(REGISTER_MODULE)}$", entry_points, re.M
+    )
 
 
 def test_wheel_metadata_carries_the_verl_extra(wheel):
@@ -262,7 +265,7 @@ def test_wheel_runs_from_its_own_files(wheel, tmp_path):
 
 REGISTER_FROM_WHEEL = """
 import json, sys
-import verl  # imports VERL_USE_EXTERNAL_MODULES, as in every Ray worker
+import verl  # loads the verl.plugins entry points (the wheel's dist-info is on the path), as in every Ray worker
 from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
 from verl.trainer.ppo.core_algos import get_adv_estimator_fn
 from verl.trainer.ppo.v1 import get_trainer_cls
@@ -284,7 +287,7 @@ def test_wheel_registers_in_verl(wheel, tmp_path):
         "agent": AGENT_LOOP_NAME,
         "trainer": TRAINER_NAME,
     }
-    proc = _from_the_wheel(wheel, tmp_path, code, VERL_USE_EXTERNAL_MODULES=REGISTER_MODULE)
+    proc = _from_the_wheel(wheel, tmp_path, code, VERL_USE_EXTERNAL_PLUGINS="agentcredit")
     assert proc.returncode == 0, proc.stderr[-3000:]
     found = json.loads(proc.stdout.strip().splitlines()[-1])
     assert Path(found["register"]).is_relative_to(tmp_path / "site")

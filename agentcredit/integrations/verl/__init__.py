@@ -2,9 +2,8 @@
 
 What plugs in where (docs/scaling-out-with-verl.md has the full picture):
 
-* :mod:`.register` is the module named in ``VERL_USE_EXTERNAL_MODULES``. ``import verl`` imports it in every
-  process (the driver, the TaskRunner and every Ray worker, because the shipped configs pass the variable
-  through ``ray_kwargs.ray_init.runtime_env.env_vars``), and it registers everything below.
+* :mod:`.register` is the package's ``verl.plugins`` entry point. ``import verl`` imports it in every process (the
+  driver, the TaskRunner and every Ray worker), and it registers everything below.
 * :mod:`.agent_loop`: the agent loop ``agentcredit_agent`` runs agentcredit's protocols and tools inside
   verl's rollout and records what the credit methods need in ``extra_fields["agentcredit"]``
   (:mod:`.fields`).
@@ -41,7 +40,7 @@ __all__ = [
 
 #: The verl release this integration is written and tested against (the ``agentcredit[verl]`` extra pins it).
 VERL_VERSION = "0.9.1"
-#: Module to list in ``VERL_USE_EXTERNAL_MODULES``.
+#: The module of the ``verl.plugins`` entry point (``pyproject.toml``), which verl imports at ``import verl``.
 REGISTER_MODULE = "agentcredit.integrations.verl.register"
 #: ``actor_rollout_ref.rollout.agent.default_agent_loop`` / the ``agent_name`` column of the data.
 AGENT_LOOP_NAME = "agentcredit_agent"

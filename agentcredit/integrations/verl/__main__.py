@@ -42,8 +42,23 @@ def main(argv: list[str] | None = None) -> int:
         metavar="KEY=VALUE",
         help="loader option for every task, e.g. answer_field=golden_answers for Search-R1's JSONL",
     )
-    prep.add_argument("--out", default="~/data/agentcredit/search_r1", help="directory for train/val.parquet")
-    prep.add_argument("--protocol", default="tags", help="agentcredit protocol that renders the prompt")
+    prep.add_argument(
+        "--method",
+        default="grpo",
+        help="the method the data is for: its config's protocol renders the prompts (the parser that reads the "
+        "replies must be the one the prompt asks for; the trainer refuses a mismatch)",
+    )
+    prep.add_argument(
+        "--out",
+        default=None,
+        help="directory for train/val.parquet (default: $HOME/data/agentcredit/search_r1/<method>, where the "
+        "shipped configs' data.train_files / val_files look)",
+    )
+    prep.add_argument(
+        "--protocol",
+        default=None,
+        help="override the method config's protocol (then pass the same to the run)",
+    )
     prep.add_argument("--protocol-option", action="append", default=[], metavar="KEY=VALUE")
     prep.add_argument("--limit", type=int, default=None, help="at most this many questions per task")
     prep.add_argument(
@@ -58,17 +73,24 @@ def main(argv: list[str] | None = None) -> int:
 
     from pathlib import Path
 
-    from agentcredit.integrations.verl.data import parse_task_list, write_parquet
+    from agentcredit.credit.methods import get_method
+    from agentcredit.integrations.verl.data import method_protocol, parse_task_list, write_parquet
 
-    options = _options(args.protocol_option, "--protocol-option") or (
-        {"style": "search-r1"} if args.protocol == "tags" else {}
-    )
+    try:
+        get_method(args.method)
+    except ValueError as exc:
+        print(f"--method: {exc}", file=sys.stderr)
+        return 2
+    protocol, options = method_protocol(args.method)
+    if args.protocol is not None and args.protocol != protocol:
+        protocol, options = args.protocol, {}
+    options = _options(args.protocol_option, "--protocol-option") or options
     task_options = _options(args.task_option, "--task-option")
-    out = Path(args.out).expanduser()
+    out = Path(args.out or f"~/data/agentcredit/search_r1/{args.method}").expanduser().resolve()
     n = write_parquet(
         parse_task_list(args.train),
         out / "train.parquet",
-        protocol=args.protocol,
+        protocol=protocol,
         protocol_options=options,
         split_name="train",
         limit=args.limit,
@@ -80,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         n = write_parquet(
             parse_task_list(args.val),
             out / "val.parquet",
-            protocol=args.protocol,
+            protocol=protocol,
             protocol_options=options,
             split_name="val",
             limit=args.val_limit,
@@ -88,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
             task_options=task_options if args.val.startswith("jsonl:") else {},
         )
         print(f"wrote {n} rows to {out / 'val.parquet'}")
+    print(f"prompts rendered with protocol {protocol} {options}, for agentcredit.method={args.method}")
     return 0
 
 

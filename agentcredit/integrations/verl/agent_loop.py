@@ -19,6 +19,7 @@ import json
 import logging
 import random
 import time
+import zlib
 from typing import Any
 from uuid import uuid4
 
@@ -32,6 +33,7 @@ from agentcredit.environment import (
     user_reward,
 )
 from agentcredit.integrations.verl import AGENT_LOOP_NAME, EXTRA_KEY
+from agentcredit.integrations.verl.data import check_protocol
 from agentcredit.integrations.verl.episode import (
     EpisodeResult,
     Generation,
@@ -42,7 +44,7 @@ from agentcredit.integrations.verl.episode import (
     run_tree,
     teacher_logprobs,
 )
-from agentcredit.integrations.verl.scoring import TeacherScorer
+from agentcredit.integrations.verl.scoring import TeacherScorer, routed_generate
 from agentcredit.integrations.verl.settings import AgentCreditSettings, load_settings
 from agentcredit.integrations.verl.teacher import TEACHER_ROUTER, teacher_client, wants_lagged_teacher
 from agentcredit.integrations.verl.tools import build_runtime
@@ -61,6 +63,7 @@ __all__ = [
     "branch_request_id",
     "episode_outcome",
     "episode_request_id",
+    "request_seed",
     "sample_fields",
     "score_request_id",
     "gear_teacher_prompt_ids",
@@ -214,18 +217,39 @@ def episode_outcome(settings: AgentCreditSettings, answer: str | None, golds: li
     return answer_reward(answer, golds, metric=settings.reward_metric, format_bonus=settings.format_bonus)
 
 
-def episode_request_id(full_determinism: bool, priority: Any = None) -> str:
+def episode_request_id(
+    full_determinism: bool, priority: Any = None, sample: dict[str, Any] | None = None
+) -> str:
     """The request id of every generate call of one episode.
 
     verl's load balancer routes by it (a sticky session): one id per episode keeps its later turns on the replica
-    whose prefix cache holds the earlier ones. As verl's ``ToolAgentLoop._make_request_id``: ``det-{priority}``
-    under ``rollout.full_determinism`` (verl then also passes the id to vLLM as is), else a fresh uuid. Without a
-    priority (verl's V1 TransferQueue workers pass none) a uuid, since ``det-0`` for every episode would send one
-    vLLM request id for many requests at once.
+    whose prefix cache holds the earlier ones. Under ``rollout.full_determinism`` (verl then also passes the id to
+    vLLM as is) it is a function of the sample, so a rerun sends the same ids: verl's ``det-{priority}`` where verl
+    gives a priority (as its ``ToolAgentLoop._make_request_id``), else, on verl's V1 TransferQueue workers (no
+    priority), ``det-{global_steps}-{index}-{session_id}``: the step, the dataset row and the session of the row's
+    ``rollout.n`` (unique among the requests that run at once). Otherwise a fresh uuid.
     """
-    if full_determinism and priority is not None:
-        return f"det-{int(priority)}"
+    if full_determinism:
+        if priority is not None:
+            return f"det-{int(priority)}"
+        sample = sample or {}
+        keys = [sample.get(k) for k in ("global_steps", "index", "session_id")]
+        if keys[1] is None:
+            keys[1] = (sample.get("extra_info") or {}).get("index")
+        if all(k is not None for k in keys):
+            return "det-" + "-".join(str(int(k)) for k in keys)
     return uuid4().hex
+
+
+def request_seed(rollout_seed: int, request_id: str, call: int) -> int:
+    """The sampling seed of the ``call``-th generate call with ``request_id`` under full determinism.
+
+    verl seeds every request of a replica with ``replica_rank + rollout.seed`` (``vllm_async_server.py``:
+    ``sampling_params.setdefault("seed", ...)``), so identical contexts on one replica sample identical tokens: a
+    prompt's ``rollout.n`` sessions, PORTool's duplicated branches and carl-critical's forks from one state would
+    collapse into one trajectory. A seed per session, branch and turn keeps them apart and still repeats run to
+    run (the ids are deterministic, :func:`episode_request_id`)."""
+    return zlib.crc32(f"{int(rollout_seed)}:{request_id}:{call}".encode()) & 0x7FFFFFFF
 
 
 def branch_request_id(episode_id: str, branch: int | None, full_determinism: bool) -> str:
@@ -264,14 +288,18 @@ class AgentCreditAgentLoop(AgentLoopBase):
         self._weight_steps: list[int] = []
         self._request_id = uuid4().hex  # run() sets the episode's (episode_request_id)
         self._n_scores = 0
+        self.rollout_seed = int(getattr(self.rollout_config, "seed", 0) or 0)
+        self._calls: dict[str, int] = {}  # generate calls per request id (request_seed's turn)
 
     async def _generate(
         self, context: list[int], params: dict[str, Any], branch: int | None = None
     ) -> Generation:
         request_id = branch_request_id(self._request_id, branch, self.full_determinism)
-        out = await self.server_manager.generate(
-            request_id=request_id, prompt_ids=context, sampling_params=params
-        )
+        if self.full_determinism and self.engine == "vllm":  # verl's SGLang server has no per-request seed
+            call = self._calls[request_id] = self._calls.get(request_id, -1) + 1
+            params = {**params, "seed": request_seed(self.rollout_seed, request_id, call)}
+        # a branch's own id for vLLM, the episode's for routing: the whole tree on one replica's prefix cache
+        out = await routed_generate(self.server_manager, self._request_id, request_id, context, params)
         for key in ("min_global_steps", "max_global_steps"):
             if out.extra_fields.get(key) is not None:
                 self._weight_steps.append(int(out.extra_fields[key]))
@@ -293,11 +321,28 @@ class AgentCreditAgentLoop(AgentLoopBase):
             self._n_scores += 1
             return rid
 
-        # SGLang's own request id: unique per call; under full determinism the routing id already is
-        def sglang_rid(routing: str) -> str:
-            return routing if self.full_determinism else uuid4().hex
+        # SGLang's own request id: unique per call; under full determinism the call's id already is
+        def sglang_rid(request_id: str) -> str:
+            return request_id if self.full_determinism else uuid4().hex
 
-        return TeacherScorer(server or self.server_manager, self.engine, request_id, rid=sglang_rid)
+        return TeacherScorer(
+            server or self.server_manager,
+            self.engine,
+            request_id,
+            rid=sglang_rid,
+            routing=lambda: self._request_id,  # the episode's replica, whose prefix cache holds its contexts
+            lora_path=self._sglang_lora_path(),
+        )
+
+    def _sglang_lora_path(self) -> str | None:
+        """The adapter name verl's SGLang server serves the actor's LoRA under (its own ``generate`` adds it to every
+        request; the scorer's direct ``/generate`` call must too), or None."""
+        if self.engine != "sglang":
+            return None
+        from verl.workers.rollout.sglang_rollout.utils import SGLANG_LORA_NAME, lora_served_as_adapter
+
+        model = self.config.actor_rollout_ref.model
+        return SGLANG_LORA_NAME if lora_served_as_adapter(model) else None
 
     def _tips_scorer(self) -> TeacherScorer:
         """Where TIPS's teacher scores the potentials: the lagged teacher's replicas (:mod:`.teacher`) when it lags
@@ -313,7 +358,9 @@ class AgentCreditAgentLoop(AgentLoopBase):
     ) -> AgentLoopOutput | list[AgentLoopOutput]:
         s = self.settings
         messages, question, golds = sample_fields(kwargs)
-        self._request_id = episode_request_id(self.full_determinism, kwargs.get("priority"))
+        info = kwargs.get("extra_info") or {}
+        check_protocol(info, s.protocol, s.protocol_options, f"dataset row {info.get('index', '?')}")
+        self._request_id = episode_request_id(self.full_determinism, kwargs.get("priority"), kwargs)
         self._n_scores = 0
         runtime = _runtime(s)
         # your own tools (tools.functions / tools.mcp / tools.environment) are shown by the protocol; the parquet's
@@ -376,7 +423,9 @@ class AgentCreditAgentLoop(AgentLoopBase):
             if session is not None:
                 session.close()
         timing["generate"] = time.perf_counter() - start - timing["tools"]
-        tree_id = uuid4().hex if runner.branching else None
+        tree_id = None
+        if runner.branching:  # unique in the batch; repeats run to run under full determinism
+            tree_id = f"{self._request_id}-tree" if self.full_determinism else uuid4().hex
         forks = fork_counts(episodes[0].tree) if runner.branching else None
         outputs = []
         for episode in episodes:

@@ -62,6 +62,7 @@ def plan_minibatches(
     *,
     dp_size: int = 1,
     row_multiple: int = 1,
+    micro_batch_per_rank: int = 1,
 ) -> MinibatchPlan:
     """Lay the rows out so that verl's row mini-batches are mini-batches of whole episodes.
 
@@ -71,6 +72,10 @@ def plan_minibatches(
         dp_size: verl's data-parallel size: rank r receives the r-th contiguous slice of the batch.
         row_multiple: the row count of a mini-batch is rounded up to a multiple of this (and of ``dp_size``),
             e.g. ``rollout.n`` so that it can be written back as a whole ``ppo_mini_batch_size``.
+        micro_batch_per_rank: each rank's share of a mini-batch is rounded up to a multiple of this: without
+            dynamic batch sizes verl cuts a rank's rows into micro-batches of ``*_micro_batch_size_per_gpu`` and
+            asserts that they divide evenly (``prepare_micro_batches``), for the updates (a mini-batch) and for the
+            log-prob and value passes (the rank's whole slice, a whole number of mini-batch shares).
 
     Episodes keep their first-appearance order and are cut into consecutive groups of
     ``episodes_per_minibatch``, the last one possibly short; every group is padded to the largest group's row
@@ -79,10 +84,10 @@ def plan_minibatches(
     :attr:`MinibatchPlan.rows_per_episode` stays the nominal ``rows_per_minibatch / episodes_per_minibatch`` for a
     short group too.
     """
-    if episodes_per_minibatch < 1 or dp_size < 1 or row_multiple < 1:
+    if min(episodes_per_minibatch, dp_size, row_multiple, micro_batch_per_rank) < 1:
         raise ValueError(
-            f"episodes_per_minibatch ({episodes_per_minibatch}), dp_size ({dp_size}) and row_multiple "
-            f"({row_multiple}) must be >= 1"
+            f"episodes_per_minibatch ({episodes_per_minibatch}), dp_size ({dp_size}), row_multiple "
+            f"({row_multiple}) and micro_batch_per_rank ({micro_batch_per_rank}) must be >= 1"
         )
     rows_of: dict[Hashable, list[int]] = {}
     for row, episode in enumerate(episode_of_row):
@@ -94,7 +99,7 @@ def plan_minibatches(
         [row for ep in episodes[i : i + episodes_per_minibatch] for row in ep]
         for i in range(0, len(episodes), episodes_per_minibatch)
     ]
-    multiple = math.lcm(dp_size, row_multiple)
+    multiple = math.lcm(dp_size * micro_batch_per_rank, row_multiple)
     width = -(-max(len(g) for g in groups) // multiple) * multiple
     padded: list[list[int | None]] = [g + [None] * (width - len(g)) for g in groups]
     share = width // dp_size

@@ -1,9 +1,10 @@
 """Register agentcredit's estimators, agent loop and trainer in verl's registries.
 
-List this module in ``VERL_USE_EXTERNAL_MODULES``: ``import verl`` then imports it in every process that imports
-verl. Registries are per process, so the variable must reach the Ray workers too; the shipped configs put it in
-``ray_kwargs.ray_init.runtime_env.env_vars``. Importing this module twice is harmless (Python caches modules,
-and verl's registries accept re-registering the same object).
+agentcredit's package declares this module as its ``verl.plugins`` entry point (``pyproject.toml``), and verl 0.9.1
+loads that group at ``import verl``: every process that imports verl (the driver that composes the config, the
+TaskRunner, every Ray worker) imports it, with nothing to export. Registries are per process, which is why it must
+be every process. Importing this module twice is harmless (Python caches modules, and verl's registries accept
+re-registering the same object).
 
 Registered names:
 

@@ -53,6 +53,8 @@ __all__ = [
     "ContinuationScoreFn",
     "TeacherScorer",
     "full_params",
+    "prompt_rows",
+    "routed_generate",
     "rows_computed",
     "sglang_logprobs",
     "sglang_request",
@@ -93,8 +95,12 @@ def rows_computed(num_cached_tokens: Any, context_length: int) -> bool:
     return int(num_cached_tokens) <= context_length - 1
 
 
-def sglang_request(ids: Sequence[int], context_length: int, rid: str) -> dict[str, Any]:
-    """SGLang's ``/generate`` payload (``GenerateReqInput``) scoring ``ids[context_length:]``."""
+def sglang_request(
+    ids: Sequence[int], context_length: int, rid: str, lora_path: str | None = None
+) -> dict[str, Any]:
+    """SGLang's ``/generate`` payload (``GenerateReqInput``) scoring ``ids[context_length:]``; ``lora_path``: the
+    adapter verl's SGLang server serves the actor's LoRA as (its ``generate`` sets it on every request), without
+    which the base model would score."""
     if not 1 <= context_length < len(ids):
         raise ValueError(
             f"sglang_request: need a context of at least one token and a continuation, got {context_length} of "
@@ -108,6 +114,7 @@ def sglang_request(ids: Sequence[int], context_length: int, rid: str) -> dict[st
         "logprob_start_len": context_length - 1,
         "return_text_in_logprobs": False,
         "stream": False,
+        **({"lora_path": lora_path} if lora_path else {}),
     }
 
 
@@ -129,6 +136,36 @@ def sglang_logprobs(answer: dict[str, Any], ids: Sequence[int], context_length: 
     if not all(math.isfinite(x) for x in out):
         raise ValueError(f"SGLang answered a non-finite input log-prob: {out}")
     return out
+
+
+async def routed_generate(
+    client: Any, routing_id: str, request_id: str, prompt_ids: list[int], sampling_params: dict[str, Any]
+) -> Any:
+    """verl's ``generate`` on the replica that ``routing_id`` is routed to, with ``request_id`` as the engine's id.
+
+    verl's ``LLMServerClient.generate`` uses one id for both: the load balancer's sticky session and, under
+    ``rollout.full_determinism``, vLLM's own request id (which concurrent requests must not share). An episode's
+    concurrent calls (a tree's branches, its teacher scores) then need ids of their own, and routing by them would
+    scatter the episode over replicas, away from the prefix cache that holds it. With two ids this does what
+    ``generate`` does (``llm_server.py``: acquire, the server actor's ``generate``, the weight-step fields,
+    release) with the routing id for the balancer and the call's id for the engine; with one it is verl's call."""
+    if request_id == routing_id:
+        return await client.generate(
+            request_id=request_id, prompt_ids=prompt_ids, sampling_params=sampling_params
+        )
+    server_id, server = await client._acquire_server(
+        routing_id, prompt_ids=prompt_ids, sampling_params=sampling_params
+    )
+    try:
+        out = await server.generate.remote(
+            request_id=request_id, prompt_ids=prompt_ids, sampling_params=sampling_params
+        )
+        steps = out.extra_fields.get("global_steps")
+        out.extra_fields.setdefault("min_global_steps", steps)
+        out.extra_fields.setdefault("max_global_steps", steps)
+        return out
+    finally:
+        client._release_server(server_id, request_id=routing_id)
 
 
 _SESSIONS: dict[int, Any] = {}  # one HTTP session per event loop of a worker process (connections reused)
@@ -156,9 +193,10 @@ class TeacherScorer:
 
     ``client`` is verl's ``LLMServerClient`` (``generate``; ``_acquire_server`` / ``_release_server`` for SGLang's
     endpoint, as its ``generate`` uses them), ``engine`` the rollout's (``vllm``, ``sglang``; others take the old
-    path), ``request_id()`` the routing id of the next call (the episode's, so the call lands on the replica whose
-    cache holds the episode), ``rid(routing_id)`` SGLang's own request id (unique among running requests; default a
-    fresh uuid). ``cached=False`` keeps the old path. Counts its calls in
+    path), ``request_id()`` the id of the next call, ``routing()`` the load balancer's key (the episode's id, so
+    every call lands on the replica whose cache holds the episode, :func:`routed_generate`; default: the call's
+    id), ``rid(request_id)`` SGLang's own request id (unique among running requests; default a fresh uuid).
+    ``cached=False`` keeps the old path. Counts its calls in
     :attr:`stats` (``requests``, ``resent``: vLLM calls whose cache hit reached the continuation).
     """
 
@@ -171,8 +209,13 @@ class TeacherScorer:
         rid: Callable[[str], str] | None = None,
         cached: bool = True,
         post: PostFn | None = None,
+        routing: Callable[[], str] | None = None,
+        lora_path: str | None = None,
     ):
+        self.lora_path = lora_path  # SGLang: the adapter name of the actor's LoRA (None: no adapter served)
         self.client, self.engine, self.request_id = client, engine, request_id
+        # the load balancer's key (the episode's id): every call lands on the episode's replica, whatever its own id
+        self.routing = routing
         self.rid = rid or (lambda routing: uuid4().hex)
         self.cached = cached
         self.post = post or _http_post
@@ -195,30 +238,72 @@ class TeacherScorer:
 
     async def _generate(self, ids: list[int], params: dict[str, Any]) -> Any:
         self.stats["requests"] += 1
-        return await self.client.generate(
-            request_id=self.request_id(), prompt_ids=ids, sampling_params=params
-        )
+        request_id = self.request_id()
+        routing = self.routing() if self.routing is not None else request_id
+        return await routed_generate(self.client, routing, request_id, ids, params)
 
     async def _sglang(self, ids: list[int], context_length: int) -> list[float]:
         self.stats["requests"] += 1
-        routing = self.request_id()
+        request_id = self.request_id()
+        routing = self.routing() if self.routing is not None else request_id
         # the load balancer's server id is the replica's HTTP address (verl's get_router_handle /
         # LLMServerManager: servers=dict(zip(server_addresses, server_handles)))
         server_id, _ = await self.client._acquire_server(routing)
         try:
             answer = await self.post(
-                f"http://{server_id}/generate", sglang_request(ids, context_length, self.rid(routing))
+                f"http://{server_id}/generate",
+                sglang_request(ids, context_length, self.rid(request_id), self.lora_path),
             )
         finally:
             self.client._release_server(server_id, request_id=routing)
         return sglang_logprobs(answer, ids, context_length)
 
 
-def _continuation(out: Any, ids: list[int], context_length: int) -> list[float]:
-    """The continuation's log-probs from verl's ``prompt_logprobs`` extra field (one ``[logprob]`` row per
-    prompt token after the first, then a padding row)."""
-    raw = out.extra_fields.get("prompt_logprobs")
-    if raw is None or len(raw) < len(ids) - 1:
+def prompt_rows(extra_fields: dict[str, Any], ids: Sequence[int]) -> tuple[int, list[float]]:
+    """The prompt-logprob rows verl's vLLM server answered for ``ids``, as ``(first, rows)``: ``rows[k]`` is row
+    ``first + k``, i.e. ``log p(ids[first + k + 1] | ids[: first + k + 1])``.
+
+    verl (``extract_prompt_logprobs``) turns vLLM's ``prompt_logprobs`` into one ``[logprob]`` row per prompt token
+    after the first, then appends a padding row. How many rows vLLM 0.24 gives depends on its model runner:
+
+    * the V1 runner (``v1/worker/gpu_model_runner.py``, e.g. Qwen2): all ``len(ids) - 1`` rows, those of
+      prefix-cached positions left unwritten (``first = 0``);
+    * the V2 runner (``v1/worker/gpu/``, the default for Llama, Qwen3, Mistral): only the rows it computed, the last
+      ``len(ids) - 1 - num_cached_tokens`` (``first = num_cached_tokens``).
+
+    Both come out the same here: the layout is read off the row count. When verl also sent ``prompt_ids`` (the
+    token of each row), the computed rows must name ``ids[first + k + 1]``; a mismatch means another layout, and
+    raises rather than scores the wrong positions.
+    """
+    raw = extra_fields.get("prompt_logprobs")
+    if not raw:
         raise ValueError("the server returned no prompt_logprobs; TIPS and GEAR need vLLM or SGLang")
-    lp = [float(row[0]) for row in raw[: len(ids) - 1]]
+    rows = [float(row[0]) for row in raw[:-1]]  # verl's padding row last
+    first = len(ids) - 1 - len(rows)
+    if first < 0:
+        raise ValueError(f"the server returned {len(rows)} prompt log-prob rows for {len(ids)} prompt tokens")
+    cached = extra_fields.get("num_cached_tokens")
+    computed_from = (
+        max(first, int(cached)) if isinstance(cached, int) and not isinstance(cached, bool) else first
+    )
+    named = extra_fields.get("prompt_ids")
+    if named:
+        for k in range(computed_from - first, len(rows)):
+            if int(named[k][0]) != int(ids[first + k + 1]):
+                raise ValueError(
+                    f"prompt log-prob row {first + k} is for token {named[k][0]}, not {ids[first + k + 1]}: an "
+                    f"unknown row layout ({len(rows)} rows for {len(ids)} tokens, {cached} cached)"
+                )
+    return first, rows
+
+
+def _continuation(out: Any, ids: list[int], context_length: int) -> list[float]:
+    """The continuation's log-probs from verl's ``prompt_logprobs`` extra field (:func:`prompt_rows`)."""
+    first, rows = prompt_rows(out.extra_fields, ids)
+    if first > context_length - 1:  # the engine computed none of the continuation's first rows
+        raise ValueError(
+            f"the server returned prompt log-probs from row {first} on; the continuation after {context_length} "
+            f"context tokens needs them from row {context_length - 1}"
+        )
+    lp = [math.nan] * first + rows
     return continuation_logprobs(lp, context_length, len(ids) - context_length)

@@ -12,7 +12,10 @@ the credit methods need (values, old and rollout log-probs, entropies, and the a
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
+import math
+import os
 from functools import partial
 from typing import Any
 
@@ -34,6 +37,7 @@ from verl.workers.utils.padding import response_to_nested
 
 from agentcredit.integrations.verl import EXTRA_KEY, TRAINER_NAME
 from agentcredit.integrations.verl.advantages import apply_to_dataproto
+from agentcredit.integrations.verl.data import check_data_files
 from agentcredit.integrations.verl.fields import TEACHER_FIELD
 from agentcredit.integrations.verl.losses import (
     LOSS_WEIGHTS,
@@ -152,6 +156,42 @@ def _check_carl_segment_loss(config: DictConfig, settings: AgentCreditSettings) 
         )
 
 
+#: The per-GPU micro-batch sizes verl cuts a rank's rows by when dynamic batch sizes are off (``prepare_micro_batches``
+#: asserts they divide evenly): (section, its use_dynamic_bsz key, its micro-batch keys).
+_MICRO_BATCH_KEYS = (
+    ("actor_rollout_ref.actor", "use_dynamic_bsz", ("ppo_micro_batch_size_per_gpu",)),
+    ("actor_rollout_ref.rollout", "log_prob_use_dynamic_bsz", ("log_prob_micro_batch_size_per_gpu",)),
+    ("actor_rollout_ref.ref", "log_prob_use_dynamic_bsz", ("log_prob_micro_batch_size_per_gpu",)),
+    (
+        "critic",
+        "use_dynamic_bsz",
+        (
+            "ppo_micro_batch_size_per_gpu",
+            "forward_micro_batch_size_per_gpu",
+            "ppo_infer_micro_batch_size_per_gpu",
+        ),
+    ),
+)
+
+
+def micro_batch_multiple(config: DictConfig, use_critic: bool) -> int:
+    """The least common multiple of the per-GPU micro-batch sizes verl will cut each rank's rows by (1 with dynamic
+    batch sizes): a rank's share of every planned mini-batch must be a multiple of it, or verl's divisibility
+    assertion fires at the first update or log-prob pass (issue 51: carl-segment's 2 rows per micro-batch, 8 GPUs,
+    120 rows -> 15 per rank)."""
+    from omegaconf import OmegaConf
+
+    sizes = []
+    for section, dynamic, keys in _MICRO_BATCH_KEYS:
+        if section == "critic" and not use_critic:
+            continue
+        node = OmegaConf.select(config, section)
+        if node is None or node.get(dynamic, False):
+            continue
+        sizes += [int(node[k]) for k in keys if node.get(k) is not None]
+    return math.lcm(*sizes) if sizes else 1
+
+
 def episode_keys(extra_fields: list, keys: list) -> list:
     """The episode of every row: the agentcredit record's ``episode_id``, else the row's own key."""
     out = []
@@ -217,6 +257,14 @@ class AgentCreditTrainer(PPOTrainerSync):
         )
         self._teacher: LaggedTeacher | None = None  # TIPS with refresh_every > 1 (launched in _setup)
 
+    def _init_dataloader(self):
+        """verl's datasets, once their prompts are known to ask for the format the method's protocol parses."""
+        for key in ("train_files", "val_files"):
+            check_data_files(
+                self.config.data.get(key), self.agentcredit.protocol, self.agentcredit.protocol_options
+            )
+        return super()._init_dataloader()
+
     def _setup(self):
         if wants_lagged_teacher(self.agentcredit):  # before any worker starts
             check_teacher_gpus(self.config, self.agentcredit, ray.cluster_resources().get("GPU", 0))
@@ -262,6 +310,41 @@ class AgentCreditTrainer(PPOTrainerSync):
                 **pending,
                 **{f"agentcredit/teacher_sync/{k}": v for k, v in synced.items()},
             }
+
+    #: The trainer's own state in a verl checkpoint folder (``global_step_N/``), beside verl's ``data.pt``.
+    STATE_FILE = "agentcredit_state.json"
+
+    def _state_folder(self) -> str:
+        if self.config.trainer.resume_mode == "resume_path" and self.config.trainer.get("resume_from_path"):
+            folder = str(self.config.trainer.resume_from_path)
+        else:
+            folder = os.path.join(
+                str(self.config.trainer.default_local_dir), f"global_step_{self.global_steps}"
+            )
+        return folder if os.path.isabs(folder) else os.path.join(os.getcwd(), folder)
+
+    def _save_checkpoint(self):
+        """verl's checkpoint plus the trainer's own state: TIPS's batch_target alpha, which carries over a batch
+        without non-zero deltas (issue 51: lost on resume, so the first such batch after it shaped with none).
+        Written before verl's, so a checkpoint verl marks as latest always has it."""
+        folder = self._state_folder()
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, self.STATE_FILE), "w", encoding="utf-8") as f:
+            json.dump({"tips_alpha": self._tips_alpha}, f)
+        return super()._save_checkpoint()
+
+    def _load_checkpoint(self):
+        out = super()._load_checkpoint()
+        if self.global_steps:
+            path = os.path.join(self._state_folder(), self.STATE_FILE)
+            if os.path.exists(path):
+                with open(path, encoding="utf-8") as f:
+                    self._tips_alpha = json.load(f).get("tips_alpha")
+            else:
+                logger.warning(
+                    "%s not found: a checkpoint of an older agentcredit; TIPS's alpha restarts", path
+                )
+        return out
 
     def _fetch_one_gen_batch(self):
         """verl's next prompts; under a tree strategy each is sent to one agent-loop session (``__rollout_n__`` =
@@ -309,7 +392,11 @@ class AgentCreditTrainer(PPOTrainerSync):
             worker_group._dispatch_info[role] = worker_group._query_dispatch_info(role)
         dp_size = max(worker_group._dispatch_info[role]) + 1
         plan = plan_minibatches(
-            episodes, actor_eps, dp_size=dp_size, row_multiple=int(self.config.actor_rollout_ref.rollout.n)
+            episodes,
+            actor_eps,
+            dp_size=dp_size,
+            row_multiple=int(self.config.actor_rollout_ref.rollout.n),
+            micro_batch_per_rank=micro_batch_multiple(self.config, self.use_critic),
         )
         n_real = len(batch)
         batch = upsample_batch_to_divisible_size(batch, len(plan.order), self.tokenizer.eos_token_id)
