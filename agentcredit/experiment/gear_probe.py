@@ -53,17 +53,23 @@ class Statistic(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: Literal["rkl_excess", "w_gap"]
-    effect: float = Field(gt=0, description="the effect of interest (the paper names none: ours, with its reason)")
+    effect: float = Field(
+        gt=0, description="the effect of interest (the paper names none: ours, with its reason)"
+    )
     effect_source: str
     margin: float = Field(gt=0, description="equivalence margin: an interval below it is 'not reproduced'")
-    planning_sd: float | None = Field(None, gt=0, description="SD per question from the pilot (None: not yet run)")
+    planning_sd: float | None = Field(
+        None, gt=0, description="SD per question from the pilot (None: not yet run)"
+    )
     planning_sd_source: str = ""
 
 
 class Questions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    limit: int = Field(ge=1, description="the training split is generated with this limit (it changes the questions)")
+    limit: int = Field(
+        ge=1, description="the training split is generated with this limit (it changes the questions)"
+    )
     count: int = Field(ge=2, description="the first two-hop questions taken from it")
 
 
@@ -78,7 +84,9 @@ class ProbeSpec(BaseModel):
     model: str = "embedded"
     task_seed: int = 0
     deviations: list[Literal["wrong_search", "early_answer"]] = list(DEVIATIONS)
-    sft_examples: int = Field(128, ge=0, description="the SFT set excluded by question text (the start's first n)")
+    sft_examples: int = Field(
+        128, ge=0, description="the SFT set excluded by question text (the start's first n)"
+    )
     pilot: Questions
     main: Questions
     alpha: float = Field(0.05, gt=0, lt=0.5, description="one-sided, family-wise (Holm over the statistics)")
@@ -94,7 +102,9 @@ def load_spec(path: Path) -> ProbeSpec:
 # --- statistics (pure) -----------------------------------------------------------------------------------------
 
 
-def episode_statistics(turns: Sequence[int], rkl: Sequence[float], weights: Sequence[float], deviating: int) -> dict:
+def episode_statistics(
+    turns: Sequence[int], rkl: Sequence[float], weights: Sequence[float], deviating: int
+) -> dict:
     """``rkl_excess`` and ``w_gap`` of one episode from its policy tokens' turn index, raw rKL and W."""
     n = len(turns)
     on = [t == deviating for t in turns]
@@ -132,7 +142,9 @@ def _power(n: int, effect: float, sd: float, alpha: float) -> float:
     return float(stats.nct.sf(crit, df, effect / sd * math.sqrt(n)))
 
 
-def planned_questions(effect: float, sd: float, pilot_n: int, alpha: float, power: float) -> tuple[int, float]:
+def planned_questions(
+    effect: float, sd: float, pilot_n: int, alpha: float, power: float
+) -> tuple[int, float]:
     """Questions for ``power`` in a one-sided one-sample t test of ``effect`` at ``alpha``, planning with the pilot
     SD's upper 80% confidence bound (its uncertainty: chi-square with ``pilot_n - 1`` df). Returns (n, that SD)."""
     from scipy import stats
@@ -183,7 +195,9 @@ def holm(pvalues: dict[str, float], alpha: float) -> dict[str, float]:
     """Each statistic's alpha under Holm's step-down procedure (the family-wise ``alpha``)."""
     order = sorted(pvalues, key=pvalues.get)
     out: dict[str, float] = {}
-    stopped = None  # the level at which the step-down stopped: every later statistic is tested there (not rejected)
+    stopped = (
+        None  # the level at which the step-down stopped: every later statistic is tested there (not rejected)
+    )
     for i, name in enumerate(order):
         level = alpha / (len(order) - i) if stopped is None else stopped
         out[name] = level
@@ -232,17 +246,19 @@ def _student(kind: str, chain: Sequence[Sequence[str]]) -> Callable[[int, str | 
 
 def score_question(ctx: dict, example: Any, kinds: Sequence[str]) -> list[dict]:
     """The question's scripted failing episodes, scored by the student and the teacher: per-token records."""
+    import torch
+
     from agentcredit.credit.gear import gear_details
     from agentcredit.rollout.replay import replay
     from agentcredit.train import signals
     from agentcredit.train.batch import build_batch
 
-    import torch
-
     env, model, tokenizer, settings = ctx["env"], ctx["model"], ctx["tokenizer"], ctx["settings"]
     out = []
     for kind in kinds:
-        tree = replay(env.protocol, tokenizer, env.tools, example.question, _student(kind, example.info["chain"]))
+        tree = replay(
+            env.protocol, tokenizer, env.tools, example.question, _student(kind, example.info["chain"])
+        )
         tree.set_reward(tree.leaves()[0], 0.0)
         batch = build_batch([tree], pad_id=tokenizer.pad_token_id)
         student, entropy, _ = signals.score_batch(model, batch)
@@ -344,7 +360,9 @@ def run_probe(
                     for r in new:
                         f.write(json.dumps(r) + "\n")
                 records += new
-                log(f"[{part}] {len(done) + i + 1}/{len(questions)} {example.id} {time.perf_counter() - t0:.0f} s")
+                log(
+                    f"[{part}] {len(done) + i + 1}/{len(questions)} {example.id} {time.perf_counter() - t0:.0f} s"
+                )
         finally:
             ctx["env"].close()
     summary = summarise(spec, records, part)
@@ -369,9 +387,13 @@ def summarise(spec: ProbeSpec, records: Sequence[dict], part: str) -> dict:
             q, sd_up = planned_questions(s.effect, sd, n, spec.alpha / len(spec.statistics), spec.power)
             out["planning"][s.name] = {"mean": mean, "sd": sd, "sd_upper_80": sd_up, "questions": q}
         return out
-    pvalues = {s.name: verdict(values[s.name], s, spec.alpha, spec.power)["p_one_sided"] for s in spec.statistics}
+    pvalues = {
+        s.name: verdict(values[s.name], s, spec.alpha, spec.power)["p_one_sided"] for s in spec.statistics
+    }
     levels = holm(pvalues, spec.alpha)
-    out["statistics"] = {s.name: verdict(values[s.name], s, levels[s.name], spec.power) for s in spec.statistics}
+    out["statistics"] = {
+        s.name: verdict(values[s.name], s, levels[s.name], spec.power) for s in spec.statistics
+    }
     return out
 
 
