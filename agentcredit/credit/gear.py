@@ -144,6 +144,8 @@ def gear_details(
     choice(segmentation, "segmentation", SEGMENTATIONS)
     if isinstance(entropy_window, bool) or not isinstance(entropy_window, int) or entropy_window < 1:
         raise ValueError(f"entropy_window must be a positive int, got {entropy_window!r}")
+    if break_at_observation and segmentation not in ("gear", "entropy_window"):
+        raise ValueError('break_at_observation applies to segmentation="gear" or "entropy_window" only')
     if isinstance(turn_head_tokens, bool) or not isinstance(turn_head_tokens, int) or turn_head_tokens < 0:
         raise ValueError(f"turn_head_tokens must be an int >= 0, got {turn_head_tokens!r}")
     for name, t in (("student_logp", student_logp), ("teacher_logp", teacher_logp), ("entropy", entropy)):
@@ -278,7 +280,8 @@ def gear_advantages(
         turn_starts: ``[T]`` bool, True on the first policy token of each turn after the first, for a layout whose
             mask has no gap at the observations; a gap in the mask always starts a new turn.
         turn_head_tokens: the first n tokens of each turn open no segment (ours, measured:
-            :data:`TURN_HEAD_TOKENS`; 0 = the paper's scan).
+            :data:`TURN_HEAD_TOKENS`; 0 = the paper's scan). Read by ``"gear"`` and ``"entropy_window"``; the
+            other ablations keep the spec's definitions.
 
     Returns:
         ``[T]`` advantages W_t * A on policy tokens, 0 where ``mask == 0``, in the promoted float dtype of the

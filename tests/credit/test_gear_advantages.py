@@ -290,6 +290,7 @@ def test_mixed_dtypes_promote():
         ({"segmentation": "tool_call"}, "needs tool_call_starts"),
         ({"segmentation": "tool_call", "tool_call_starts": torch.tensor([0, 1, 0])}, "mask == 0"),
         ({"tool_call_starts": torch.tensor([1, 0, 0])}, "only used by"),
+        ({"segmentation": "kl_only", "break_at_observation": True}, "break_at_observation applies"),
         ({"turn_head_tokens": -1}, "turn_head_tokens must be an int >= 0"),
         ({"turn_starts": torch.tensor([0, 1, 0])}, r"turn_starts\[1\] is True on a token with mask == 0"),
         ({"entropy_window": 0}, "entropy_window must be a positive int"),
