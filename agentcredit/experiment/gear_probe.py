@@ -150,12 +150,20 @@ def planned_questions(
     from scipy import stats
 
     sd_up = sd * math.sqrt((pilot_n - 1) / stats.chi2.ppf(0.2, pilot_n - 1))
-    n = 2
-    while _power(n, effect, sd_up, alpha) < power:
-        n += 1
-        if n > 100_000:
-            raise ValueError(f"no n up to 100000 gives power {power} for effect {effect} at SD {sd_up}")
-    return n, sd_up
+    # power grows with n: double until it is reached, then bisect (a few dozen t evaluations even for n ~ 1e6)
+    high = 2
+    while _power(high, effect, sd_up, alpha) < power:
+        high *= 2
+        if high > 10_000_000:
+            raise ValueError(f"no n up to 1e7 gives power {power} for effect {effect} at SD {sd_up}")
+    low = max(2, high // 2)
+    while low < high:
+        mid = (low + high) // 2
+        if _power(mid, effect, sd_up, alpha) >= power:
+            high = mid
+        else:
+            low = mid + 1
+    return high, sd_up
 
 
 def verdict(values: Sequence[float], stat: Statistic, alpha: float, power: float) -> dict:
