@@ -404,6 +404,31 @@ def view(
     typer.echo(f"wrote {page}")
 
 
+@app.command("probe-gear")
+def probe_gear_cmd(
+    study: Annotated[Path, typer.Option("--study", help="The probe's study file.")] = Path(
+        "studies/gear-mechanism.yaml"
+    ),
+    out: Annotated[Path, typer.Option("--out", help="Where its records and summaries go.")] = Path(
+        "runs/gear-mechanism"
+    ),
+    part: Annotated[str, typer.Option("--part", help="pilot (planning SDs) or main (verdicts).")] = "main",
+) -> None:
+    """GEAR's mechanism probe: does the rKL mass and W concentrate on a failing trajectory's deviating turn?"""
+    from pydantic import ValidationError
+
+    from agentcredit.experiment.gear_probe import format_summary, load_spec, run_probe
+
+    if part not in ("pilot", "main"):
+        _fail(ValueError(f"--part must be pilot or main, got {part!r}"))
+    try:
+        spec = load_spec(study)
+        summary = run_probe(spec, out, part=part, log=typer.echo)  # type: ignore[arg-type]
+    except (FileNotFoundError, ValueError, ValidationError) as exc:
+        _fail(exc)
+    typer.echo(format_summary(summary))
+
+
 @app.command("probe-credit")
 def probe_credit_cmd(
     config: ConfigOpt = "portool-kb-multihop",

@@ -25,8 +25,15 @@ a segment that runs to the next trigger), ``"entropy_only"`` (partition by the e
 ``"tool_call"`` (segments start at the first token of each tool invocation) and ``"entropy_window"`` (the end
 test uses the trailing mean entropy of ``entropy_window`` tokens). ``normalisation="clamp_max"`` is spec A3's
 alternative, max(rKL, 0) / max(max(rKL, 0)); ``"auto"`` is min-max unless it makes more than 20% of the tokens
-triggers, then clamp_max (spec A3); ``break_at_observation`` ends a segment at a tool output
-(spec A5; by default segments may run across it).
+triggers, then clamp_max (spec A3).
+
+Turns (ours, issue 48; the paper's scan runs over the policy tokens and says nothing of turns): a turn ends at an
+observation (a gap in the mask, or ``turn_starts``). ``turn_head_tokens`` (default :data:`TURN_HEAD_TOKENS` = 1):
+the first tokens of each turn open no segment (they keep their own r, Eq. 3's "otherwise"), since the turn's opening
+token carries the prompt-shift spike (measured, see the constant). ``break_at_observation`` ends a segment at the
+last token of its turn; off by default: segments run across observations, as the paper's scan over the policy
+tokens does (spec A5), and on kb-multihop ending them there separated the deviating turn less (0.029, SD 0.052,
+24 of 28, with the first token skipped).
 """
 
 from __future__ import annotations
@@ -54,6 +61,7 @@ __all__ = [
     "SEGMENTATIONS",
     "NORMALISATIONS",
     "AUTO_MAX_TRIGGER_RATE",
+    "TURN_HEAD_TOKENS",
 ]
 
 Segmentation = Literal["gear", "none", "kl_only", "entropy_only", "tool_call", "entropy_window"]
@@ -66,6 +74,16 @@ NORMALISATIONS: tuple[str, ...] = ("minmax", "clamp_max", "auto")
 # describes spikes as sparse (a minority of tokens). If the trigger rate is high (e.g. > 20%), switch to clamp_max
 # and report it". The paper: "occasional reverse-KL spikes" (GEAR §5.3, seed line 195).
 AUTO_MAX_TRIGGER_RATE = 0.2
+
+# The first policy tokens of each turn that do not open a segment (ours, issue 48; the paper's scan is 0). On
+# kb-multihop the turn's first token (the "<" of "<think>") carries the spike of the prompt shift between student
+# and teacher, of "limited semantic relevance" (GEAR §5.4 and App. C.2, seed lines 201, 355), with an entropy so
+# high (4.8-5.1 nats) that no later token exceeds lambda_H times it: it opened one segment over the whole episode,
+# W was one constant and GEAR a rescaled GRPO. Measured on 28 scripted failing episodes of 14 kb-multihop training
+# questions (docs/results/gear-segments/README.md): W on the deviating turn minus W on the others, 0.018 (SD 0.030,
+# 15 of 28 > 0) with the paper's scan, 0.036 (SD 0.023, 28 of 28) with the first token of each turn skipped; 2, 3
+# or 4 tokens gave the same segments as 1.
+TURN_HEAD_TOKENS = 1
 
 # Entropies computed as logsumexp - E[logits] can come out a hair below zero in float32; anything more negative
 # than this is not an entropy (e.g. log-probs passed by mistake).
@@ -86,6 +104,7 @@ class GearDetails:
     trigger_rate: float  # fraction of policy tokens with r > lambda_KL (before propagation)
     frac_in_segments: float  # fraction of policy tokens inside a segment
     normalisation: str = "minmax"  # the normalisation applied ("auto" resolves to minmax or clamp_max)
+    turn: Tensor | None = None  # int64, turn index per token (a turn ends at an observation), -1 off the mask
 
 
 def gear_details(
@@ -104,6 +123,8 @@ def gear_details(
     entropy_window: int = 8,
     tool_call_starts: Tensor | None = None,
     break_at_observation: bool = False,
+    turn_starts: Tensor | None = None,
+    turn_head_tokens: int = TURN_HEAD_TOKENS,
 ) -> GearDetails:
     """GEAR for one trajectory with every intermediate quantity (see :func:`gear_advantages`)."""
     adv = finite_float(advantage, "advantage")
@@ -125,6 +146,8 @@ def gear_details(
         raise ValueError(f"entropy_window must be a positive int, got {entropy_window!r}")
     if break_at_observation and segmentation not in ("gear", "entropy_window"):
         raise ValueError('break_at_observation applies to segmentation="gear" or "entropy_window" only')
+    if isinstance(turn_head_tokens, bool) or not isinstance(turn_head_tokens, int) or turn_head_tokens < 0:
+        raise ValueError(f"turn_head_tokens must be an int >= 0, got {turn_head_tokens!r}")
     for name, t in (("student_logp", student_logp), ("teacher_logp", teacher_logp), ("entropy", entropy)):
         finite_where(t, name, keep)
     if bool((keep & (entropy < -_ENTROPY_TOLERANCE)).any()):
@@ -148,12 +171,21 @@ def gear_details(
         starts = _tool_call_starts(tool_call_starts, keep, idx)
     elif tool_call_starts is not None:
         raise ValueError('tool_call_starts is only used by segmentation="tool_call"')
+    turn_c = _turn_index(turn_starts, keep, idx)
     if segmentation in ("gear", "entropy_window"):
         end_signal = h_list if segmentation == "gear" else _trailing_mean(h_list, entropy_window)
-        gap_before = [False] * n
-        if break_at_observation and n > 1:
-            gap_before[1:] = ((idx[1:] - idx[:-1]) > 1).tolist()
-        segs = _scan_gear(r_list, h_list, end_signal, gap_before, lambda_kl, lambda_h)
+        turn_list = turn_c.tolist()
+        # a new turn begins after each observation: with break_at_observation the segment open there closes
+        new_turn = [t > 0 and turn_list[t] != turn_list[t - 1] for t in range(n)]
+        gap_before = new_turn if break_at_observation else [False] * n
+        # the first turn_head_tokens policy tokens of each turn do not open a segment
+        head = [False] * n
+        if turn_head_tokens:
+            at = 0
+            for t in range(n):
+                at = 0 if t == 0 or new_turn[t] else at + 1
+                head[t] = at < turn_head_tokens
+        segs = _scan_gear(r_list, h_list, end_signal, gap_before, head, lambda_kl, lambda_h)
     elif segmentation == "kl_only":
         triggers = [t for t in range(n) if r_list[t] > lambda_kl]
         segs = _consecutive(triggers, n)
@@ -202,6 +234,7 @@ def gear_details(
         trigger_rate=float((r > lambda_kl).sum()) / n if n else 0.0,
         frac_in_segments=in_segments / n if n else 0.0,
         normalisation=applied,
+        turn=scatter(turn_c, -1, torch.long),
     )
 
 
@@ -221,6 +254,8 @@ def gear_advantages(
     entropy_window: int = 8,
     tool_call_starts: Tensor | None = None,
     break_at_observation: bool = False,
+    turn_starts: Tensor | None = None,
+    turn_head_tokens: int = TURN_HEAD_TOKENS,
 ) -> Tensor:
     """GEAR token advantages of one trajectory.
 
@@ -240,7 +275,13 @@ def gear_advantages(
         segmentation: ``"gear"`` (paper) or an ablation of spec Sec. 9.2 (see the module docstring).
         entropy_window: window of ``"entropy_window"`` (paper ablation: 8 tokens).
         tool_call_starts: ``[T]`` bool, True on the first token of each tool invocation (``"tool_call"`` only).
-        break_at_observation: end a segment before a tool output (default False: segments may cross it).
+        break_at_observation: end a segment at the last token of its turn (default False: segments may cross an
+            observation, as the paper's scan does; ours when True).
+        turn_starts: ``[T]`` bool, True on the first policy token of each turn after the first, for a layout whose
+            mask has no gap at the observations; a gap in the mask always starts a new turn.
+        turn_head_tokens: the first n tokens of each turn open no segment (ours, measured:
+            :data:`TURN_HEAD_TOKENS`; 0 = the paper's scan). Read by ``"gear"`` and ``"entropy_window"``; the
+            other ablations keep the spec's definitions.
 
     Returns:
         ``[T]`` advantages W_t * A on policy tokens, 0 where ``mask == 0``, in the promoted float dtype of the
@@ -261,6 +302,8 @@ def gear_advantages(
         entropy_window=entropy_window,
         tool_call_starts=tool_call_starts,
         break_at_observation=break_at_observation,
+        turn_starts=turn_starts,
+        turn_head_tokens=turn_head_tokens,
     ).advantages
 
 
@@ -285,6 +328,7 @@ def _scan_gear(
     h: list[float],
     end_signal: list[float],
     gap_before: list[bool],
+    head: list[bool],
     lambda_kl: float,
     lambda_h: float,
 ) -> list[tuple[int, int]]:
@@ -292,13 +336,15 @@ def _scan_gear(
     segs: list[tuple[int, int]] = []
     t = 0
     while t < n:
-        if not r[t] > lambda_kl:
+        if head[t] or not r[t] > lambda_kl:
             t += 1
             continue
-        start, end = t, n - 1  # no terminator: the segment runs to the last policy token (spec A6)
+        # no terminator: the segment runs to the last policy token (spec A6), or with break_at_observation to the
+        # last token of its turn
+        start, end = t, n - 1
         threshold = lambda_h * h[start]
         for u in range(start + 1, n):
-            if gap_before[u]:  # break_at_observation: close before the tool output
+            if gap_before[u]:  # break_at_observation: close before the observation
                 end = u - 1
                 break
             if end_signal[u] > threshold:
@@ -340,6 +386,24 @@ def _trailing_mean(values: list[float], window: int) -> list[float]:
             total -= values[i - window]
         out.append(total / min(i + 1, window))
     return out
+
+
+def _turn_index(turn_starts: Tensor | None, keep: Tensor, idx: Tensor) -> Tensor:
+    """Turn index of each policy token: a turn begins after each observation, read off a gap in the mask (an
+    observation between two policy tokens) or off ``turn_starts`` (True on a turn's first token, for a layout that
+    has already dropped the observations)."""
+    starts = torch.zeros(idx.numel(), dtype=torch.bool, device=idx.device)
+    if idx.numel() > 1:
+        starts[1:] = (idx[1:] - idx[:-1]) > 1
+    if turn_starts is not None:
+        flags = as_mask(turn_starts, "turn_starts", keep.shape)
+        off = flags & ~keep
+        if bool(off.any()):
+            raise ValueError(f"turn_starts[{int(off.nonzero()[0])}] is True on a token with mask == 0")
+        starts |= flags[idx]
+    if idx.numel():
+        starts[0] = False  # the first policy token opens turn 0
+    return starts.long().cumsum(0)
 
 
 def _tool_call_starts(starts: Tensor | None, keep: Tensor, idx: Tensor) -> list[int]:

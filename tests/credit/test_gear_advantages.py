@@ -14,6 +14,7 @@ H = [0.5, 0.4, 0.8, 0.9, 1.5, 0.3, 0.6, 0.7, 1.0, 0.2]
 
 def run(advantage, mask=None, dtype=torch.float64, **kwargs):
     mask = torch.ones(10) if mask is None else mask
+    kwargs.setdefault("turn_head_tokens", 0)  # the spec's worked example is the paper's scan
     return gear_details(
         advantage,
         torch.tensor(RKL, dtype=dtype),
@@ -49,6 +50,7 @@ def test_golden_example_negative():
 
 
 def test_golden_example_masked_variant():
+    # the paper's scan runs over the policy tokens: a segment may run across an observation (gear.md A5, the default)
     mask = torch.ones(10)
     mask[4] = mask[5] = 0  # observation tokens
     d = run(1.5, mask)
@@ -69,9 +71,11 @@ def test_golden_example_float32_through_public_function():
 
 
 def test_break_at_observation():
+    # ours, off by default: the segment opened at 2 closes before the observation, and the spike at 6 opens its own
     mask = torch.ones(10)
     mask[4] = mask[5] = 0
     d = run(1.5, mask, break_at_observation=True)
+    assert d.turn.tolist() == [0, 0, 0, 0, -1, -1, 1, 1, 1, 1]
     assert d.segments == [(2, 3), (6, 8)]
     assert d.advantages.tolist() == pytest.approx(
         [1.65, 1.644, 1.56, 1.56, 0, 0, 1.35, 1.35, 1.35, 1.65], abs=1e-12
@@ -122,8 +126,10 @@ def test_empty_mask_gives_zeros():
     assert out.tolist() == [0.0, 0.0, 0.0]
 
 
-def literal_algorithm_1(a, rkl, h, mask, lam_kl, lam_h, alpha):
-    """A literal transcription of Algorithm 1 over the compacted action tokens, independent of the module."""
+def literal_algorithm_1(a, rkl, h, mask, lam_kl, lam_h, alpha, break_at_observation=False, head=0):
+    """A literal transcription of Algorithm 1 over the compacted action tokens, independent of the module; with
+    ``break_at_observation`` a segment also ends at the last token of its turn (a turn ends where the mask has a
+    gap), and the first ``head`` tokens of a turn open no segment (ours, issue 48)."""
     toks = [i for i, m in enumerate(mask) if m]
     if not toks:
         return [0.0] * len(mask)
@@ -132,12 +138,19 @@ def literal_algorithm_1(a, rkl, h, mask, lam_kl, lam_h, alpha):
     lo, hi = min(vals), max(vals)
     r = [(v - lo) / (hi - lo) if hi > lo else 0.0 for v in vals]
     n = len(toks)
+    turn = [0] * n
+    for j in range(1, n):
+        turn[j] = turn[j - 1] + (toks[j] - toks[j - 1] > 1)
+    first_of_turn = {turn[j]: j for j in reversed(range(n))}
     w_kl = list(r)
     t = 0
     while t < n:
-        if r[t] > lam_kl:
+        if r[t] > lam_kl and t - first_of_turn[turn[t]] >= head:
             t_start = t
-            t_end = next((u for u in range(t_start + 1, n) if ent[u] > lam_h * ent[t_start]), n - 1)
+            last = n - 1
+            if break_at_observation:
+                last = max(u for u in range(n) if turn[u] == turn[t_start])
+            t_end = next((u for u in range(t_start + 1, last + 1) if ent[u] > lam_h * ent[t_start]), last)
             for u in range(t_start, t_end + 1):
                 w_kl[u] = r[t_start]
             t = t_end + 1
@@ -154,14 +167,16 @@ def literal_algorithm_1(a, rkl, h, mask, lam_kl, lam_h, alpha):
 token = st.tuples(st.floats(-5, 5, allow_nan=False), st.floats(0, 3, allow_nan=False), st.booleans())
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(
     st.lists(token, min_size=1, max_size=30),
     st.floats(-3, 3, allow_nan=False),
     st.floats(0, 1),
     st.floats(1, 2),
+    st.booleans(),
+    st.integers(0, 3),
 )
-def test_matches_literal_algorithm_and_invariants(tokens, a, lam_kl, lam_h):
+def test_matches_literal_algorithm_and_invariants(tokens, a, lam_kl, lam_h, break_at_observation, head):
     rkl = [x for x, _, _ in tokens]
     h = [y for _, y, _ in tokens]
     mask = [m for _, _, m in tokens]
@@ -173,21 +188,37 @@ def test_matches_literal_algorithm_and_invariants(tokens, a, lam_kl, lam_h):
         torch.tensor(mask),
         lambda_kl=lam_kl,
         lambda_h=lam_h,
+        break_at_observation=break_at_observation,
+        turn_head_tokens=head,
     )
-    expected = literal_algorithm_1(a, rkl, h, mask, lam_kl, lam_h, 0.2)
+    expected = literal_algorithm_1(a, rkl, h, mask, lam_kl, lam_h, 0.2, break_at_observation, head)
     assert d.advantages.tolist() == pytest.approx(expected, abs=1e-12)
     on = torch.tensor(mask)
     # closed form (beta = 1 - 0.5 alpha) and bounds of W
     closed = a + 0.2 * abs(a) * (0.5 - d.w_kl)
     torch.testing.assert_close(d.advantages[on], closed[on], rtol=0, atol=1e-12)
     assert bool((d.weights[on] >= 0.9 - 1e-12).all() and (d.weights[on] <= 1.1 + 1e-12).all())
-    # outside segments r <= lambda_KL; onsets > lambda_KL; segments are disjoint and ordered
-    outside = on & (d.segment_id < 0)
+    # outside segments r <= lambda_KL, but for a turn's head tokens (which open none); onsets > lambda_KL and never
+    # at a turn's head; segments are disjoint and ordered; with break_at_observation none crosses an observation
+    turn = d.turn
+    pos = torch.zeros_like(turn)
+    for i in range(len(tokens)):
+        if mask[i]:
+            earlier = [j for j in range(i) if mask[j] and turn[j] == turn[i]]
+            pos[i] = len(earlier)
+    outside = on & (d.segment_id < 0) & (pos >= head)
     assert bool((d.rkl_norm[outside] <= lam_kl).all())
     last_end = -1
     for s, e in d.segments:
-        assert s > last_end and d.rkl_norm[s] > lam_kl
+        assert s > last_end and d.rkl_norm[s] > lam_kl and pos[s] >= head
+        if break_at_observation:
+            assert turn[s] == turn[e] and bool(on[s : e + 1].all())
         last_end = e
+    # turns count the observations: a new turn exactly after each gap in the mask
+    idx = [i for i in range(len(tokens)) if mask[i]]
+    assert [int(turn[i]) for i in idx] == [
+        sum(idx[k] - idx[k - 1] > 1 for k in range(1, j + 1)) for j in range(len(idx))
+    ]
     assert bool((d.advantages[~on] == 0).all())
 
 
@@ -260,6 +291,8 @@ def test_mixed_dtypes_promote():
         ({"segmentation": "tool_call", "tool_call_starts": torch.tensor([0, 1, 0])}, "mask == 0"),
         ({"tool_call_starts": torch.tensor([1, 0, 0])}, "only used by"),
         ({"segmentation": "kl_only", "break_at_observation": True}, "break_at_observation applies"),
+        ({"turn_head_tokens": -1}, "turn_head_tokens must be an int >= 0"),
+        ({"turn_starts": torch.tensor([0, 1, 0])}, r"turn_starts\[1\] is True on a token with mask == 0"),
         ({"entropy_window": 0}, "entropy_window must be a positive int"),
         ({"alpha": -0.1}, "alpha and lambda_h must be >= 0"),
         ({"student_logp": torch.tensor([0, 1, 2])}, "floating-point"),

@@ -7,14 +7,15 @@ ground-truth-conditioned context), the student's and its entropies are signals t
 
 from __future__ import annotations
 
-from typing import Literal
+import math
+from typing import Any, Literal
 
 import torch
 from pydantic import Field
 from torch import Tensor
 
 from agentcredit.credit.estimators import EpisodeBatch, Estimate
-from agentcredit.credit.gear import gear_advantages, gear_details
+from agentcredit.credit.gear import TURN_HEAD_TOKENS, gear_details
 from agentcredit.credit.methods.base import Method, Needs, Settings
 
 
@@ -35,6 +36,20 @@ class GearSettings(Settings):
         description="rKL to [0, 1] per trajectory (paper §4.1: no formula): minmax (literal), clamp_max, or auto = "
         "minmax unless it triggers on > 20% of the tokens, then clamp_max (gear.md A3).",
     )
+    break_at_observation: bool = Field(
+        False,
+        description="End a segment at the last token before a tool output (ours; the paper's scan runs over the "
+        "policy tokens, so a segment may cross one: gear.md A5). Measured on kb-multihop (issue 48, "
+        "docs/results/gear-segments): ending there separated the deviating turn's W less than crossing.",
+    )
+    turn_head_tokens: int = Field(
+        TURN_HEAD_TOKENS,
+        ge=0,
+        description="The first n policy tokens of each turn open no segment (ours, measured, issue 48): the turn's "
+        "first token (the '<' of <think>) carries a prompt-shift spike of 'limited semantic relevance' (seed lines "
+        "201, 355) whose entropy no later token exceeds 1.5 times, so it made one segment of the whole episode. "
+        "0 = the paper's scan.",
+    )
     reference: Literal["trajectory", "answer"] = Field(
         "trajectory",
         description="The teacher's ground truth: 'trajectory' = the task's scripted demonstration played through the "
@@ -43,27 +58,24 @@ class GearSettings(Settings):
     )
 
 
-def gear_reweight(
-    batch: EpisodeBatch,
-    advantages: Tensor,
-    *,
-    lambda_kl: float = 0.1,
-    lambda_h: float = 1.5,
-    alpha: float = 0.2,
-    beta: float | None = None,
-    normalisation: str = "minmax",
-) -> Tensor:
+def gear_reweight(batch: EpisodeBatch, advantages: Tensor, **kw: Any) -> Tensor:
     """GEAR's weight W_t on top of any per-token advantage, along each episode's trained tokens (see
     :func:`gear_reweight_stats`, which also returns the step's segmentation statistics)."""
-    return gear_reweight_stats(
-        batch,
-        advantages,
-        lambda_kl=lambda_kl,
-        lambda_h=lambda_h,
-        alpha=alpha,
-        beta=beta,
-        normalisation=normalisation,
-    )[0]
+    return gear_reweight_stats(batch, advantages, **kw)[0]
+
+
+def turn_starts(batch: EpisodeBatch, j: int, width: int) -> Tensor:
+    """``[width]`` bool along episode j's trained tokens (:meth:`EpisodeBatch.gather`): True on the first token of
+    each step that follows a tool output (:meth:`Episode.tool_turn_ends`), i.e. the first token of a new turn."""
+    ep = batch.episodes[j]
+    out = torch.zeros(width, dtype=torch.bool)
+    offsets = [0]
+    for s in ep.steps:
+        offsets.append(offsets[-1] + s.length)
+    for k in ep.tool_turn_ends():
+        if k + 1 < len(ep.steps):
+            out[offsets[k + 1]] = True
+    return out
 
 
 def gear_reweight_stats(
@@ -75,18 +87,26 @@ def gear_reweight_stats(
     alpha: float = 0.2,
     beta: float | None = None,
     normalisation: str = "minmax",
+    break_at_observation: bool = False,
+    turn_head_tokens: int = TURN_HEAD_TOKENS,
 ) -> tuple[Tensor, dict[str, float]]:
     """GEAR's weight W_t on top of any per-token advantage, and the statistics that show whether it reweights.
 
     GEAR's weight depends on the advantage only through its sign, so it is read off :func:`gear_details` at
     A = +1 and A = -1 and applied token by token (for a constant A this is exactly ``gear_advantages(A, ...)``).
+    The layout's trained tokens hold no observation, so the turns (a turn ends at a tool output) come from the
+    episode's steps (:func:`turn_starts`).
 
     Statistics (spec gear.md §12.4 and A3), over the trained tokens of every episode with one:
     ``gear/trigger_rate`` (share of tokens with r > lambda_KL, before propagation), ``gear/frac_in_segments``
     (share inside a segment) and ``gear/clamp_max_share`` (share of episodes normalised with clamp_max, which
     ``normalisation="auto"`` picks where min-max would trigger on more than 20% of the tokens). The paper
     describes the spikes as sparse; a trigger rate near 1 means min-max has gone flat and W is one constant per
-    episode (GEAR becomes a scaled GRPO).
+    episode (GEAR becomes a scaled GRPO). Whether W varies along an episode (issue 48):
+    ``gear/w_turn{k}/neg`` and ``/pos`` (mean W over turn k's tokens, over the episodes with A < 0 / A > 0: the
+    weight as applied), ``gear/w_turn_spread`` (per episode with A != 0 and two turns or more, the largest minus
+    the smallest per-turn mean of W; 0 when W is one constant per episode) and ``gear/w_std`` (per episode with
+    A != 0, the standard deviation of W over its tokens).
     """
     index = batch.token_index()
     student, mask = batch.gather(batch.need("student_logp", "gear"), index)
@@ -100,18 +120,27 @@ def gear_reweight_stats(
         "alpha": alpha,
         "beta": beta,
         "normalisation": normalisation,
+        "break_at_observation": break_at_observation,
+        "turn_head_tokens": turn_head_tokens,
     }
     tokens = triggers = in_segments = 0.0
     episodes = clamped = 0
+    turn_w: dict[str, list[float]] = {}
+    spreads, stds = [], []
     for j in range(a.shape[0]):
         # each sign's weight only where the episode has that sign (GRPO's A is one sign per episode); the A = +1
         # pass always runs, since its segmentation statistics describe the episode whatever its sign
         pos, neg = bool((a[j] > 0).any()), bool((a[j] < 0).any())
-        zero = torch.zeros_like(a[j])
-        details = gear_details(1.0, student[j], teacher[j], entropy[j], mask[j], **kw)
-        w_pos = details.advantages if pos else zero
-        w_neg = -gear_advantages(-1.0, student[j], teacher[j], entropy[j], mask[j], **kw) if neg else zero
-        out[j] = torch.where(a[j] > 0, w_pos, w_neg).to(a.dtype) * a[j]
+        starts = turn_starts(batch, j, a.shape[1])
+        details = gear_details(1.0, student[j], teacher[j], entropy[j], mask[j], turn_starts=starts, **kw)
+        w_pos = details.weights if pos else torch.ones_like(a[j])
+        w_neg = (
+            gear_details(-1.0, student[j], teacher[j], entropy[j], mask[j], turn_starts=starts, **kw).weights
+            if neg
+            else torch.ones_like(a[j])
+        )
+        weights = torch.where(a[j] > 0, w_pos, torch.where(a[j] < 0, w_neg, 1.0)).to(a.dtype)
+        out[j] = weights * a[j]
         n = float(mask[j].sum())
         if n:
             tokens += n
@@ -119,6 +148,19 @@ def gear_reweight_stats(
             in_segments += details.frac_in_segments * n
             episodes += 1
             clamped += details.normalisation == "clamp_max"
+            signed = mask[j] & (a[j] != 0)
+            if signed.any():
+                stds.append(float(weights[signed].std(correction=0)))
+                sign = "pos" if float(a[j][signed][0]) > 0 else "neg"
+                per_turn = [
+                    float(weights[signed & (details.turn == k)].mean())
+                    for k in range(int(details.turn.max()) + 1)
+                    if (signed & (details.turn == k)).any()
+                ]
+                for k, w in enumerate(per_turn):
+                    turn_w.setdefault(f"gear/w_turn{k}/{sign}", []).append(w)
+                if len(per_turn) > 1:
+                    spreads.append(max(per_turn) - min(per_turn))
     stats = {}
     if tokens:
         stats = {
@@ -126,6 +168,11 @@ def gear_reweight_stats(
             "gear/frac_in_segments": in_segments / tokens,
             "gear/clamp_max_share": clamped / episodes,
         }
+        if stds:
+            stats["gear/w_std"] = math.fsum(stds) / len(stds)
+        if spreads:
+            stats["gear/w_turn_spread"] = math.fsum(spreads) / len(spreads)
+        stats.update({name: math.fsum(v) / len(v) for name, v in sorted(turn_w.items())})
     return batch.scatter(out, index), stats
 
 
@@ -139,6 +186,8 @@ def reweight(batch: EpisodeBatch, estimate: Estimate, settings: GearSettings) ->
         "alpha": settings.alpha,
         "beta": settings.beta,
         "normalisation": settings.normalize,
+        "break_at_observation": settings.break_at_observation,
+        "turn_head_tokens": settings.turn_head_tokens,
     }
     if estimate.parts is None:
         estimate.advantages, stats = gear_reweight_stats(batch, estimate.advantages, **kw)

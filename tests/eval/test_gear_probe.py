@@ -1,0 +1,130 @@
+"""GEAR's mechanism probe (issue 48): its statistics by hand, its power plan, its verdict rules, its questions."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from agentcredit.cli import app
+from agentcredit.experiment.gear_probe import (
+    Statistic,
+    episode_statistics,
+    holm,
+    load_spec,
+    planned_questions,
+    question_values,
+    summarise,
+    two_hop_questions,
+    verdict,
+)
+
+STUDY = "studies/gear-mechanism.yaml"
+
+
+def test_episode_statistics_by_hand():
+    # 6 tokens, turns 0 0 1 1 1 2; rKL positive mass 1 + 3 = 4 of which turn 1 holds 3; turn 1 holds 3 of 6 tokens
+    turns = [0, 0, 1, 1, 1, 2]
+    rkl = [1.0, -2.0, 3.0, 0.0, -1.0, 0.0]
+    w = [0.9, 0.9, 1.1, 1.1, 0.95, 0.92]
+    s = episode_statistics(turns, rkl, w, 1)
+    assert s["rkl_share"] == pytest.approx(0.75) and s["token_share"] == pytest.approx(0.5)
+    assert s["rkl_excess"] == pytest.approx(0.25)
+    assert s["w_dev"] == pytest.approx(3.15 / 3) and s["w_other"] == pytest.approx(2.72 / 3)
+    assert s["w_gap"] == pytest.approx((3.15 - 2.72) / 3)
+    with pytest.raises(ValueError, match="some but not all"):
+        episode_statistics([0, 0], [1.0, 1.0], [1.0, 1.0], 1)
+
+
+def test_the_question_is_the_unit():
+    records = [
+        {"question": "b", "w_gap": 0.1},
+        {"question": "a", "w_gap": 0.0},
+        {"question": "b", "w_gap": 0.3},
+    ]
+    assert question_values(records, "w_gap") == pytest.approx([0.0, 0.2])
+
+
+def test_planned_questions_match_the_normal_approximation_and_grow_with_the_pilot_sd_bound():
+    # large-sample check: with the SD known (a huge pilot), n ~ ((z_.975 + z_.8) sd / effect)^2 + a small t correction
+    n, sd_up = planned_questions(0.1, 0.2, 10_000, 0.025, 0.8)
+    assert sd_up == pytest.approx(0.2, rel=0.02)
+    assert ((1.959964 + 0.841621) * 2) ** 2 <= n <= ((1.959964 + 0.841621) * 2) ** 2 + 4
+    # a small pilot plans with a larger SD: its upper 80% bound
+    small, sd_small = planned_questions(0.1, 0.2, 5, 0.025, 0.8)
+    assert sd_small > 0.2 and small > n
+
+
+STAT = Statistic(name="w_gap", effect=0.02, effect_source="test", margin=0.005)
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        ([0.03, 0.04, 0.05, 0.035, 0.045], "reproduced"),  # lower bound > 0
+        ([0.001, -0.001, 0.0005, -0.0005, 0.0], "not reproduced"),  # upper bound < margin 0.005
+        (
+            [0.01, 0.0, 0.005, -0.005, 0.0, 0.01, 0.0, 0.005, -0.005, 0.0],
+            "effect excluded",
+        ),  # 0.005 <= high < .02
+        ([0.05, -0.05, 0.02, -0.03], "underpowered"),  # the interval holds 0 and the effect
+    ],
+)
+def test_verdict_rules(values, expected):
+    v = verdict(values, STAT, 0.025, 0.8)
+    assert v["verdict"] == expected, v
+    assert ("questions_to_decide" in v) == (expected == "underpowered")
+
+
+def test_holm_steps_down_and_stops():
+    assert holm({"a": 0.001, "b": 0.03}, 0.05) == {"a": 0.025, "b": 0.05}
+    # the first is not rejected: the second is tested at the level where the step-down stopped
+    assert holm({"a": 0.04, "b": 0.3}, 0.05) == {"a": 0.025, "b": 0.025}
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.floats(-1, 1, allow_nan=False), min_size=3, max_size=30))
+def test_verdict_interval_holds_the_mean_and_is_one_of_four(values):
+    if len(set(values)) < 2:
+        return
+    v = verdict(values, STAT, 0.025, 0.8)
+    assert v["low"] <= v["mean"] <= v["high"]
+    assert v["verdict"] in ("reproduced", "not reproduced", "effect excluded", "underpowered")
+    assert math.isclose(v["mean"], sum(values) / len(values), abs_tol=1e-12)
+
+
+def test_the_study_file_is_preregistered_and_its_questions_are_fresh():
+    spec = load_spec(STUDY)
+    assert [s.name for s in spec.statistics] == ["rkl_excess", "w_gap"]
+    assert spec.power >= 0.8 and all(s.planning_sd for s in spec.statistics)
+    # the planned n from the registered planning SDs (Bonferroni's first step: alpha / 2) fits the main part
+    for s in spec.statistics:
+        n, _ = planned_questions(s.effect, s.planning_sd, spec.pilot.count, spec.alpha / 2, spec.power)
+        assert n <= spec.main.count, (s.name, n)
+    pilot, main = two_hop_questions(spec, "pilot"), two_hop_questions(spec, "main")
+    assert len(main) == spec.main.count and all(e.info["hops"] == 2 for e in main)
+    from agentcredit.tasks import load_task
+
+    sft = {e.question for e in load_task("kb-multihop", split="train", limit=spec.sft_examples, seed=0)}
+    used = sft | {e.question for e in pilot}
+    assert not any(e.question in used for e in main)
+
+
+def test_summarise_pilot_plans_and_main_decides():
+    spec = load_spec(STUDY)
+    records = [
+        {"question": f"q{i}", "rkl_excess": 0.3 + 0.01 * (i % 3), "w_gap": 0.03 + 0.001 * (i % 4)}
+        for i in range(8)
+    ]
+    pilot = summarise(spec, records, "pilot")
+    assert set(pilot["planning"]) == {"rkl_excess", "w_gap"} and pilot["questions"] == 8
+    main = summarise(spec, records, "main")
+    assert {v["verdict"] for v in main["statistics"].values()} == {"reproduced"}
+
+
+def test_cli_bad_part_is_one_line():
+    result = CliRunner().invoke(app, ["probe-gear", "--study", STUDY, "--part", "both"])
+    assert result.exit_code == 2 and "--part must be pilot or main" in result.output
