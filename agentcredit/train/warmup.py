@@ -123,7 +123,8 @@ def undefined_causes(gate: dict[str, float]) -> dict[str, str]:
         out["auc"] = f"auc undefined: {why}; {fix}"
     if "sign_accuracy" in undefined:
         out["sign_accuracy"] = (
-            f"sign_accuracy undefined: no held-out rollout called a tool ({held} held-out questions), so there is "
+            f"sign_accuracy undefined: no held-out rollout called a tool ({held} held-out question"
+            f"{'' if held == 1 else 's'}), so there is "
             "no V after a tool result to judge; start from a model that calls the tool (SFT on demonstrations)"
         )
     if "explained_variance" in undefined:
