@@ -168,12 +168,13 @@ def warmup(
     config: ConfigOpt = "carl-segment-arith-tools",
     set_: SetOpt = None,
     questions: Annotated[
-        int,
+        int | None,
         typer.Option(
             min=4,
-            help="Warm-up questions (20% held out for the gate: 300 judges it on 60; paper: 32K rollouts).",
+            help="Warm-up questions, 20% held out for the gate (default: the 300 that judge it on 60; "
+            "paper: 32K rollouts).",
         ),
-    ] = 300,
+    ] = None,
     head_epochs: Annotated[
         int, typer.Option(min=0, help="Head-only epochs on cached boundary features (seconds on a CPU).")
     ] = 50,

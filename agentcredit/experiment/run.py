@@ -473,12 +473,16 @@ def collect_phase_garbage() -> None:
 
 
 # ------------------------------------------------------------------------------------------------ warm-up
-def run_warmup(config: Config, out_dir: Path, *, questions: int = 300, settings=None, log: Log = print):
-    """carl-segment critic warm-up; saves the model (backbone trained at a low LR) with ``value_head.pt``."""
+def run_warmup(
+    config: Config, out_dir: Path, *, questions: int | None = None, settings=None, log: Log = print
+):
+    """carl-segment critic warm-up; saves the model (backbone trained at a low LR) with ``value_head.pt``.
+    ``questions`` defaults to the number whose held-out share is the gate's sample size (300 at 20%)."""
     from agentcredit.models.heads import BoundaryValueHead
-    from agentcredit.train.warmup import WarmupSettings, warmup
+    from agentcredit.train.warmup import WarmupSettings, warmup, warmup_questions_needed
 
     settings = settings or WarmupSettings(seed=config.train.seed)
+    questions = questions or warmup_questions_needed(settings.holdout_fraction)
     seed_everything(settings.seed)
     model, tokenizer = load_policy(config)
     head = BoundaryValueHead(model.config.hidden_size).to(model_device(model))

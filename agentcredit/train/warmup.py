@@ -65,13 +65,86 @@ class WarmupGateFailed(ValueError):
 
 
 def gate_failures(gate: dict[str, float]) -> list[str]:
-    """The gate's failed checks as ``name value < threshold`` (a missing or NaN value fails)."""
+    """The gate's failed checks as ``name value < threshold``; a statistic that could not be computed (a missing or
+    NaN value) fails with its cause and its fix in words (:func:`undefined_causes`), never as "nan"."""
+    causes = undefined_causes(gate)
     out = []
     for name, (threshold, _) in GATE.items():
         value = gate.get(name, math.nan)
-        if not (value >= threshold):
+        if name in causes:
+            out.append(causes[name])
+        elif not (value >= threshold):
             out.append(f"{name} {value:.3f} < {threshold:.2f}")
+    if gate.get("heldout_value_sd") == 0.0 and gate.get("heldout_boundaries", 0) > 0:
+        out.append(
+            f"V is {gate.get('heldout_value_mean', math.nan):.3f} at every held-out state: the value head did not "
+            "learn (more --head-epochs)"
+        )
     return out
+
+
+def undefined_causes(gate: dict[str, float]) -> dict[str, str]:
+    """For each gate statistic that is undefined (NaN or missing), why, from the counts :func:`_gate` records, and
+    what to change. AUC needs held-out questions of both tiers; sign accuracy a held-out tool call; explained
+    variance held-out returns that differ."""
+    undefined = [n for n in GATE if not (gate.get(n, math.nan) >= -math.inf)]  # NaN or missing
+    if "heldout_questions" not in gate:  # no held-out question, or a summary written before these counts
+        return {
+            n: f"{n} undefined: not measured on held-out questions; warm up on more questions"
+            for n in undefined
+        }
+    out: dict[str, str] = {}
+    questions = int(gate.get("questions", 0))
+    tier2 = int(gate.get("tier2_questions", 0))
+    held = int(gate["heldout_questions"])
+    held2 = int(gate.get("heldout_tier2_questions", 0))
+    if "auc" in undefined:
+        if tier2 == 0:
+            why = (
+                f"all {questions} warm-up questions were Tier 1 (none answered without the tool), so V(s0) has "
+                "no Tier 2 question to tell apart"
+            )
+            fix = (
+                "warm up on questions the model also answers alone (an easier tier); a task with none cannot "
+                "pass this gate"
+            )
+        elif tier2 == questions:
+            why = (
+                f"all {questions} warm-up questions were answered alone (Tier 2), so V(s0) has no Tier 1 "
+                "question to tell apart"
+            )
+            fix = "warm up on questions that need the tool as well (a harder tier)"
+        else:
+            why = (
+                f"its {held} held-out questions are all Tier {2 if held2 else 1} ({tier2} of the {questions} "
+                "warm-up questions are Tier 2)"
+            )
+            fix = f"warm up on more questions (--questions; {warmup_questions_needed()} by default)"
+        out["auc"] = f"auc undefined: {why}; {fix}"
+    if "sign_accuracy" in undefined:
+        out["sign_accuracy"] = (
+            f"sign_accuracy undefined: no held-out rollout called a tool ({held} held-out question"
+            f"{'' if held == 1 else 's'}), so there is "
+            "no V after a tool result to judge; start from a model that calls the tool (SFT on demonstrations)"
+        )
+    if "explained_variance" in undefined:
+        if gate.get("heldout_boundaries", 0) < 2:
+            why = "fewer than 2 held-out boundary states"
+        else:
+            r = gate.get("heldout_return_mean", math.nan)
+            why = f"every held-out rollout ended with R = {r:g}, so there is no return variance to explain"
+        out["explained_variance"] = (
+            f"explained_variance undefined: {why}; warm up on more questions, from a model that solves some of "
+            "them and not others"
+        )
+    return out
+
+
+def warmup_questions_needed(holdout_fraction: float | None = None) -> int:
+    """The warm-up questions whose held-out share is :data:`MIN_GATE_QUESTIONS`, the gate's sample size: 300 at the
+    default 20%. The default of ``agentcredit warmup --questions`` and :func:`run_warmup`."""
+    fraction = WarmupSettings.holdout_fraction if holdout_fraction is None else holdout_fraction
+    return math.ceil(MIN_GATE_QUESTIONS / fraction - 1e-9)
 
 
 def start_gate(config: Config) -> dict[str, Any] | None:
@@ -147,11 +220,14 @@ class WarmupReport:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def table(self) -> str:
-        lines = [f"{'check':<22}{'value':>8}{'gate':>8}{'target':>8}  result"]
+        lines = [f"{'check':<22}{'value':>9}{'gate':>8}{'target':>8}  result"]
+        causes = undefined_causes(self.gate)
         for name, (gate, target) in GATE.items():
             value = self.gate.get(name, float("nan"))
             ok = "pass" if value >= gate else "FAIL"
-            lines.append(f"{name:<22}{value:>8.3f}{gate:>8.2f}{target:>8.2f}  {ok}")
+            shown = "undefined" if name in causes else f"{value:.3f}"
+            lines.append(f"{name:<22}{shown:>9}{gate:>8.2f}{target:>8.2f}  {ok}")
+        lines += [causes[name] for name in GATE if name in causes]
         held = self.extra.get("heldout_questions", 0)
         if held < MIN_GATE_QUESTIONS:
             lines.append(
@@ -297,6 +373,9 @@ def warmup(
     model.eval()
     log(f"tier labels: {settings.tier_samples} no-tool rollouts for each of {len(examples)} questions")
     tiers = tier_labels(model, tokenizer, config, examples, settings.tier_samples, settings.seed)
+    tier2 = sum(t == "tier2" for t in tiers.values())
+    one_tier = " (one tier only: the gate's AUC will be undefined)" if tier2 in (0, len(tiers)) else ""
+    log(f"tiers: {len(tiers) - tier2} Tier 1, {tier2} Tier 2{one_tier}")
     log("controlled rollouts: forced-tool and no-tool")
     trees, owners, buckets = controlled_rollouts(model, tokenizer, config, examples, tiers, settings)
 
@@ -467,4 +546,12 @@ def _gate(model, value_head, batch, trees, owners, tiers, eval_info, buckets) ->
         "explained_variance": explained_variance(all_v, all_r),
         "heldout_boundaries": float(len(all_v)),
         "heldout_invokes": float(len(deltas)),
+        # the counts that say why a statistic above is undefined (undefined_causes)
+        "questions": float(len(tiers)),
+        "tier2_questions": float(sum(t == "tier2" for t in tiers.values())),
+        "heldout_questions": float(len(ids)),
+        "heldout_tier2_questions": float(sum(s0_labels[i] for i in ids)),
+        "heldout_return_mean": float(torch.tensor(all_r).mean()),
+        "heldout_value_mean": float(torch.tensor(all_v).mean()),
+        "heldout_value_sd": float(torch.tensor(all_v).std(unbiased=False)),
     }

@@ -17,7 +17,7 @@ from agentcredit.config import load_config
 from agentcredit.eval.report import write_report
 from agentcredit.models.loading import load_base_model
 from agentcredit.train.trainer import Trainer
-from agentcredit.train.warmup import WarmupGateFailed, gate_failures, start_gate
+from agentcredit.train.warmup import GATE, WarmupGateFailed, gate_failures, start_gate
 
 FAILED = {"auc": 0.81, "sign_accuracy": 0.66, "explained_variance": 0.21}
 PASSED = {"auc": 0.81, "sign_accuracy": 0.66, "explained_variance": 0.47}
@@ -38,7 +38,9 @@ def _warmed(directory, gate, *, model=False):
 def test_gate_failures_name_value_and_threshold():
     assert gate_failures(FAILED) == ["explained_variance 0.210 < 0.45"]
     assert gate_failures(PASSED) == []
-    assert gate_failures({"auc": float("nan")})[0] == "auc nan < 0.70"  # missing or NaN fails
+    missing = gate_failures({"auc": float("nan")})  # missing or NaN fails, in words (issue 54)
+    assert missing[0] == "auc undefined: not measured on held-out questions; warm up on more questions"
+    assert len(missing) == len(GATE) and not any("nan" in m for m in missing)
 
 
 def test_rl_does_not_start_on_a_failed_gate(tmp_path):
