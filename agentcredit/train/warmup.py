@@ -19,7 +19,10 @@
    Then ``steps`` joint steps as in the paper (0 by default on a CPU). Measured on arith-tools from an SFT
    model: 60 joint steps (19 min) reached explained variance 0.11, short of the 0.45 gate; see the README.
 5. The gate on held-out questions (§4.4): AUC of V(s_0) between tiers, sign accuracy of V after a retrieval (A22),
-   explained variance, printed against the paper's thresholds.
+   explained variance, printed against the paper's thresholds. It is computed on the states RL reads: the held-out
+   episodes re-rendered with the PPO prompt (:func:`rl_states`), whatever ``states`` the pairs were trained in,
+   since that is the critic carl-segment's advantages use (issue 48); with ``states="mode"`` the same statistics in
+   the warm-up's own prompts are kept beside it (``gate_on_warmup_prompts``, not what the gate decides on).
 
 Scale: the paper uses 32K trajectories (Table 4) and 1,800+ steps of 256 pairs; the defaults here (a scale-down) are
 sized for the gate instead: 300 questions, 2 rollouts per mode, the gate judged on 20% of them (60 questions), set
@@ -236,42 +239,51 @@ def controlled_rollouts(
     unknown = set(settings.modes) - {"forced", "no_tool", "optional"}
     if unknown or not settings.modes:
         raise ValueError(f"warm-up modes must be among forced, no_tool, optional; got {list(settings.modes)}")
-    canon_env = build_environment(config)
     trees, owners, buckets = [], [], []
-    try:
-        for mode in settings.modes:
-            prompt = mode
-            if mode == "forced" and any(ex.info.get("hops", 1) > 1 for ex in examples):
-                prompt = "multihop"  # A32: prompt 4 for multi-hop data
-            env = build_environment(config if mode == "optional" else _with_prompt(config, prompt))
-            try:
-                rolled = run_episodes(
-                    model,
-                    tokenizer,
-                    env,
-                    examples,
-                    samples=settings.rollouts_per_mode,
-                    temperature=1.0,
-                    max_new_tokens=config.rollout.max_new_tokens,
-                    max_episode_tokens=config.rollout.max_episode_tokens,
-                    seed=settings.seed + {"forced": 1, "no_tool": 2, "optional": 3}[mode],
-                    progress=f"warm-up rollouts ({mode})",
-                )
-            finally:
-                env.close()
-            raise_on_infra_failures(rolled, "critic warm-up")
-            for tree, example in zip(rolled, examples, strict=True):
-                if settings.states == "canonical":
-                    state = canon_env.protocol.new_episode(example.question)
-                    text = canon_env.protocol.prompt(state, tokenizer)
-                    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-                    tree = canonical(tree, ids, text)
-                trees.append(tree)
-                owners.append(example)
-                buckets.append(f"{tiers[example.id]}/{mode}")
-    finally:
-        canon_env.close()
+    for mode in settings.modes:
+        prompt = mode
+        if mode == "forced" and any(ex.info.get("hops", 1) > 1 for ex in examples):
+            prompt = "multihop"  # A32: prompt 4 for multi-hop data
+        env = build_environment(config if mode == "optional" else _with_prompt(config, prompt))
+        try:
+            rolled = run_episodes(
+                model,
+                tokenizer,
+                env,
+                examples,
+                samples=settings.rollouts_per_mode,
+                temperature=1.0,
+                max_new_tokens=config.rollout.max_new_tokens,
+                max_episode_tokens=config.rollout.max_episode_tokens,
+                seed=settings.seed + {"forced": 1, "no_tool": 2, "optional": 3}[mode],
+                progress=f"warm-up rollouts ({mode})",
+            )
+        finally:
+            env.close()
+        raise_on_infra_failures(rolled, "critic warm-up")
+        trees.extend(rolled)
+        owners.extend(examples)
+        buckets.extend(f"{tiers[example.id]}/{mode}" for example in examples)
+    if settings.states == "canonical":
+        trees = rl_states(trees, owners, config, tokenizer)
     return trees, owners, buckets
+
+
+def rl_states(
+    trees: Sequence[RolloutTree], owners: Sequence[Example], config: Config, tokenizer: Any
+) -> list:
+    """Each tree re-rendered with the prompt RL reads (``config``'s protocol prompt, carl-segment.md A14): the
+    boundary states PPO's critic will be asked about."""
+    env = build_environment(config)
+    try:
+        out = []
+        for tree, example in zip(trees, owners, strict=True):
+            state = env.protocol.new_episode(example.question)
+            text = env.protocol.prompt(state, tokenizer)
+            out.append(canonical(tree, tokenizer(text, add_special_tokens=False)["input_ids"], text))
+        return out
+    finally:
+        env.close()
 
 
 def _freeze_for_critic(model: Any) -> list[torch.nn.Parameter]:
@@ -358,7 +370,15 @@ def warmup(
                 log(f"warm-up step {step + 1}/{settings.steps}: critic MSE {losses[-1]:.4f}")
     optimizer.zero_grad(set_to_none=True)  # the backbone's gradients: not needed by the gate or the save
     model.eval()
-    gate = _gate(model, value_head, batch, trees, owners, tiers, eval_info, buckets)
+    # The gate judges the critic RL will read: the held-out episodes' boundary states under the prompt PPO rolls
+    # out with (issue 48; carl-segment.md A14), whatever prompts the pairs were trained in. With states="mode" the
+    # same episodes in their warm-up prompts are judged too, as a secondary record (gate_on_warmup_prompts).
+    gate = _gate_on_rl_states(model, value_head, tokenizer, config, trees, owners, tiers, buckets, held)
+    extra: dict[str, Any] = {"heldout_questions": len(held), "gate_states": "rl"}
+    if settings.states == "mode":
+        extra["gate_on_warmup_prompts"] = _gate(
+            model, value_head, batch, trees, owners, tiers, eval_info, buckets
+        )
     passed = all(gate.get(name, float("nan")) >= g for name, (g, _) in GATE.items())
     return WarmupReport(
         tiers,
@@ -367,8 +387,18 @@ def warmup(
         gate,
         time.perf_counter() - start,
         passed,
-        extra={"heldout_questions": len(held)},
+        extra=extra,
     )
+
+
+def _gate_on_rl_states(model, value_head, tokenizer, config, trees, owners, tiers, buckets, held):
+    """:func:`_gate` on the held-out episodes re-rendered with RL's prompt (:func:`rl_states`)."""
+    idx = [i for i, ex in enumerate(owners) if ex.id in held]
+    held_owners = [owners[i] for i in idx]
+    held_trees = rl_states([trees[i] for i in idx], held_owners, config, tokenizer)
+    batch = build_batch(held_trees, pad_id=tokenizer.pad_token_id or 0)
+    info = [(j, segment_spans(batch, traj)) for j, traj in enumerate(batch.trajectories)]
+    return _gate(model, value_head, batch, held_trees, held_owners, tiers, info, [buckets[i] for i in idx])
 
 
 @torch.no_grad()
