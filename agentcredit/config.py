@@ -533,6 +533,13 @@ class TrainConfig(Section):
         "carl-segment-level-credit.txt l.425), so a failed gate stops the run; when on, the run's summary and "
         "reports say that the gate failed.",
     )
+    cold_start: bool = Field(
+        False,
+        description="Start RL although the model has no critic warm-up (no <model>/warmup_summary.json) for a "
+        "method whose critic is warmed up and gated first (carl-segment's boundary critic): the paper's cold-start "
+        "ablation, ~9 EM behind (carl-segment-level-credit.txt l. 94). Off by default: such a run stops with one "
+        "line; when on, its first lines, metrics (critic/cold_start) and reports say it started cold.",
+    )
     keep_checkpoints: int = Field(2, ge=1, description="Checkpoints kept on disk.")
     max_nonfinite: int = Field(3, ge=1, description="Stop after this many non-finite losses in a row.")
     run_dir: str | None = Field(None, description="Run directory (default runs/<preset>-<time>).")

@@ -55,7 +55,7 @@ from agentcredit.train.signals import (
     score_batch,
     trained_row_chunks,
 )
-from agentcredit.train.warmup import start_gate
+from agentcredit.train.warmup import gate_metrics, require_warmup, start_gate
 
 #: Update metrics summed over the update's optimiser steps (the rest are means): the tokens of the rows trained,
 #: and the positions actually fed to the decoder, where each prefix shared within a micro-batch counts once.
@@ -521,6 +521,7 @@ class Trainer:
             **signal_metrics(batch, signals),
             **update_stats,
             **timings,
+            **gate_metrics(self.warmup_gate),  # the critic's start, on every step (issue 48)
         }
         ev = metrics.get("critic/explained_variance", math.nan)
         if self.ev_positive_step is None and ev > 0:  # NaN (undefined EV) is not > 0
@@ -626,6 +627,9 @@ class Trainer:
     # -------------------------------------------------------------- loop
     def train(self, *, progress: bool = True, on_step=None) -> list[dict[str, float]]:
         cfg = self.cfg.train
+        require_warmup(
+            self.warmup_gate, self.cfg
+        )  # RL starts here: not with a never-warmed critic unless asked
         history = []
         # a line per step on a pipe (`make demo | tee log`, CI): a step takes seconds to minutes
         with Progress(

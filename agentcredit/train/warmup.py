@@ -64,7 +64,8 @@ SUMMARY = "warmup_summary.json"  # written beside the warmed-up model by experim
 
 
 class WarmupGateFailed(ValueError):
-    """RL was asked to start from a critic whose warm-up gate failed (``train.allow_failed_gate`` is off)."""
+    """RL was asked to start from a critic whose warm-up gate failed (``train.allow_failed_gate`` is off), or from a
+    critic that was never warmed up where the method's critic is (``train.cold_start`` is off)."""
 
 
 def gate_failures(gate: dict[str, float]) -> list[str]:
@@ -89,7 +90,11 @@ def start_gate(config: Config) -> dict[str, Any] | None:
         return None
     path = Path(config.model.name) / SUMMARY
     if not path.is_file():
-        return None
+        if config.algorithm.critic != WARMED_CRITIC:
+            return None
+        # carl-segment's critic without its warm-up: the paper's cold-start ablation (l. 94), refused when RL
+        # starts (Trainer.train -> require_warmup) unless train.cold_start; recorded so every report can say so
+        return {"passed": False, "allowed_failed": False, "missing": True, "gate": {}, "source": str(path)}
     summary = json.loads(path.read_text())
     gate = summary.get("gate", {})
     passed = bool(summary.get("passed")) and not gate_failures(gate)
@@ -100,6 +105,52 @@ def start_gate(config: Config) -> dict[str, Any] | None:
             "--allow-failed-gate (train.allow_failed_gate=true) to train anyway"
         )
     return {"passed": passed, "allowed_failed": not passed, "gate": gate, "source": str(path)}
+
+
+#: The critic kind whose method warms it up before RL and gates it (carl-segment's boundary critic, §3.3 / App. C).
+#: PPO's and TIPS's token critics have no warm-up in their paper (TIPS Table 10: trainer.critic_warmup 0).
+WARMED_CRITIC = "boundary"
+
+
+def require_warmup(record: dict[str, Any] | None, config: Config) -> None:
+    """Refuse to start RL on a critic that was never warmed up (``record["missing"]``), unless ``train.cold_start``.
+
+    carl-segment calls the warm-up essential (carl-segment-level-credit.txt l. 94: "without it, early random critic
+    gradients corrupt the shared backbone"; the cold-start ablation trails by ~9 EM). Called where RL starts
+    (:meth:`agentcredit.train.trainer.Trainer.train`), not where a trainer is built: SFT's rejection sampling, the
+    credit probe and the benchmarks build one to roll out, and train no critic."""
+    if record is not None and record.get("missing") and not config.train.cold_start:
+        raise WarmupGateFailed(
+            f"{record['source']}: no critic warm-up: {config.method}'s critic is warmed up and gated before RL "
+            "(carl-segment App. C; without it the paper's cold-start ablation trails by ~9 EM, l. 94): run "
+            "`agentcredit warmup` on this model first, or pass --cold-start (train.cold_start=true) to start cold"
+        )
+
+
+def gate_line(record: dict[str, Any] | None) -> str | None:
+    """The line a run prints first (and its reports carry) when RL starts without a passed gate; None otherwise."""
+    if record is None or record.get("passed"):
+        return None
+    if record.get("missing"):
+        return (
+            f"RL started with a COLD critic: no critic warm-up ({record['source']} is missing), allowed by "
+            "train.cold_start; the paper calls the warm-up essential (cold start: ~9 EM lower, l. 94)"
+        )
+    return (
+        f"RL started on a FAILED critic warm-up gate ({', '.join(gate_failures(record.get('gate', {})))}), "
+        "allowed by train.allow_failed_gate; the paper's warm-up continues until the gate passes"
+    )
+
+
+def gate_metrics(record: dict[str, Any] | None) -> dict[str, float]:
+    """Per-step metrics of the gate the run's critic started on: ``critic/warmup_gate_passed`` (1 or 0) and
+    ``critic/cold_start`` (1 when there was no warm-up at all); none for a run without a gated critic."""
+    if record is None:
+        return {}
+    return {
+        "critic/warmup_gate_passed": 1.0 if record.get("passed") else 0.0,
+        "critic/cold_start": 1.0 if record.get("missing") else 0.0,
+    }
 
 
 @dataclass
