@@ -91,17 +91,22 @@ class HeldoutEvaluation:
         last_step: int,
         tiers: dict[str, str] | None = None,
         log: Log = print,
+        critic_only: int = 0,
     ):
         if not sets:
             raise ValueError("HeldoutEvaluation: no question sets")
         self.sets, self.every, self.last_step, self.tiers, self.log = sets, every, last_step, tiers, log
+        # the run's critic-only steps before its first policy update: ``every`` and ``last_step`` count policy
+        # updates, so arms with and without critic-only steps are evaluated after the same number of them
+        self.critic_only = critic_only
         self.latest: dict[str, tuple[dict[str, float], list[dict[str, Any]]]] = {}
 
     def prefix(self, name: str) -> str:
         return "eval/" if name == next(iter(self.sets)) else f"eval_{name}/"
 
     def due(self, step: int) -> bool:
-        return step == self.last_step or (self.every > 0 and step % self.every == 0)
+        updates = step - self.critic_only  # policy updates so far
+        return updates == self.last_step or (self.every > 0 and updates > 0 and updates % self.every == 0)
 
     def run(self, trainer: Trainer) -> dict[str, float]:
         metrics: dict[str, float] = {}

@@ -453,8 +453,8 @@ def preflight_sections(
             f"Planned from one timed step per arm and one timed held-out evaluation of every set "
             f"({_fmt(budget.get('eval_seconds'), 0)} s): seeds x (steps x step seconds + evaluations x evaluation "
             f"seconds) = **{budget['planned_cpu_hours']:.1f} CPU hours** for {len(spec.arms)} arms x "
-            f"{budget['seeds']} seeds x {spec.steps} steps (one thread; critic-only warm-up steps priced as RL "
-            "steps)."
+            f"{budget['seeds']} seeds x {spec.steps} steps (one thread; an arm's critic-only warm-up steps run "
+            "before its policy updates, each priced as an RL step)."
         )
         if budget.get("seeds_to_decide"):
             text += (
