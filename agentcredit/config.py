@@ -522,9 +522,22 @@ class TrainConfig(Section):
     critic_warmup: int = Field(
         0,
         ge=0,
-        description="The first N steps (counted in train.steps) update only the value head, as verl's "
-        "trainer.critic_warmup: the critic is fitted to the current policy's returns before its advantages "
-        "move the policy. The shared backbone stays frozen too, so the policy is unchanged in those steps.",
+        description="The first N steps (counted in train.steps; a study adds them to an arm's steps) update only the "
+        "critic, as verl's trainer.critic_warmup: the critic is fitted to the current policy's returns before its "
+        "advantages move the policy. A shared backbone stays frozen too, so the policy is unchanged in those steps.",
+    )
+    critic_warmup_epochs: int = Field(
+        1,
+        ge=1,
+        description="Passes over the batch in each critic-only step (train.critic_warmup), instead of optim.epochs. "
+        "Not a paper's value (verl's critic.ppo_epochs is the actor's, 1 in TIPS Table 10): a CPU run has a few "
+        "critic-only steps where the paper's critic gets hundreds of updates (scripts/critic_ev.py, issue 48).",
+    )
+    value_bias_init: Literal["zero", "mean_return"] = Field(
+        "zero",
+        description="The token value head's bias before the first update: 'zero' (V = 0), or 'mean_return', the "
+        "first batch's mean return (ours, not a paper's: a zero-initialised head's first AdamW steps mostly move V "
+        "towards the mean return, not apart between states; explained variance ignores that offset).",
     )
     allow_failed_gate: bool = Field(
         False,
@@ -585,6 +598,10 @@ class Config(Section):
             raise ValueError(
                 f"algorithm.method={a.method!r} {shape}: it needs rollout.strategy={needs.rollout!r} "
                 f"(got {r.strategy!r})"
+            )
+        if self.train.value_bias_init != "zero" and a.critic != "token":
+            raise ValueError(
+                f"train.value_bias_init={self.train.value_bias_init!r} needs a token critic (PPO, TIPS), not {a.method}"
             )
         if self.train.critic_warmup and a.critic == "none":
             raise ValueError(
