@@ -526,10 +526,10 @@ class TrainConfig(Section):
         "critic, as verl's trainer.critic_warmup: the critic is fitted to the current policy's returns before its "
         "advantages move the policy. A shared backbone stays frozen too, so the policy is unchanged in those steps.",
     )
-    critic_warmup_epochs: int = Field(
-        1,
+    critic_warmup_epochs: int | None = Field(
+        None,
         ge=1,
-        description="Passes over the batch in each critic-only step (train.critic_warmup), instead of optim.epochs. "
+        description="Passes over the batch in each critic-only step (train.critic_warmup); None = optim.epochs. "
         "Not a paper's value (verl's critic.ppo_epochs is the actor's, 1 in TIPS Table 10): a CPU run has a few "
         "critic-only steps where the paper's critic gets hundreds of updates (scripts/critic_ev.py, issue 48).",
     )

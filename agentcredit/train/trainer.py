@@ -338,7 +338,7 @@ class Trainer:
         critic_only = self.step < cfg.train.critic_warmup
         if self.step == 0 and cfg.train.value_bias_init == "mean_return":
             self._init_value_bias(batch)
-        for _ in range(cfg.train.critic_warmup_epochs if critic_only else o.epochs):
+        for _ in range((cfg.train.critic_warmup_epochs or o.epochs) if critic_only else o.epochs):
             order = list(range(n_traj))
             rng.shuffle(order)
             for start in range(0, n_traj, mb_size):
