@@ -501,6 +501,7 @@ class Trainer:
             "rollout/weight_push_seconds",
         )
         result.metrics.update({k: v for k, v in rollout_stats.items() if k in kept})
+        result.metrics.update(gate_metrics(self.warmup_gate))  # the critic's start, on every step (issue 48)
         result.metrics["time/rollout"] = rollout_time
         # rollout + signals + update, as before learn() was split out (not the metric bookkeeping after them)
         result.metrics["time/step"] = (
@@ -533,7 +534,6 @@ class Trainer:
             **signal_metrics(batch, signals),
             **update_stats,
             **timings,
-            **gate_metrics(self.warmup_gate),  # the critic's start, on every step (issue 48)
         }
         ev = metrics.get("critic/explained_variance", math.nan)
         if self.ev_positive_step is None and ev > 0:  # NaN (undefined EV) is not > 0
