@@ -533,12 +533,6 @@ class TrainConfig(Section):
         "Not a paper's value (verl's critic.ppo_epochs is the actor's, 1 in TIPS Table 10): a CPU run has a few "
         "critic-only steps where the paper's critic gets hundreds of updates (scripts/critic_ev.py, issue 48).",
     )
-    value_bias_init: Literal["zero", "mean_return"] = Field(
-        "zero",
-        description="The token value head's bias before the first update: 'zero' (V = 0), or 'mean_return', the "
-        "first batch's mean return (ours, not a paper's: a zero-initialised head's first AdamW steps mostly move V "
-        "towards the mean return, not apart between states; explained variance ignores that offset).",
-    )
     allow_failed_gate: bool = Field(
         False,
         description="Start RL from a model whose critic warm-up gate failed (<model>/warmup_summary.json). "
@@ -598,10 +592,6 @@ class Config(Section):
             raise ValueError(
                 f"algorithm.method={a.method!r} {shape}: it needs rollout.strategy={needs.rollout!r} "
                 f"(got {r.strategy!r})"
-            )
-        if self.train.value_bias_init != "zero" and a.critic != "token":
-            raise ValueError(
-                f"train.value_bias_init={self.train.value_bias_init!r} needs a token critic (PPO, TIPS), not {a.method}"
             )
         if self.train.critic_warmup and a.critic == "none":
             raise ValueError(

@@ -187,6 +187,21 @@ def head_sweep(trainer, batches, lrs, updates) -> list[dict]:
         y = torch.tensor([reward[r] for r, _ in keys], dtype=torch.float32)
         data.append((x, y))
     out = []
+    # the best a linear head can do with every earlier batch: ridge regression fitted on batches 1..t-1 (features
+    # centred on their mean, intercept = the mean return), EV on batch t
+    print(f"{'ridge lambda':>12}  EV per step (fresh batch; fitted on all earlier batches)")
+    for lam in (1.0, 10.0, 100.0, 1000.0):
+        evs = [float("nan")]
+        for t in range(1, len(data)):
+            x = torch.cat([d[0] for d in data[:t]]).double()
+            y = torch.cat([d[1] for d in data[:t]]).double()
+            mx, my = x.mean(0), y.mean()
+            xc = x - mx
+            w = torch.linalg.solve(xc.T @ xc + lam * torch.eye(x.shape[1], dtype=x.dtype), xc.T @ (y - my))
+            v = (data[t][0].double() - mx) @ w + my
+            evs.append(explained_variance(v.tolist(), data[t][1].tolist()))
+            out.append({"ridge": lam, "step": t + 1, "explained_variance": evs[-1]})
+        print(f"{lam:>12g}  " + " ".join(f"{e:7.3f}" for e in evs), flush=True)
     print(f"{'head lr':>8} {'updates':>7} {'bias init':>9}  EV per step (fresh batch)")
     for lr in lrs:
         for u in updates:

@@ -336,8 +336,6 @@ class Trainer:
         sums: dict[str, float] = {}
         counts = skipped = 0
         critic_only = self.step < cfg.train.critic_warmup
-        if self.step == 0 and cfg.train.value_bias_init == "mean_return":
-            self._init_value_bias(batch)
         for _ in range((cfg.train.critic_warmup_epochs or o.epochs) if critic_only else o.epochs):
             order = list(range(n_traj))
             rng.shuffle(order)
@@ -357,15 +355,6 @@ class Trainer:
                 out[k] = sums[k]
         out["update/nonfinite_skipped"] = float(skipped)
         return out
-
-    @torch.no_grad()
-    def _init_value_bias(self, batch: TrainBatch) -> None:
-        """``train.value_bias_init='mean_return'``: the token value head's bias := the first batch's mean return
-        (a zero-initialised head: V = that mean everywhere, so the first updates fit differences between states)."""
-        proj = getattr(self.value_head, "proj", None)
-        if proj is None or batch.value_mask is None or not batch.value_mask.any():
-            raise ValueError("train.value_bias_init='mean_return' needs a token value head (PPO, TIPS)")
-        proj.bias.fill_(float(batch.returns[batch.value_mask].mean()))
 
     def _minibatch_step(self, mb: TrainBatch, temp: float) -> dict[str, float] | None:
         cfg, a = self.cfg, self.cfg.algorithm
