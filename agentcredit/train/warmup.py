@@ -22,7 +22,9 @@
    explained variance, printed against the paper's thresholds. It is computed on the states RL reads: the held-out
    episodes re-rendered with the PPO prompt (:func:`rl_states`), whatever ``states`` the pairs were trained in,
    since that is the critic carl-segment's advantages use (issue 48); with ``states="mode"`` the same statistics in
-   the warm-up's own prompts are kept beside it (``gate_on_warmup_prompts``, not what the gate decides on).
+   the warm-up's own prompts are kept beside it (``gate_on_warmup_prompts``, not what the gate decides on). Under
+   RL's prompt a question's forced-tool and no-tool rollouts share one s_0, so item 3's oracle ceiling holds for
+   the gate's s_0 states whatever the training states: that is the critic PPO reads, and the gate says so.
 
 Scale: the paper uses 32K trajectories (Table 4) and 1,800+ steps of 256 pairs; the defaults here (a scale-down) are
 sized for the gate instead: 300 questions, 2 rollouts per mode, the gate judged on 20% of them (60 questions), set
