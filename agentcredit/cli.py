@@ -123,12 +123,24 @@ def train(
             help="Train although the model's critic warm-up gate failed (train.allow_failed_gate).",
         ),
     ] = False,
+    cold_start: Annotated[
+        bool,
+        typer.Option(
+            "--cold-start",
+            help="Train although the model has no critic warm-up, for a method that warms its critic up first "
+            "(carl-segment; the paper's cold-start ablation): train.cold_start.",
+        ),
+    ] = False,
 ) -> None:
     """Train a method (rollout -> credit assignment -> PPO update), then evaluate on the eval split."""
     from agentcredit.config import ConfigError
     from agentcredit.experiment.run import config_for_resume, run_train
 
-    set_ = [*(set_ or []), *(["train.allow_failed_gate=true"] if allow_failed_gate else [])]
+    set_ = [
+        *(set_ or []),
+        *(["train.allow_failed_gate=true"] if allow_failed_gate else []),
+        *(["train.cold_start=true"] if cold_start else []),
+    ]
     try:
         cfg = config_for_resume(resume, set_) if resume is not None else _config(config, set_)
         run_train(cfg, run_dir=run_dir, resume=resume)

@@ -528,9 +528,16 @@ class TrainConfig(Section):
     critic_warmup: int = Field(
         0,
         ge=0,
-        description="The first N steps (counted in train.steps) update only the value head, as verl's "
-        "trainer.critic_warmup: the critic is fitted to the current policy's returns before its advantages "
-        "move the policy. The shared backbone stays frozen too, so the policy is unchanged in those steps.",
+        description="The first N steps (counted in train.steps; a study adds them to an arm's steps) update only the "
+        "critic, as verl's trainer.critic_warmup: the critic is fitted to the current policy's returns before its "
+        "advantages move the policy. A shared backbone stays frozen too, so the policy is unchanged in those steps.",
+    )
+    critic_warmup_epochs: int | None = Field(
+        None,
+        ge=1,
+        description="Passes over the batch in each critic-only step (train.critic_warmup); None = optim.epochs. "
+        "Not a paper's value (verl's critic.ppo_epochs is the actor's, 1 in TIPS Table 10): a CPU run has a few "
+        "critic-only steps where the paper's critic gets hundreds of updates (scripts/critic_ev.py, issue 48).",
     )
     allow_failed_gate: bool = Field(
         False,
@@ -538,6 +545,13 @@ class TrainConfig(Section):
         "Off by default: carl-segment's warm-up 'continues until the verification gate passes' (App. C, "
         "carl-segment-level-credit.txt l.425), so a failed gate stops the run; when on, the run's summary and "
         "reports say that the gate failed.",
+    )
+    cold_start: bool = Field(
+        False,
+        description="Start RL although the model has no critic warm-up (no <model>/warmup_summary.json) for a "
+        "method whose critic is warmed up and gated first (carl-segment's boundary critic): the paper's cold-start "
+        "ablation, ~9 EM behind (carl-segment-level-credit.txt l. 94). Off by default: such a run stops with one "
+        "line; when on, its first lines, metrics (critic/cold_start) and reports say it started cold.",
     )
     keep_checkpoints: int = Field(2, ge=1, description="Checkpoints kept on disk.")
     max_nonfinite: int = Field(3, ge=1, description="Stop after this many non-finite losses in a row.")

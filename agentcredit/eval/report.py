@@ -184,15 +184,11 @@ def load_run(path: str | Path) -> RunData:
 
 
 def gate_notes(runs: list[RunData]) -> list[str]:
-    """One line per run whose critic started on a failed warm-up gate (allowed by train.allow_failed_gate)."""
-    from agentcredit.train.warmup import gate_failures
+    """One line per run whose critic started on a failed warm-up gate (train.allow_failed_gate) or with no warm-up
+    at all (train.cold_start)."""
+    from agentcredit.train.warmup import gate_line
 
-    return [
-        f"{run.name}: RL started on a FAILED critic warm-up gate ({', '.join(gate_failures(run.warmup_gate['gate']))}), "
-        "allowed by train.allow_failed_gate; the paper's warm-up continues until the gate passes."
-        for run in runs
-        if run.warmup_gate is not None and not run.warmup_gate.get("passed")
-    ]
+    return [f"{run.name}: {line}." for run in runs if (line := gate_line(run.warmup_gate)) is not None]
 
 
 def _unique_names(runs: list[RunData]) -> None:

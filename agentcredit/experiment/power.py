@@ -182,11 +182,22 @@ def runs_evaluations(steps: int, eval_every: int) -> int:
 
 
 def planned_seconds(
-    step_seconds: dict[str, float], seeds: int, steps: int, eval_seconds: float, eval_every: int
+    step_seconds: dict[str, float],
+    seeds: int,
+    steps: int,
+    eval_seconds: float,
+    eval_every: int,
+    critic_only: dict[str, int] | None = None,
 ) -> dict[str, float]:
-    """Per arm: seeds x (steps x its measured step seconds + evaluations x the seconds of one held-out
-    evaluation of every set), and ``total``. The step seconds are each arm's timed first step."""
+    """Per arm: seeds x ((steps + its critic-only steps) x its measured step seconds + evaluations x the seconds
+    of one held-out evaluation of every set), and ``total``. The step seconds are each arm's timed first step (an
+    RL step: a critic-only step is priced as one, an upper bound); ``critic_only`` holds each arm's critic-only
+    steps, run before its ``steps`` policy updates (:meth:`agentcredit.experiment.study.Study.critic_only_steps`)."""
     evals = runs_evaluations(steps, eval_every)
-    out = {arm: seeds * (steps * s + evals * eval_seconds) for arm, s in step_seconds.items()}
+    extra = critic_only or {}
+    out = {
+        arm: seeds * ((steps + extra.get(arm, 0)) * s + evals * eval_seconds)
+        for arm, s in step_seconds.items()
+    }
     out["total"] = sum(out.values())
     return out

@@ -608,6 +608,7 @@ def run_preflight(
                 spec.steps,
                 eval_seconds,
                 spec.eval_every,
+                {a.name: study.critic_only_steps(a) for a in spec.arms},
             )
             needed = [r["seeds_needed"] for r in power if r.get("seeds_needed")]
             deciding = max(needed) if needed else None

@@ -902,6 +902,11 @@ class Study:
         critic = study_config(arm.preset, [*self.spec.set, *arm.set]).algorithm.critic
         return self.start_dir / ("sft-model" if critic == "none" and warm.steps == 0 else "model")
 
+    def critic_only_steps(self, arm: ArmSpec) -> int:
+        """The arm's critic-only steps (``train.critic_warmup``, the PPO / TIPS presets'), run *before* its
+        ``steps`` policy updates, so every arm gets the same number of policy updates (issue 48)."""
+        return study_config(arm.preset, [*self.spec.set, *arm.set]).train.critic_warmup
+
     def run_config(self, arm: ArmSpec, seed: int):
         first = self.spec.heldout[0]
         return study_config(
@@ -911,7 +916,7 @@ class Study:
                 *arm.set,
                 f"model.name={self.arm_start(arm)}",
                 f"train.seed={seed}",
-                f"train.steps={self.spec.steps}",
+                f"train.steps={self.spec.steps + self.critic_only_steps(arm)}",
                 f"train.eval_every={self.spec.eval_every}",
                 f"task.eval_limit={first.limit}",
                 # the start's gate was judged once, in _build_start, against start.warmup.allow_failed_gate
@@ -958,6 +963,7 @@ class Study:
                     self.heldout_sets(),
                     every=self.spec.eval_every,
                     last_step=self.spec.steps,
+                    critic_only=self.critic_only_steps(arm),
                     tiers=start.get("tiers") or None,
                     log=lambda line: self.log(f"[{arm.name} seed {seed}] {line}"),
                 )
@@ -972,7 +978,9 @@ class Study:
 
                 if trainer.step == 0:
                     self.log(
-                        f"[{arm.name} seed {seed}] training {self.spec.steps} steps in {run_dir} (rollout "
+                        f"[{arm.name} seed {seed}] training {self.spec.steps} steps"
+                        + (f" after {co} critic-only steps" if (co := self.critic_only_steps(arm)) else "")
+                        + f" in {run_dir} (rollout "
                         f"backend: {cfg.rollout.backend})"
                     )
                 try:

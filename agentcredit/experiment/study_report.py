@@ -496,8 +496,8 @@ def preflight_sections(
             f"Planned from one timed step per arm and one timed held-out evaluation of every set "
             f"({_fmt(budget.get('eval_seconds'), 0)} s): seeds x (steps x step seconds + evaluations x evaluation "
             f"seconds) = **{planned:.1f} {unit} hours** for {len(spec.arms)} arms x "
-            f"{budget['seeds']} seeds x {spec.steps} steps ({where}; critic-only warm-up steps priced as RL "
-            "steps)."
+            f"{budget['seeds']} seeds x {spec.steps} steps ({where}; an arm's critic-only warm-up steps run before "
+            "its policy updates, each priced as an RL step)."
         )
         if budget.get("seeds_to_decide"):
             text += (

@@ -56,7 +56,7 @@ from agentcredit.train.signals import (
     score_batch,
     trained_row_chunks,
 )
-from agentcredit.train.warmup import start_gate
+from agentcredit.train.warmup import gate_metrics, require_warmup, start_gate
 
 #: Update metrics summed over the update's optimiser steps (the rest are means): the tokens of the rows trained,
 #: and the positions actually fed to the decoder, where each prefix shared within a micro-batch counts once.
@@ -342,7 +342,8 @@ class Trainer:
         rng = random.Random(f"{cfg.train.seed}-update-{self.step}")
         sums: dict[str, float] = {}
         counts = skipped = 0
-        for _ in range(o.epochs):
+        critic_only = self.step < cfg.train.critic_warmup
+        for _ in range((cfg.train.critic_warmup_epochs or o.epochs) if critic_only else o.epochs):
             order = list(range(n_traj))
             rng.shuffle(order)
             for start in range(0, n_traj, mb_size):
@@ -498,6 +499,7 @@ class Trainer:
             "rollout/weight_push_seconds",
         )
         result.metrics.update({k: v for k, v in rollout_stats.items() if k in kept})
+        result.metrics.update(gate_metrics(self.warmup_gate))  # the critic's start, on every step (issue 48)
         result.metrics["time/rollout"] = rollout_time
         if (
             self.device.type == "cuda"
@@ -639,6 +641,9 @@ class Trainer:
     # -------------------------------------------------------------- loop
     def train(self, *, progress: bool = True, on_step=None) -> list[dict[str, float]]:
         cfg = self.cfg.train
+        require_warmup(
+            self.warmup_gate, self.cfg
+        )  # RL starts here: not with a never-warmed critic unless asked
         history = []
         # a line per step on a pipe (`make demo | tee log`, CI): a step takes seconds to minutes
         with Progress(

@@ -19,7 +19,12 @@
    Then ``steps`` joint steps as in the paper (0 by default on a CPU). Measured on arith-tools from an SFT
    model: 60 joint steps (19 min) reached explained variance 0.11, short of the 0.45 gate; see the README.
 5. The gate on held-out questions (§4.4): AUC of V(s_0) between tiers, sign accuracy of V after a retrieval (A22),
-   explained variance, printed against the paper's thresholds.
+   explained variance, printed against the paper's thresholds. It is computed on the states RL reads: the held-out
+   episodes re-rendered with the PPO prompt (:func:`rl_states`), whatever ``states`` the pairs were trained in,
+   since that is the critic carl-segment's advantages use (issue 48); with ``states="mode"`` the same statistics in
+   the warm-up's own prompts are kept beside it (``gate_on_warmup_prompts``, not what the gate decides on). Under
+   RL's prompt a question's forced-tool and no-tool rollouts share one s_0, so item 3's oracle ceiling holds for
+   the gate's s_0 states whatever the training states: that is the critic PPO reads, and the gate says so.
 
 Scale: the paper uses 32K trajectories (Table 4) and 1,800+ steps of 256 pairs; the defaults here (a scale-down) are
 sized for the gate instead: 300 questions, 2 rollouts per mode, the gate judged on 20% of them (60 questions), set
@@ -61,7 +66,8 @@ SUMMARY = "warmup_summary.json"  # written beside the warmed-up model by experim
 
 
 class WarmupGateFailed(ValueError):
-    """RL was asked to start from a critic whose warm-up gate failed (``train.allow_failed_gate`` is off)."""
+    """RL was asked to start from a critic whose warm-up gate failed (``train.allow_failed_gate`` is off), or from a
+    critic that was never warmed up where the method's critic is (``train.cold_start`` is off)."""
 
 
 def gate_failures(gate: dict[str, float]) -> list[str]:
@@ -159,7 +165,11 @@ def start_gate(config: Config) -> dict[str, Any] | None:
         return None
     path = Path(config.model.name) / SUMMARY
     if not path.is_file():
-        return None
+        if config.algorithm.critic != WARMED_CRITIC:
+            return None
+        # carl-segment's critic without its warm-up: the paper's cold-start ablation (l. 94), refused when RL
+        # starts (Trainer.train -> require_warmup) unless train.cold_start; recorded so every report can say so
+        return {"passed": False, "allowed_failed": False, "missing": True, "gate": {}, "source": str(path)}
     summary = json.loads(path.read_text())
     gate = summary.get("gate", {})
     passed = bool(summary.get("passed")) and not gate_failures(gate)
@@ -170,6 +180,52 @@ def start_gate(config: Config) -> dict[str, Any] | None:
             "--allow-failed-gate (train.allow_failed_gate=true) to train anyway"
         )
     return {"passed": passed, "allowed_failed": not passed, "gate": gate, "source": str(path)}
+
+
+#: The critic kind whose method warms it up before RL and gates it (carl-segment's boundary critic, §3.3 / App. C).
+#: PPO's and TIPS's token critics have no warm-up in their paper (TIPS Table 10: trainer.critic_warmup 0).
+WARMED_CRITIC = "boundary"
+
+
+def require_warmup(record: dict[str, Any] | None, config: Config) -> None:
+    """Refuse to start RL on a critic that was never warmed up (``record["missing"]``), unless ``train.cold_start``.
+
+    carl-segment calls the warm-up essential (carl-segment-level-credit.txt l. 94: "without it, early random critic
+    gradients corrupt the shared backbone"; the cold-start ablation trails by ~9 EM). Called where RL starts
+    (:meth:`agentcredit.train.trainer.Trainer.train`), not where a trainer is built: SFT's rejection sampling, the
+    credit probe and the benchmarks build one to roll out, and train no critic."""
+    if record is not None and record.get("missing") and not config.train.cold_start:
+        raise WarmupGateFailed(
+            f"{record['source']}: no critic warm-up: {config.method}'s critic is warmed up and gated before RL "
+            "(carl-segment App. C; without it the paper's cold-start ablation trails by ~9 EM, l. 94): run "
+            "`agentcredit warmup` on this model first, or pass --cold-start (train.cold_start=true) to start cold"
+        )
+
+
+def gate_line(record: dict[str, Any] | None) -> str | None:
+    """The line a run prints first (and its reports carry) when RL starts without a passed gate; None otherwise."""
+    if record is None or record.get("passed"):
+        return None
+    if record.get("missing"):
+        return (
+            f"RL started with a COLD critic: no critic warm-up ({record['source']} is missing), allowed by "
+            "train.cold_start; the paper calls the warm-up essential (cold start: ~9 EM lower, l. 94)"
+        )
+    return (
+        f"RL started on a FAILED critic warm-up gate ({', '.join(gate_failures(record.get('gate', {})))}), "
+        "allowed by train.allow_failed_gate; the paper's warm-up continues until the gate passes"
+    )
+
+
+def gate_metrics(record: dict[str, Any] | None) -> dict[str, float]:
+    """Per-step metrics of the gate the run's critic started on: ``critic/warmup_gate_passed`` (1 or 0) and
+    ``critic/cold_start`` (1 when there was no warm-up at all); none for a run without a gated critic."""
+    if record is None:
+        return {}
+    return {
+        "critic/warmup_gate_passed": 1.0 if record.get("passed") else 0.0,
+        "critic/cold_start": 1.0 if record.get("missing") else 0.0,
+    }
 
 
 @dataclass
@@ -312,42 +368,51 @@ def controlled_rollouts(
     unknown = set(settings.modes) - {"forced", "no_tool", "optional"}
     if unknown or not settings.modes:
         raise ValueError(f"warm-up modes must be among forced, no_tool, optional; got {list(settings.modes)}")
-    canon_env = build_environment(config)
     trees, owners, buckets = [], [], []
-    try:
-        for mode in settings.modes:
-            prompt = mode
-            if mode == "forced" and any(ex.info.get("hops", 1) > 1 for ex in examples):
-                prompt = "multihop"  # A32: prompt 4 for multi-hop data
-            env = build_environment(config if mode == "optional" else _with_prompt(config, prompt))
-            try:
-                rolled = run_episodes(
-                    model,
-                    tokenizer,
-                    env,
-                    examples,
-                    samples=settings.rollouts_per_mode,
-                    temperature=1.0,
-                    max_new_tokens=config.rollout.max_new_tokens,
-                    max_episode_tokens=config.rollout.max_episode_tokens,
-                    seed=settings.seed + {"forced": 1, "no_tool": 2, "optional": 3}[mode],
-                    progress=f"warm-up rollouts ({mode})",
-                )
-            finally:
-                env.close()
-            raise_on_infra_failures(rolled, "critic warm-up")
-            for tree, example in zip(rolled, examples, strict=True):
-                if settings.states == "canonical":
-                    state = canon_env.protocol.new_episode(example.question)
-                    text = canon_env.protocol.prompt(state, tokenizer)
-                    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-                    tree = canonical(tree, ids, text)
-                trees.append(tree)
-                owners.append(example)
-                buckets.append(f"{tiers[example.id]}/{mode}")
-    finally:
-        canon_env.close()
+    for mode in settings.modes:
+        prompt = mode
+        if mode == "forced" and any(ex.info.get("hops", 1) > 1 for ex in examples):
+            prompt = "multihop"  # A32: prompt 4 for multi-hop data
+        env = build_environment(config if mode == "optional" else _with_prompt(config, prompt))
+        try:
+            rolled = run_episodes(
+                model,
+                tokenizer,
+                env,
+                examples,
+                samples=settings.rollouts_per_mode,
+                temperature=1.0,
+                max_new_tokens=config.rollout.max_new_tokens,
+                max_episode_tokens=config.rollout.max_episode_tokens,
+                seed=settings.seed + {"forced": 1, "no_tool": 2, "optional": 3}[mode],
+                progress=f"warm-up rollouts ({mode})",
+            )
+        finally:
+            env.close()
+        raise_on_infra_failures(rolled, "critic warm-up")
+        trees.extend(rolled)
+        owners.extend(examples)
+        buckets.extend(f"{tiers[example.id]}/{mode}" for example in examples)
+    if settings.states == "canonical":
+        trees = rl_states(trees, owners, config, tokenizer)
     return trees, owners, buckets
+
+
+def rl_states(
+    trees: Sequence[RolloutTree], owners: Sequence[Example], config: Config, tokenizer: Any
+) -> list:
+    """Each tree re-rendered with the prompt RL reads (``config``'s protocol prompt, carl-segment.md A14): the
+    boundary states PPO's critic will be asked about."""
+    env = build_environment(config)
+    try:
+        out = []
+        for tree, example in zip(trees, owners, strict=True):
+            state = env.protocol.new_episode(example.question)
+            text = env.protocol.prompt(state, tokenizer)
+            out.append(canonical(tree, tokenizer(text, add_special_tokens=False)["input_ids"], text))
+        return out
+    finally:
+        env.close()
 
 
 def _freeze_for_critic(model: Any) -> list[torch.nn.Parameter]:
@@ -437,7 +502,15 @@ def warmup(
                 log(f"warm-up step {step + 1}/{settings.steps}: critic MSE {losses[-1]:.4f}")
     optimizer.zero_grad(set_to_none=True)  # the backbone's gradients: not needed by the gate or the save
     model.eval()
-    gate = _gate(model, value_head, batch, trees, owners, tiers, eval_info, buckets)
+    # The gate judges the critic RL will read: the held-out episodes' boundary states under the prompt PPO rolls
+    # out with (issue 48; carl-segment.md A14), whatever prompts the pairs were trained in. With states="mode" the
+    # same episodes in their warm-up prompts are judged too, as a secondary record (gate_on_warmup_prompts).
+    gate = _gate_on_rl_states(model, value_head, tokenizer, config, trees, owners, tiers, buckets, held)
+    extra: dict[str, Any] = {"heldout_questions": len(held), "gate_states": "rl"}
+    if settings.states == "mode":
+        extra["gate_on_warmup_prompts"] = _gate(
+            model, value_head, batch, trees, owners, tiers, eval_info, buckets
+        )
     passed = all(gate.get(name, float("nan")) >= g for name, (g, _) in GATE.items())
     return WarmupReport(
         tiers,
@@ -446,8 +519,18 @@ def warmup(
         gate,
         time.perf_counter() - start,
         passed,
-        extra={"heldout_questions": len(held)},
+        extra=extra,
     )
+
+
+def _gate_on_rl_states(model, value_head, tokenizer, config, trees, owners, tiers, buckets, held):
+    """:func:`_gate` on the held-out episodes re-rendered with RL's prompt (:func:`rl_states`)."""
+    idx = [i for i, ex in enumerate(owners) if ex.id in held]
+    held_owners = [owners[i] for i in idx]
+    held_trees = rl_states([trees[i] for i in idx], held_owners, config, tokenizer)
+    batch = build_batch(held_trees, pad_id=tokenizer.pad_token_id or 0)
+    info = [(j, segment_spans(batch, traj)) for j, traj in enumerate(batch.trajectories)]
+    return _gate(model, value_head, batch, held_trees, held_owners, tiers, info, [buckets[i] for i in idx])
 
 
 @torch.no_grad()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 
-from agentcredit.experiment.run import DEMO_ROWS, run_demo
+from agentcredit.experiment.run import DEMO_FAILED_GATE, DEMO_ROWS, run_demo
 
 
 def test_demo_runs_every_stage_and_writes_its_report(tmp_path):
@@ -48,6 +48,11 @@ def test_demo_runs_every_stage_and_writes_its_report(tmp_path):
         assert f"| {label}" in report
     assert (tmp_path / "carl-segment" / "episodes" / "step-000001.jsonl").stat().st_size > 0
     assert re.search(r"peak RSS \d+\.\d\d GiB \(\d+\.\d\d GB\)", report)
+    # four warm-up questions cannot pass the gate: the demo says first what it shows instead (issue 48)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["rl_started_on_passed_gate"] is False
+    assert report.splitlines()[2] == f"**{DEMO_FAILED_GATE}**"
+    assert f"warning: {DEMO_FAILED_GATE}" in lines
     assert len((tmp_path / "eval_after_rl.jsonl").read_text().splitlines()) == 4
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert json.dumps(summary["after_rl"], sort_keys=True) == json.dumps(

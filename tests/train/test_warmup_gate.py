@@ -51,10 +51,9 @@ def test_rl_does_not_start_on_a_failed_gate(tmp_path):
         Trainer(cfg, log=False)  # before any model is loaded (this directory holds none)
 
 
-def test_a_passed_gate_or_no_warmup_starts():
-    assert (
-        start_gate(load_config("carl-segment-arith-tools", ["model.name=tiny"])) is None
-    )  # no warm-up summary
+def test_no_warmup_is_recorded_not_refused_when_the_trainer_is_built():
+    # no warm-up summary: a record that says so (RL itself refuses to start cold: tests/train/test_cold_start.py)
+    assert start_gate(load_config("carl-segment-arith-tools", ["model.name=tiny"]))["missing"] is True
     # GRPO has no critic: a warm-up beside its start model is not its concern
     assert start_gate(load_config("grpo-arith-tools", ["model.name=tiny"])) is None
 
