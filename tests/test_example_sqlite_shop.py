@@ -225,7 +225,7 @@ def run_sh(folder: Path, **env: str) -> subprocess.CompletedProcess:
 def test_run_sh_runs_to_its_end_and_says_carl_segment_started_on_a_failed_gate(tmp_path):
     """./run.sh as a user runs it, in a copy of the example folder. No shop question is answered without the tool,
     so carl-segment's gate cannot pass (AUC undefined): carl-segment runs on it by the script's explicit choice,
-    and table.md and the run's record say so; ALLOW_FAILED_GATE=false stops there with the gate's words."""
+    and the run's table and record say so; ALLOW_FAILED_GATE=false stops there with the gate's words."""
     folder = tmp_path / "sqlite-shop"
     shutil.copytree(EXAMPLE, folder, ignore=shutil.ignore_patterns("data", "runs", "__pycache__"))
     done = run_sh(folder)

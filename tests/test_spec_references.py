@@ -23,7 +23,7 @@ SOURCES = sorted(
 DOCS = {p.name for p in (ROOT / "docs").rglob("*.md") if "results" not in p.parts}
 SPECS = {p.name for p in (ROOT / "docs" / "specs").glob("*.md")} - {"README.md"}
 # names of files the code writes, not citations
-WRITTEN = {"README.md", "report.md"}
+WRITTEN = {"README.md", "report.md", "table.md"}
 BARE = re.compile(r"\bspecs? (?:§|A\d|\[R\]|item|section|\d)")
 
 

@@ -334,7 +334,9 @@ def _context(spec: ProbeSpec) -> dict:
         tokenizer = AutoTokenizer.from_pretrained(spec.model)
     model.eval()
     env = build_environment(config)
-    settings = GearSettings.model_validate(config.algorithm.gear.model_dump())
+    # the method object reads its own section (as both trainers do), so no code here names it
+    parts = config.algorithm.credit_method.settings_from(config.algorithm)
+    settings = next(v for v in parts.values() if isinstance(v, GearSettings))
     return {
         "env": env,
         "model": model,
