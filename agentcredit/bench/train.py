@@ -100,7 +100,7 @@ class PhaseTokens:
                 start = time.process_time()
                 try:
                     result = _method(*args, **kwargs)
-                    if _phase == "rollout":  # (trees, stats)
+                    if _phase == "rollout" and isinstance(result, tuple):  # the trainer's (trees, stats)
                         self.rollout_stats = dict(result[1])
                     return result
                 finally:
