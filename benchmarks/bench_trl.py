@@ -45,9 +45,16 @@ from agentcredit.tasks.scoring import extract_boxed
 
 
 def trl_grpo(
-    steps: int, prompts: int, completions: int, *, model_name: str = "embedded", seed: int = 0
+    steps: int,
+    prompts: int,
+    completions: int,
+    *,
+    model_name: str = "embedded",
+    seed: int = 0,
+    generation_only: bool = False,
 ) -> dict[str, Any]:
-    """Time ``steps`` TRL GRPO steps; returns per-step seconds, generation seconds and completion tokens."""
+    """Time ``steps`` TRL GRPO steps; returns per-step seconds, generation seconds and completion tokens.
+    ``generation_only``: call the trainer's own ``_generate`` on the step's prompts instead of training."""
     try:
         from datasets import Dataset
         from transformers import TrainerCallback
@@ -134,6 +141,18 @@ def trl_grpo(
             processing_class=tokenizer,
             callbacks=[Timer()],
         )
+        if (
+            generation_only
+        ):  # the step's batch: each prompt num_generations times, as TRL's sampler repeats it
+            trainer.model.train()
+            for _ in range(steps):
+                trainer._generate([row["prompt"] for row in rows for _ in range(completions)])
+            return {
+                "generation_seconds": gen["seconds"],
+                "generation_cpu_seconds": gen["cpu"],
+                "completion_tokens": gen["tokens"],
+                **_generation_means(gen["tokens"], gen["cpu"], gen["seconds"]),
+            }
         trainer.train()
     return {
         "step_seconds": step_times,
@@ -154,6 +173,54 @@ def trl_grpo(
         "rollout_tokens_per_second": statistics.fmean(
             t / s for t, s in zip(gen["tokens"], gen["seconds"], strict=True)
         ),
+    }
+
+
+def _generation_means(tokens: list[float], cpu: list[float], wall: list[float]) -> dict[str, float]:
+    return {
+        "generated_tokens_per_step": statistics.fmean(tokens),
+        "generation_cpu_seconds_per_step": statistics.fmean(cpu),
+        "generation_tokens_per_cpu_second": statistics.fmean(t / c for t, c in zip(tokens, cpu, strict=True)),
+        "rollout_tokens_per_second": statistics.fmean(t / w for t, w in zip(tokens, wall, strict=True)),
+    }
+
+
+def agentcredit_generation(
+    steps: int, prompts: int, completions: int, *, model_name: str = "embedded"
+) -> dict:
+    """``steps`` rollouts of the GRPO trainer's own engine on the step's prompts (no update in between)."""
+    from agentcredit.models.loading import load_base_model
+    from agentcredit.train.trainer import Trainer
+
+    cfg = load_config(
+        "grpo-arith-tools",
+        [f"model.name={model_name}", f"rollout.prompts_per_step={prompts}", f"rollout.n={completions}"]
+        + ["train.tensorboard=false"],
+    )
+    model, tokenizer = load_base_model(model_name, "float32", seed=0)
+    trainer = Trainer(
+        cfg, model=model, tokenizer=tokenizer, examples=load_examples(cfg, limit=prompts), log=False
+    )
+    out: dict[str, list[float]] = {k: [] for k in ("tokens", "cpu", "seconds", "tool_seconds", "tool_calls")}
+    try:
+        for step in range(steps):
+            trainer.step = step  # the engine's seed, as in training step ``step``
+            _, stats = trainer.rollout(load_examples(cfg, limit=prompts))
+            out["tokens"].append(stats["rollout/generated_tokens"])
+            out["cpu"].append(stats["rollout/generation_cpu_seconds"])
+            out["seconds"].append(stats["rollout/seconds"])
+            out["tool_seconds"].append(stats["rollout/tool_seconds"])
+            out["tool_calls"].append(stats["rollout/tool_calls"])
+    finally:
+        trainer.close()
+    return {
+        "generation_seconds": out["seconds"],
+        "generation_cpu_seconds": out["cpu"],
+        "completion_tokens": out["tokens"],
+        "tool_seconds": out["tool_seconds"],
+        "tool_calls": out["tool_calls"],
+        **_generation_means(out["tokens"], out["cpu"], out["seconds"]),
+        "tool_seconds_per_step": statistics.fmean(out["tool_seconds"]),
     }
 
 
@@ -208,18 +275,22 @@ def format_table(result: dict[str, Any]) -> str:
         for side in ("agentcredit", "trl"):
             e = b[side]
             tools = f"{e['tool_seconds_per_step']:.2f}" if side == "agentcredit" else "-"
+            update = f"{e['update_cpu_seconds_per_step']:.2f}" if "update_cpu_seconds_per_step" in e else "-"
+            step = f"{e['seconds_per_step']:.2f}" if "seconds_per_step" in e else "-"
             lines.append(
                 f"| {b['batch']} | {side} | {e['generated_tokens_per_step']:.0f} "
                 f"| {e['generation_cpu_seconds_per_step']:.2f} | {e['generation_tokens_per_cpu_second']:.1f} "
-                f"| {tools} | {e['update_cpu_seconds_per_step']:.2f} | {e['seconds_per_step']:.2f} |"
+                f"| {tools} | {update} | {step} |"
             )
+        update = f"{b['ratio_update_cpu_seconds']:.2f}x" if "ratio_update_cpu_seconds" in b else "-"
         lines.append(
             f"| {b['batch']} | **agentcredit / TRL** | | | **{b['ratio_generation_tokens_per_cpu_second']:.2f}x** "
-            f"| | {b['ratio_update_cpu_seconds']:.2f}x | |"
+            f"| | {update} | |"
         )
     lines.append("")
     lines.append(
-        f"{result['model']}, {result['steps']} steps per side and batch, {result['torch_threads']} torch thread(s); "
+        f"{result['model']}, {result['steps']} steps per side and batch"
+        f"{' (generation only)' if result.get('generation_only') else ''}, {result['torch_threads']} torch thread(s); "
         f"load average {result['load_average_start']} -> {result['load_average_end']}"
     )
     return "\n".join(lines)
@@ -232,6 +303,11 @@ def main() -> None:
     parser.add_argument(
         "--model", default="embedded", help="'embedded' (the comparison) or 'tiny' (a smoke test)"
     )
+    parser.add_argument(
+        "--generation-only",
+        action="store_true",
+        help="time each side's generation alone (the trainers' own generate calls, no update): a third of the CPU",
+    )
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
@@ -242,15 +318,18 @@ def main() -> None:
         "load_average_start": load_average(),
         "model": args.model,
         "steps": args.steps,
+        "generation_only": args.generation_only,
         "torch_threads": torch.get_num_threads(),
         "batches": [],
     }
+    only = args.generation_only
+    ours = agentcredit_generation if only else agentcredit_grpo
     for i, (prompts, completions) in enumerate(parse_batches(args.batches)):
         sides = {
-            "agentcredit": lambda p=prompts, n=completions: agentcredit_grpo(
-                args.steps, p, n, model_name=args.model
+            "agentcredit": lambda p=prompts, n=completions: ours(args.steps, p, n, model_name=args.model),
+            "trl": lambda p=prompts, n=completions: trl_grpo(
+                args.steps, p, n, model_name=args.model, generation_only=only
             ),
-            "trl": lambda p=prompts, n=completions: trl_grpo(args.steps, p, n, model_name=args.model),
         }
         order = ["agentcredit", "trl"] if i % 2 == 0 else ["trl", "agentcredit"]
         entry: dict[str, Any] = {"batch": f"{prompts}x{completions}", "order": order}
@@ -261,9 +340,10 @@ def main() -> None:
         entry["ratio_generation_tokens_per_cpu_second"] = (
             a["generation_tokens_per_cpu_second"] / t["generation_tokens_per_cpu_second"]
         )
-        entry["ratio_update_cpu_seconds"] = (
-            a["update_cpu_seconds_per_step"] / t["update_cpu_seconds_per_step"]
-        )
+        if not only:
+            entry["ratio_update_cpu_seconds"] = (
+                a["update_cpu_seconds_per_step"] / t["update_cpu_seconds_per_step"]
+            )
         result["batches"].append(entry)
         if args.out:  # written after every batch, so a long run keeps what it measured
             args.out.write_text(json.dumps(result, indent=2))
