@@ -60,11 +60,15 @@ def budget_overrides(strategy: str, *, prompts: int, episodes: int) -> list[str]
 
 
 class PhaseTokens:
-    """Counts input positions fed to hooked decoders, attributed to the phase that is running."""
+    """Counts input positions fed to hooked decoders, attributed to the phase that is running; also the process CPU
+    seconds of each phase and the engine's stats of the last rollout (``rollout/...``: its generation CPU seconds
+    apart from the tool threads')."""
 
     def __init__(self) -> None:
         self.phase: str | None = None
         self.tokens: dict[str, int] = dict.fromkeys(PHASES, 0)
+        self.cpu: dict[str, float] = dict.fromkeys(PHASES, 0.0)
+        self.rollout_stats: dict[str, float] = {}
         self._handles: list[Any] = []
 
     def hook(self, model: torch.nn.Module | None) -> None:
@@ -93,15 +97,22 @@ class PhaseTokens:
 
             def wrapped(*args: Any, _method: Any = method, _phase: str = phase, **kwargs: Any) -> Any:
                 self.phase = _phase
+                start = time.process_time()
                 try:
-                    return _method(*args, **kwargs)
+                    result = _method(*args, **kwargs)
+                    if _phase == "rollout" and isinstance(result, tuple):  # the trainer's (trees, stats)
+                        self.rollout_stats = dict(result[1])
+                    return result
                 finally:
+                    self.cpu[_phase] += time.process_time() - start
                     self.phase = None
 
             setattr(trainer, name, wrapped)  # instance attribute: learn() calls self.<name>
 
     def reset(self) -> None:
         self.tokens = dict.fromkeys(PHASES, 0)
+        self.cpu = dict.fromkeys(PHASES, 0.0)
+        self.rollout_stats = {}
 
     def close(self) -> None:
         for handle in self._handles:
@@ -183,6 +194,12 @@ def bench_method(
                     "seconds": metrics["time/step"],
                     **{p: metrics[f"time/{p}"] for p in PHASES},
                     "tokens": dict(counter.tokens),
+                    "cpu": dict(counter.cpu),
+                    "generation_cpu": counter.rollout_stats.get(
+                        "rollout/generation_cpu_seconds", float("nan")
+                    ),
+                    "tool_seconds": counter.rollout_stats.get("rollout/tool_seconds", float("nan")),
+                    "tool_calls": counter.rollout_stats.get("rollout/tool_calls", float("nan")),
                     "generated_tokens": metrics.get("rollout/generated_tokens", float("nan")),
                     "episodes": metrics.get("episode/count", float("nan")),
                     "policy_tokens_per_episode": metrics.get("episode/policy_tokens", float("nan")),
@@ -218,6 +235,14 @@ def bench_method(
         "generated_tokens_per_step": _mean([s["generated_tokens"] for s in per_step]),
         "episodes_per_step": _mean([s["episodes"] for s in per_step]),
         "rollout_tokens_per_second": _mean([s["generated_tokens"] / s["rollout"] for s in per_step]),
+        # process CPU seconds per phase, and the rollout's generation alone (the engine thread, tool threads apart)
+        **{f"{p}_cpu_seconds": _mean([s["cpu"][p] for s in per_step]) for p in PHASES},
+        "generation_cpu_seconds": _mean([s["generation_cpu"] for s in per_step]),
+        "generation_tokens_per_cpu_second": _mean(
+            [s["generated_tokens"] / s["generation_cpu"] for s in per_step]
+        ),
+        "tool_seconds": _mean([s["tool_seconds"] for s in per_step]),
+        "tool_calls_per_step": _mean([s["tool_calls"] for s in per_step]),
         # the update's decoder work with shared prefixes forwarded once, and what row-by-row forwarding would feed
         # (the rows' own tokens, no padding): their ratio is the update FLOPs the packing saves
         "update_tokens_in_rows": _mean([s["update_tokens_in_rows"] for s in per_step]),

@@ -53,6 +53,7 @@ import contextlib
 import copy
 import hashlib
 import random
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections import defaultdict, deque
@@ -166,14 +167,27 @@ class EngineStats:
     forward_calls: int = 0
     shared_prefix_tokens: int = 0  # tokens of the prompts' common prefix, prefilled once (0: not used)
     seconds: float = 0.0
+    # CPU seconds of the whole process during the run (every thread), and of the thread that runs the engine loop
+    # alone: the generation (forwards, sampling, the protocol's checks; with torch on one thread, all of it) without
+    # the tool threads. Tool steps: their wall seconds on the tool threads, summed over steps (they overlap decoding)
+    cpu_seconds: float = 0.0
+    generation_cpu_seconds: float = 0.0
+    tool_seconds: float = 0.0
 
     @property
     def tokens_per_second(self) -> float:
         return self.generated_tokens / self.seconds if self.seconds > 0 else 0.0
 
+    @property
+    def tokens_per_cpu_second(self) -> float:
+        """Generated tokens per CPU-second of generation (tool threads excluded; see ``generation_cpu_seconds``)."""
+        cpu = self.generation_cpu_seconds
+        return self.generated_tokens / cpu if cpu > 0 else 0.0
+
     def to_dict(self) -> dict[str, float]:
         out = {k: getattr(self, k) for k in self.__dataclass_fields__}
         out["tokens_per_second"] = self.tokens_per_second
+        out["tokens_per_cpu_second"] = self.tokens_per_cpu_second
         return out
 
 
@@ -381,6 +395,7 @@ class RolloutEngine:
         self.max_turns = self.config.max_turns or protocol.max_segments
         self.max_context = min(self.config.max_context or backend.max_positions, backend.max_positions)
         self.stats = EngineStats()
+        self._tool_lock = threading.Lock()
         self._calls = 0
         # a backend that generates whole segments (vLLM): the engine asks it for each segment's tokens
         self._segments = backend if isinstance(backend, SegmentBackend) else None
@@ -432,7 +447,7 @@ class RolloutEngine:
                 "prompt_ids must be unique (they seed the jobs; equal ids would sample equal trees)"
             )
         self.stats = EngineStats()
-        start = time.perf_counter()
+        start, cpu_start, loop_cpu_start = time.perf_counter(), time.process_time(), time.thread_time()
         forward_before = getattr(self.backend.stats, "forward_calls", 0)
         self._reward_fn = reward_fn
         self._on_tree_done = on_tree_done
@@ -464,6 +479,8 @@ class RolloutEngine:
         for ep in list(self._live):
             self._release(ep)
         self.stats.seconds = time.perf_counter() - start
+        self.stats.cpu_seconds = time.process_time() - cpu_start
+        self.stats.generation_cpu_seconds = time.thread_time() - loop_cpu_start
         self.stats.forward_calls = getattr(self.backend.stats, "forward_calls", 0) - forward_before
         return [run.final if run.final is not None else run.tree for run in runs]
 
@@ -857,10 +874,11 @@ class RolloutEngine:
             self.stats.tool_calls += len(turn.calls)
             self.stats.tool_turns += 1
             if self.tools.episodes is None:
-                ep.future = self.tools.submit(turn.calls)
+                ep.future = self.tools.submit_step(self._timed_step, self.tools.run, list(turn.calls))
             else:
                 replay = recorded_steps(tree, ep.job.node) if ep.env is None else None
-                ep.future = self.tools.submit_step(self._environment_step, ep, list(turn.calls), replay)
+                step = (self._environment_step, ep, list(turn.calls), replay)
+                ep.future = self.tools.submit_step(self._timed_step, *step)
         else:
             self._observe(ep, [])
 
@@ -898,6 +916,15 @@ class RolloutEngine:
                         continue
                     results = results.results
                 self._observe(ep, results)
+
+    def _timed_step(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run one tool step on a tool thread and add its wall seconds to ``stats.tool_seconds``."""
+        start = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            with self._tool_lock:  # steps end on several threads at once
+                self.stats.tool_seconds += time.perf_counter() - start
 
     def _environment_step(
         self, ep: _JobRun, calls: list[ToolCall], replay: list[tuple[list[ToolCall], list[str]]] | None

@@ -69,11 +69,14 @@ def _nucleus(values: torch.Tensor, top_p: float) -> torch.Tensor:
     return probs.masked_fill(before >= top_p, 0.0)
 
 
-def _truncate(logprobs: torch.Tensor, top_k: int, top_p: float) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Probabilities of the drawable tokens, and the vocabulary ids they belong to (None = all, in order)."""
+def _truncate(
+    logprobs: torch.Tensor, probs: torch.Tensor, top_k: int, top_p: float
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Probabilities of the drawable tokens, and the vocabulary ids they belong to (None = all, in order).
+    ``probs`` is ``logprobs.exp()``, already computed for the entropy."""
     vocab = logprobs.shape[-1]
     if top_k == 0 and top_p >= 1.0:
-        return logprobs.exp(), None
+        return probs, None
     if top_p >= 1.0:
         values, ids = torch.topk(logprobs, min(top_k, vocab), dim=-1)
         return values.exp(), ids
@@ -105,13 +108,14 @@ def sample_tokens(
     if logits.ndim != 2:
         raise ValueError(f"sample_tokens: logits must be [rows, vocab], got shape {tuple(logits.shape)}")
     logprobs = recorded_logprobs(logits, params.temperature)
-    entropies = -(logprobs.exp() * logprobs).sum(dim=-1)
+    probs = logprobs.exp()  # once: the entropy and the untruncated draw both read it
+    entropies = -(probs * logprobs).sum(dim=-1)
     if params.greedy:
         tokens = torch.argmax(logits, dim=-1)
     else:
         if uniforms is None or uniforms.shape != (logits.shape[0],):
             raise ValueError("sample_tokens: pass one uniform number per row when sampling (temperature > 0)")
-        probs, ids = _truncate(logprobs, params.top_k, params.top_p)
+        probs, ids = _truncate(logprobs, probs, params.top_k, params.top_p)
         cdf = torch.cumsum(probs.double(), dim=-1)  # float64: no drift over a 50k-token vocabulary
         # the uniforms come from the episodes' CPU generators (the same draws on every device)
         target = (uniforms.to(cdf.device).double().clamp(0.0, 1.0) * cdf[:, -1]).unsqueeze(-1)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -55,6 +57,33 @@ def test_phase_tokens_attribute_forward_tokens_to_phases(tiny):
     with torch.no_grad():
         holder.rollout()
     assert counter.tokens["rollout"] == 12  # hooks removed
+
+
+def test_phase_tokens_time_each_phase_in_cpu_seconds_and_keep_the_rollout_stats():
+    """Issue 55: the TRL comparison reads each phase's process CPU seconds and the engine's generation CPU."""
+
+    class Trainer:
+        def rollout(self):
+            end = time.process_time() + 0.05
+            while time.process_time() < end:
+                pass
+            return [], {"rollout/generation_cpu_seconds": 0.04}
+
+        def compute_signals(self):
+            return None
+
+        def update(self):
+            return None
+
+    counter = PhaseTokens()
+    trainer = Trainer()
+    counter.wrap(trainer)
+    assert trainer.rollout() == ([], {"rollout/generation_cpu_seconds": 0.04})
+    trainer.update()
+    assert counter.cpu["rollout"] >= 0.05 and counter.cpu["signals"] == 0.0
+    assert counter.rollout_stats == {"rollout/generation_cpu_seconds": 0.04}
+    counter.reset()
+    assert counter.cpu == {"rollout": 0.0, "signals": 0.0, "update": 0.0} and counter.rollout_stats == {}
 
 
 def test_non_embedding_parameters_of_the_tiny_llama(tiny):

@@ -270,6 +270,32 @@ def test_tools_run_while_other_episodes_decode(trained_tiny):
     assert seen and max(seen) > 0, seen
 
 
+def test_tool_time_is_counted_apart_from_generation_time(trained_tiny):
+    """Issue 55: tool steps are timed on their threads (``tool_seconds``) and their CPU stays out of
+    ``generation_cpu_seconds`` (the engine loop's thread), so tokens per CPU-second measure generation alone."""
+    model, tokenizer = trained_tiny
+    demo = DEMO["codefence-replace"]
+
+    def busy_python(args):  # burns CPU on the tool thread, 0.3 s per call
+        end = time.thread_time() + 0.3
+        while time.thread_time() < end:
+            pass
+        return "391\n"
+
+    runtime = ToolRuntime({"python": busy_python})
+    engine = engine_for(model, tokenizer, demo.build_protocol(), runtime, seed=1)
+    engine.run([demo.question], independent(2), lambda *_: 0.0)
+    runtime.close()
+    stats = engine.stats
+    assert stats.tool_calls >= 1
+    assert stats.tool_seconds >= 0.3 * stats.tool_calls
+    # the tool threads' CPU is in the process's seconds, not in the generation's
+    assert stats.cpu_seconds - stats.generation_cpu_seconds >= 0.25 * stats.tool_calls
+    assert 0 < stats.generation_cpu_seconds <= stats.cpu_seconds
+    assert stats.tokens_per_cpu_second == stats.generated_tokens / stats.generation_cpu_seconds
+    assert stats.to_dict()["tokens_per_cpu_second"] == stats.tokens_per_cpu_second
+
+
 def test_bad_inputs(tiny):
     model, tokenizer = tiny
     engine = engine_for(model, tokenizer, get_protocol("codefence"))
