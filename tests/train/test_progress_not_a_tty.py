@@ -136,6 +136,7 @@ def test_trainer_prints_flushed_step_lines_when_not_a_terminal(progress, monkeyp
             },
         )()
         step, logger, run_dir = 0, None, None
+        warmup_gate = None  # GRPO has no critic to warm up (Trainer.train checks the gate first, issue 48)
 
         def train_step(self):
             self.step += 1
