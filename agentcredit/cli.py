@@ -417,27 +417,26 @@ def view(
     typer.echo(f"wrote {page}")
 
 
-@app.command("probe-gear")
-def probe_gear_cmd(
-    study: Annotated[Path, typer.Option("--study", help="The probe's study file.")] = Path(
-        "studies/gear-mechanism.yaml"
-    ),
-    out: Annotated[Path, typer.Option("--out", help="Where its records and summaries go.")] = Path(
-        "runs/gear-mechanism"
-    ),
+@app.command("probe")
+def probe_cmd(
+    study: Annotated[
+        Path, typer.Option("--study", help="The probe's study file (its 'kind' names the method).")
+    ],
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Where its records and summaries go (default runs/<name>).")
+    ] = None,
     part: Annotated[str, typer.Option("--part", help="pilot (planning SDs) or main (verdicts).")] = "main",
 ) -> None:
-    """GEAR's mechanism probe: does the rKL mass and W concentrate on a failing trajectory's deviating turn?"""
-    from pydantic import ValidationError
-
-    from agentcredit.experiment.gear_probe import format_summary, load_spec, run_probe
+    """A method's mechanism probe, pre-registered in a study file: does its signal do what its paper says?"""
+    from agentcredit.config import ConfigError
+    from agentcredit.experiment.mechanism import format_summary, load_spec, run_probe
 
     if part not in ("pilot", "main"):
         _fail(ValueError(f"--part must be pilot or main, got {part!r}"))
     try:
         spec = load_spec(study)
-        summary = run_probe(spec, out, part=part, log=typer.echo)  # type: ignore[arg-type]
-    except (FileNotFoundError, ValueError, ValidationError) as exc:
+        summary = run_probe(spec, out or Path("runs") / spec.name, part=part, log=typer.echo)  # type: ignore[arg-type]
+    except (ConfigError, FileNotFoundError, ValueError, ToolUnavailableError) as exc:
         _fail(exc)
     typer.echo(format_summary(summary))
 

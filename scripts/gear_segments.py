@@ -21,7 +21,8 @@ from pathlib import Path
 import torch
 
 from agentcredit.credit.gear import gear_details
-from agentcredit.experiment.gear_probe import _context, _student, load_spec, two_hop_questions
+from agentcredit.experiment.mechanism import load_spec
+from agentcredit.experiment.mechanism.gear import _student, open_context, questions
 
 VARIANTS = {  # name: (break_at_observation, turn_head_tokens)
     "paper's scan": (False, 0),
@@ -38,11 +39,11 @@ def score(study: Path) -> list[dict]:
     from agentcredit.train.batch import build_batch
 
     spec = load_spec(study)
-    ctx = _context(spec)
+    ctx = open_context(spec)
     env, model, tokenizer, settings = ctx["env"], ctx["model"], ctx["tokenizer"], ctx["settings"]
     rows = []
     try:
-        for example in two_hop_questions(spec, "pilot"):
+        for example in questions(spec, "pilot"):
             for kind in spec.deviations:
                 tree = replay(
                     env.protocol,

@@ -1,8 +1,10 @@
-"""GEAR's mechanism probe (issue 48): its statistics by hand, its power plan, its verdict rules, its questions."""
+"""Mechanism probes (issue 48): their shared power plan and verdict rules, and GEAR's kind: its statistics by hand,
+its questions."""
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -10,17 +12,16 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from agentcredit.cli import app
-from agentcredit.experiment.gear_probe import (
+from agentcredit.experiment.mechanism import load_spec
+from agentcredit.experiment.mechanism.core import (
     Statistic,
-    episode_statistics,
     holm,
-    load_spec,
     planned_questions,
     question_values,
     summarise,
-    two_hop_questions,
     verdict,
 )
+from agentcredit.experiment.mechanism.gear import episode_statistics, questions
 
 STUDY = "studies/gear-mechanism.yaml"
 
@@ -46,6 +47,8 @@ def test_the_question_is_the_unit():
         {"question": "b", "w_gap": 0.3},
     ]
     assert question_values(records, "w_gap") == pytest.approx([0.0, 0.2])
+    # a record where the statistic is undefined (None) does not count
+    assert question_values([*records, {"question": "c", "w_gap": None}], "w_gap") == pytest.approx([0.0, 0.2])
 
 
 def test_planned_questions_match_the_normal_approximation_and_grow_with_the_pilot_sd_bound():
@@ -104,7 +107,7 @@ def test_the_study_file_is_preregistered_and_its_questions_are_fresh():
     for s in spec.statistics:
         n, _ = planned_questions(s.effect, s.planning_sd, spec.pilot.count, spec.alpha / 2, spec.power)
         assert n <= spec.main.count, (s.name, n)
-    pilot, main = two_hop_questions(spec, "pilot"), two_hop_questions(spec, "main")
+    pilot, main = questions(spec, "pilot"), questions(spec, "main")
     assert len(main) == spec.main.count and all(e.info["hops"] == 2 for e in main)
     from agentcredit.tasks import load_task
 
@@ -126,5 +129,36 @@ def test_summarise_pilot_plans_and_main_decides():
 
 
 def test_cli_bad_part_is_one_line():
-    result = CliRunner().invoke(app, ["probe-gear", "--study", STUDY, "--part", "both"])
+    result = CliRunner().invoke(app, ["probe", "--study", STUDY, "--part", "both"])
     assert result.exit_code == 2 and "--part must be pilot or main" in result.output
+
+
+def test_the_gear_pilot_is_the_one_that_ran():
+    """The pilot's questions are the ones its committed records hold (none of them an SFT question, so excluding
+    the SFT set from pilots left GEAR's pilot as it ran)."""
+    import json
+
+    spec = load_spec(STUDY)
+    ran = {
+        json.loads(line)["question"]
+        for line in Path("docs/results/gear-mechanism/pilot-records.jsonl").open()
+    }
+    assert {e.id for e in questions(spec, "pilot")} == ran
+    ran = {
+        json.loads(line)["question"] for line in Path("docs/results/gear-mechanism/main-records.jsonl").open()
+    }
+    assert {e.id for e in questions(spec, "main")} == ran
+
+
+def test_a_study_file_without_kind_or_with_a_wrong_field_is_one_line(tmp_path):
+    bad = tmp_path / "probe.yaml"
+    bad.write_text("name: x\n")
+    result = CliRunner().invoke(app, ["probe", "--study", str(bad)])
+    assert result.exit_code == 2 and "needs 'kind'" in result.output and "Traceback" not in result.output
+    text = Path(STUDY).read_text().replace("name: gear-mechanism", "name: gear-mechanism\nsurprise: 1")
+    bad.write_text(text)
+    result = CliRunner().invoke(app, ["probe", "--study", str(bad)])
+    assert result.exit_code == 2 and "surprise" in result.output
+    bad.write_text(Path(STUDY).read_text().replace("name: w_gap", "name: nothing"))
+    result = CliRunner().invoke(app, ["probe", "--study", str(bad)])
+    assert result.exit_code == 2 and "statistics" in result.output
