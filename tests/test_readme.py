@@ -17,3 +17,8 @@ def test_readme_credit_example_runs_and_matches_its_comments():
     assert sum(seg) == pytest.approx(1.0 - 0.40)
     assert scope["update"] == [False, True, True, True, True]
     assert scope["adv"] == pytest.approx([0.0, -0.25, 0.25, -0.5, 0.5])
+
+
+def test_readme_stays_short():
+    """What it is, the two commands, a quick start, the tables and links; measurements live in docs/results."""
+    assert len(README.read_text()) <= 12_000
