@@ -1,6 +1,6 @@
 """Mechanism probes (issue 48): does each method's signal do, on the model's own rollouts and teacher passes, what
 its paper says it does? One kind per method, each a module here with ``Spec`` fields, ``questions``,
-``open_context`` and ``score_question``; :mod:`.core` holds what they share (power plan, verdicts, the run).
+``open_context`` and ``score_question`` (and ``summarise`` where its statistics are not means over questions); :mod:`.core` holds what they share (power plan, verdicts, the run).
 
     agentcredit probe --study studies/gear-mechanism.yaml --part pilot   # planning SDs
     agentcredit probe --study studies/gear-mechanism.yaml --part main    # verdicts
@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from agentcredit.experiment.mechanism.core import MechanismSpec, Part, format_summary, run_parts
+from agentcredit.experiment.mechanism.core import MechanismSpec, Part, format_summary, run_parts, summarise
 
 __all__ = ["KINDS", "format_summary", "load_spec", "run_probe"]
 
@@ -57,5 +57,6 @@ def run_probe(spec: MechanismSpec, out: Path, *, part: Part, log: Callable[[str]
         questions=module.questions,
         open_context=module.open_context,
         score_question=module.score_question,
+        summarise=getattr(module, "summarise", summarise),
         log=log,
     )

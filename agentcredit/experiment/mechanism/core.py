@@ -33,6 +33,7 @@ __all__ = [
     "Questions",
     "Statistic",
     "format_summary",
+    "decide",
     "holm",
     "planned_questions",
     "question_values",
@@ -188,6 +189,18 @@ def planned_questions(
     return high, sd_up
 
 
+def decide(low: float, high: float, stat: Statistic) -> str:
+    """The verdict of a one-sided interval ``[low, high]`` for a statistic whose claim is "> 0" (a kind whose
+    statistic is not a mean over questions, e.g. an AUC minus 0.5 with a bootstrap interval, reads it here too)."""
+    if low > 0:
+        return "reproduced"
+    if high < stat.margin:
+        return "not reproduced"
+    if high < stat.effect:
+        return "effect excluded"
+    return "underpowered"
+
+
 def verdict(values: Sequence[float], stat: Statistic, alpha: float, power: float) -> dict:
     """The statistic's one-sided interval at ``alpha`` and its verdict (see the module docstring)."""
     from scipy import stats
@@ -198,14 +211,7 @@ def verdict(values: Sequence[float], stat: Statistic, alpha: float, power: float
     half = stats.t.ppf(1 - alpha, n - 1) * sd / math.sqrt(n) if n > 1 else math.inf
     low, high = mean - half, mean + half
     p = float(stats.t.sf(mean / (sd / math.sqrt(n)), n - 1)) if sd > 0 else (0.0 if mean > 0 else 1.0)
-    if low > 0:
-        result = "reproduced"
-    elif high < stat.margin:
-        result = "not reproduced"
-    elif high < stat.effect:
-        result = "effect excluded"
-    else:
-        result = "underpowered"
+    result = decide(low, high, stat)
     out = {
         "n": n,
         "mean": mean,
@@ -309,11 +315,13 @@ def run_parts(
     questions: Callable[[MechanismSpec, Part], list[Any]],
     open_context: Callable[[MechanismSpec], dict],
     score_question: Callable[[dict, MechanismSpec, Any], list[dict]],
+    summarise: Callable[[MechanismSpec, Sequence[dict], str], dict] = summarise,
     log: Callable[[str], None] = print,
 ) -> dict:
     """Score the ``part``'s questions (appending to ``out/<part>-records.jsonl``, resuming after the questions it
     holds) and write ``out/<part>-summary.json``: the planning SDs (pilot) or the verdicts (main). A context's
-    ``env``, if any, is closed at the end."""
+    ``env``, if any, is closed at the end. A kind whose statistics are not means over questions passes its own
+    ``summarise`` (same signature and keys as :func:`summarise`)."""
     out.mkdir(parents=True, exist_ok=True)
     chosen = questions(spec, part)
     path = out / f"{part}-records.jsonl"
