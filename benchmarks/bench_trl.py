@@ -265,6 +265,19 @@ def parse_batches(text: str) -> list[tuple[int, int]]:
     return out
 
 
+def parse_steps(text: str, batches: int) -> list[int]:
+    """``"2"`` -> the same steps for every batch; ``"8,2,1"`` -> one per batch (as many as ``--batches`` has)."""
+    try:
+        steps = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise SystemExit(f"--steps: {text!r} is not a number or a comma-separated list of numbers") from None
+    if len(steps) == 1:
+        steps *= batches
+    if len(steps) != batches or min(steps) < 1:
+        raise SystemExit(f"--steps: {text!r} needs one number >= 1, or one per batch ({batches})")
+    return steps
+
+
 def format_table(result: dict[str, Any]) -> str:
     head = (
         "| batch | side | gen. tokens/step | gen. CPU s/step | **gen. tokens / CPU-s** | tool s/step (wall) "
@@ -289,8 +302,9 @@ def format_table(result: dict[str, Any]) -> str:
         )
     lines.append("")
     lines.append(
-        f"{result['model']}, {result['steps']} steps per side and batch"
-        f"{' (generation only)' if result.get('generation_only') else ''}, {result['torch_threads']} torch thread(s); "
+        f"{result['model']}, steps per side: "
+        + ", ".join(f"{b['batch']} x {b['steps']}" for b in result["batches"])
+        + f"{' (generation only)' if result.get('generation_only') else ''}, {result['torch_threads']} torch thread(s); "
         f"load average {result['load_average_start']} -> {result['load_average_end']}"
     )
     return "\n".join(lines)
@@ -299,7 +313,12 @@ def format_table(result: dict[str, Any]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batches", default="2x4,4x8,8x8", help="PROMPTSxCOMPLETIONS, comma-separated")
-    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument(
+        "--steps",
+        default="2",
+        help="steps per side: one number for every batch, or one per batch (e.g. 8,2,1): at 2x4 a step's tokens "
+        "vary ~2x between steps of one distribution, so the small batch needs more steps to compare means",
+    )
     parser.add_argument(
         "--model", default="embedded", help="'embedded' (the comparison) or 'tiny' (a smoke test)"
     )
@@ -324,15 +343,18 @@ def main() -> None:
     }
     only = args.generation_only
     ours = agentcredit_generation if only else agentcredit_grpo
-    for i, (prompts, completions) in enumerate(parse_batches(args.batches)):
+    batches = parse_batches(args.batches)
+    steps_per_batch = parse_steps(args.steps, len(batches))
+    result["steps"] = steps_per_batch
+    for i, ((prompts, completions), steps) in enumerate(zip(batches, steps_per_batch, strict=True)):
         sides = {
-            "agentcredit": lambda p=prompts, n=completions: ours(args.steps, p, n, model_name=args.model),
-            "trl": lambda p=prompts, n=completions: trl_grpo(
-                args.steps, p, n, model_name=args.model, generation_only=only
+            "agentcredit": lambda p=prompts, n=completions, k=steps: ours(k, p, n, model_name=args.model),
+            "trl": lambda p=prompts, n=completions, k=steps: trl_grpo(
+                k, p, n, model_name=args.model, generation_only=only
             ),
         }
         order = ["agentcredit", "trl"] if i % 2 == 0 else ["trl", "agentcredit"]
-        entry: dict[str, Any] = {"batch": f"{prompts}x{completions}", "order": order}
+        entry: dict[str, Any] = {"batch": f"{prompts}x{completions}", "steps": steps, "order": order}
         for side in order:
             entry[side] = sides[side]()
             entry[f"load_average_after_{side}"] = load_average()
