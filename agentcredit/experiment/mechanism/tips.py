@@ -12,8 +12,8 @@ teacher's potentials.
 Design (pre-registered in the study file, ``studies/tips-mechanism.yaml``): kb-multihop two-hop training questions
 (none used for the kb-multihop start's SFT, none used by the pilot); for each, scripted students in TIPS's tool-call
 format (the ``tips-kb-multihop`` preset's protocol) that search the chain's entities (``direct``: hop 1, hop 2,
-answer) or insert an off-topic search of a distractor (``detour_first`` before hop 1, ``detour_middle`` between the
-hops). Phi is computed by :func:`agentcredit.train.signals.tips_potential_terms`, the function TIPS training calls,
+answer) or insert an off-topic search (``detour_first`` before hop 1, ``detour_middle`` between the hops): an entity
+of the subject's kind whose results hold no gold passage and name neither the bridge entity nor the answer. Phi is computed by :func:`agentcredit.train.signals.tips_potential_terms`, the function TIPS training calls,
 at the preset's settings (answer tokens only, summed, logsumexp over aliases), with the model as its own teacher
 (TIPS's teacher is a frozen copy of the policy, line 54). A tool turn is *informative* when its results hold a gold
 passage (a chain entity's, ``supporting_titles``) the context did not hold yet; every other tool turn (the
@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import json
 import math
-import re
+import zlib
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Literal
 
@@ -165,22 +165,22 @@ def _off_topic(results: str, example: Any) -> bool:
     return not any(name in results for name in (chain[0][2], *example.answers))
 
 
-def _distractor(tools: Any, search_tool: str, example: Any, seen: Sequence[str]) -> tuple[str, str]:
-    """The first entity (a passage title in ``seen``, the gold searches' results, in order) that is neither a
-    chain entity nor the answer and whose own search is off-topic; returns it and its results."""
+def _distractor(tools: Any, search_tool: str, example: Any, world: Any) -> str:
+    """An off-topic entity for ``example``: one of the same kind and region as the question's subject (a search a
+    policy could plausibly make), none of the chain's, whose own search is off-topic (:func:`_off_topic`). The
+    candidates are the world's entities of that kind in creation order, from a place fixed by the question's id
+    (a stable hash, so questions get different distractors and a rerun the same); the first that qualifies."""
     from agentcredit.tools.base import ToolCall
 
     chain = example.info["chain"]
+    subject = world.entities[chain[0][0]]
     exclude = {chain[0][0], chain[1][0], chain[1][2], *example.answers}
-    for text in seen:
-        for title in re.findall(r"\(Title: ([^)]+)\)", text):
-            if title in exclude:
-                continue
-            exclude.add(title)
-            results = tools.run([ToolCall(search_tool, {"query": title})])[0].output
-            if _off_topic(results, example):
-                return title, results
-    raise ValueError(f"{example.id}: no off-topic distractor among the gold searches' results")
+    pool = [e.name for e in world.of(subject.kind, subject.region) if e.name not in exclude]
+    start = zlib.crc32(example.id.encode()) % len(pool) if pool else 0
+    for name in pool[start:] + pool[:start]:
+        if _off_topic(tools.run([ToolCall(search_tool, {"query": name})])[0].output, example):
+            return name
+    raise ValueError(f"{example.id}: no off-topic {subject.kind} in the world to search instead")
 
 
 def _observations(tree: Any) -> list[str]:
@@ -191,15 +191,12 @@ def _observations(tree: Any) -> list[str]:
 def score_question(ctx: dict, spec: TipsProbe, example: Any) -> list[dict]:
     """The question's scripted episodes and their potentials Phi(S_0..S_M): one record per episode."""
     from agentcredit.rollout.replay import replay
-    from agentcredit.tools.base import ToolCall
     from agentcredit.train import signals
     from agentcredit.train.batch import build_batch
 
     env, model, tokenizer, settings = ctx["env"], ctx["model"], ctx["tokenizer"], ctx["settings"]
     chain, answer = example.info["chain"], example.answers[0]
-    search_tool = env.protocol.search_tool
-    gold = [env.tools.run([ToolCall(search_tool, {"query": c[0]})])[0].output for c in chain]
-    distractor, _ = _distractor(env.tools, search_tool, example, gold)
+    distractor = _distractor(env.tools, env.protocol.search_tool, example, ctx["world"])
     trees = []
     for kind in spec.episodes:
         tree = replay(
@@ -253,6 +250,7 @@ def score_question(ctx: dict, spec: TipsProbe, example: Any) -> list[dict]:
 def open_context(spec: TipsProbe) -> dict:
     from agentcredit.credit.methods.tips import TipsSettings
     from agentcredit.environment import build_environment
+    from agentcredit.tasks.kb import build_world
 
     config = spec.config()
     model, tokenizer = load_model(spec)
@@ -260,4 +258,6 @@ def open_context(spec: TipsProbe) -> dict:
     # the method object reads its own section (as both trainers do), so no code here names it
     parts = config.algorithm.credit_method.settings_from(config.algorithm)
     settings = next(v for v in parts.values() if isinstance(v, TipsSettings))
-    return {"env": env, "model": model, "tokenizer": tokenizer, "settings": settings}
+    # the world the questions and the search index come from, for the distractors
+    world = build_world(config.task.seed)
+    return {"env": env, "model": model, "tokenizer": tokenizer, "settings": settings, "world": world}
