@@ -53,14 +53,22 @@ def test_turn_summary_by_hand():
             "deltas": [-1.0, 11.0, 1.0],
             "roles": ["distractor", "hop1", "hop2"],
             "informative": [False, True, False],
+            "answer_in_results": [False, True, True],
         },
-        {"deltas": [3.0, 5.0], "roles": ["hop1", "hop2"], "informative": [True, True]},
+        {
+            "deltas": [3.0, 5.0],
+            "roles": ["hop1", "hop2"],
+            "informative": [True, True],
+            "answer_in_results": [False, True],
+        },
     ]
     t = turn_summary(records)
     assert t["tool_turns"] == 5 and t["mean_abs_delta"] == pytest.approx(21.0 / 5)
-    assert t["by_role"]["hop1 informative"] == {"turns": 2, "mean_delta": pytest.approx(7.0)}
-    assert t["by_role"]["hop2 other"] == {"turns": 1, "mean_delta": pytest.approx(1.0)}
-    assert t["by_role"]["distractor other"]["mean_delta"] == pytest.approx(-1.0)
+    by = t["by_role"]
+    assert by["hop1 informative, answer in results"] == {"turns": 1, "mean_delta": pytest.approx(11.0)}
+    assert by["hop1 informative"] == {"turns": 1, "mean_delta": pytest.approx(3.0)}
+    assert by["hop2 other, answer in results"] == {"turns": 1, "mean_delta": pytest.approx(1.0)}
+    assert by["distractor other"]["mean_delta"] == pytest.approx(-1.0)
 
 
 def test_the_study_file_is_the_tips_kind_and_preregistered():

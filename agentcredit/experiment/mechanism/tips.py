@@ -105,12 +105,18 @@ def episode_statistics(potentials: Sequence[float], informative: Sequence[bool])
 def turn_summary(records: Sequence[dict]) -> dict:
     """The tool turns' mean |Delta| (the scale the preset's alpha normalises: ``batch_target`` sets alpha so that
     the mean |alpha Delta| over a batch's tool turns is 0.2, paper line 209) and the mean Delta per turn role
-    (hop 1, hop 2, distractor) and class (informative or not), with counts: descriptive, not tested."""
+    (hop 1, hop 2, distractor), class (informative or not) and whether the turn's results name the answer, with
+    counts: descriptive, not tested."""
     deltas = [d for r in records for d in r["deltas"]]
     by: dict[str, list[float]] = {}
     for r in records:
-        for role, informative, d in zip(r["roles"], r["informative"], r["deltas"], strict=True):
-            by.setdefault(f"{role} {'informative' if informative else 'other'}", []).append(d)
+        for role, informative, answer, d in zip(
+            r["roles"], r["informative"], r["answer_in_results"], r["deltas"], strict=True
+        ):
+            key = (
+                f"{role} {'informative' if informative else 'other'}{', answer in results' if answer else ''}"
+            )
+            by.setdefault(key, []).append(d)
     return {
         "tool_turns": len(deltas),
         "mean_abs_delta": _mean([abs(d) for d in deltas]),
