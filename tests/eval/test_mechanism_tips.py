@@ -104,3 +104,15 @@ def test_the_questions_are_two_hop_and_fresh():
     assert not any(e.question in sft for e in pilot)
     used = sft | {e.question for e in pilot}
     assert not any(e.question in used for e in main)
+
+
+def test_the_committed_records_are_the_parts_questions():
+    """The committed records hold exactly the questions each part draws (the exclusions as they ran)."""
+    import json
+    from pathlib import Path
+
+    spec = load_spec(STUDY)
+    for part in ("pilot", "main"):
+        path = Path(f"docs/results/tips-mechanism/{part}-records.jsonl")
+        ran = {json.loads(line)["question"] for line in path.open()}
+        assert {e.id for e in questions(spec, part)} == ran, part
