@@ -55,7 +55,7 @@ def test_verls_device_helpers_answer_for_the_cpu_platform():
     assert found == {
         "platform": "PlatformCPU",
         "name": "cpu",
-        "module": "torch.cpu",
+        "module": "agentcredit_verl_cpu_device",  # torch.cpu and the torch.cuda calls verl makes on it
         "id": "cpu",  # a string: verl reads an int as an accelerator index
         "backend": "gloo",
         "ray": "GPU",  # verl's single controller counts GPU slots: a run gives Ray fake ones
