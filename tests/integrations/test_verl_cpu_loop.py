@@ -59,6 +59,7 @@ def test_the_recipe_has_no_tilde_and_no_export():
     assert len(launches) == 4 and all("+cpu=laptop" in line for line in launches)
 
 
+@pytest.mark.timeout(1800)  # four launches: 687 s on a shared 2-core machine at load 7 (the default is 900 s)
 def test_main_ppo_runs_on_the_cpu(tmp_path):
     """The doc's recipe, command by command, in a fresh HOME; each main_ppo launch writes its own log."""
     # this venv's bin first on PATH: its `python` (a symlink to it from elsewhere would leave the venv)
