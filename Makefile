@@ -83,7 +83,8 @@ setup-bfcl: $(VENV)/.installed $(VENV)/.bfcl
 test: setup-dev test-verl
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# agentcredit.integrations.verl on CPU, in .venv-verl (created on first use: torch first, then -e .[verl,dev]).
+# agentcredit.integrations.verl on CPU, in .venv-verl (created on first use: torch first, then -e .[verl,dev]);
+# includes verl's own main_ppo loop on the CPU (tests/integrations/test_verl_cpu_loop.py: four launches, minutes).
 test-verl: $(VERL_VENV)/.installed
 	$(VERL_PY) -m pytest -m verl tests/integrations
 

@@ -75,55 +75,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 # ------------------------------------------------------------------------------------------ model and data
-def byte_tokenizer():
-    """A byte-level tokenizer (one token per UTF-8 byte) with ChatML specials, built offline."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    tok = Tokenizer(models.BPE(vocab={ch: i for i, ch in enumerate(sorted(alphabet))}, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    tok.decoder = decoders.ByteLevel()
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        additional_special_tokens=["<|im_start|>"],
-    )
-    fast.chat_template = (
-        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-    )
-    return fast
-
-
 def build_model(out: Path, seed: int = 0) -> Path:
-    """A random two-layer Qwen2 and its tokenizer, saved as a Hugging Face model directory."""
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    """A random two-layer Qwen2 and its byte tokenizer, saved as a Hugging Face model directory (the model verl's
+    CPU run trains too: :func:`agentcredit.integrations.verl.tiny.build_tiny_model`)."""
+    from agentcredit.integrations.verl.tiny import build_tiny_model
 
-    tokenizer = byte_tokenizer()
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=4096,
-        tie_word_embeddings=True,
-        bos_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    GenerationConfig(
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
-    ).save_pretrained(out)
-    return out
+    return build_tiny_model(out, seed=seed)
 
 
 def prompt_length(model_path: Path, data: Path) -> int:

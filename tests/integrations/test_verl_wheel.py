@@ -176,7 +176,8 @@ def test_wheel_holds_what_the_verl_plugin_reads(wheel):
     for module in ("__init__", "__main__", "register", "agent_loop", "trainer", "advantages", "estimators"):
         assert f"{verl}{module}.py" in names
     configs = {n.removeprefix(f"{verl}config/") for n in names if n.startswith(f"{verl}config/")}
-    assert configs == {"agentcredit_base.yaml", "agentcredit.yaml"} | {
+    # cpu/laptop.yaml: the `+cpu=laptop` scale-down of verl's own loop on the CPU
+    assert configs == {"agentcredit_base.yaml", "agentcredit.yaml", "cpu/laptop.yaml"} | {
         f"{c}.yaml" for c in METHOD_CONFIGS.values()
     }
     # prepare-data's default --val nq,hotpotqa falls back on the shipped samples, search on their corpora

@@ -2,6 +2,7 @@
 
 * ``config-dir``: print the directory of the Hydra configs (verl's ``--config-path``).
 * ``prepare-data``: write the train / validation parquet files from agentcredit's task loaders.
+* ``tiny-model``: write the random two-layer model verl's CPU run trains (:mod:`.tiny`).
 
 Both run without verl (``prepare-data`` needs pyarrow, which verl brings).
 """
@@ -28,6 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m agentcredit.integrations.verl")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("config-dir", help="print the Hydra config directory (verl's --config-path)")
+    tiny = sub.add_parser("tiny-model", help="write a random two-layer Qwen2 (byte tokenizer) for a CPU run")
+    tiny.add_argument("--out", required=True, help="model directory (actor_rollout_ref.model.path)")
+    tiny.add_argument("--seed", type=int, default=0)
     prep = sub.add_parser("prepare-data", help="write verl parquet files from agentcredit tasks")
     prep.add_argument(
         "--train",
@@ -69,6 +73,11 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.command == "config-dir":
         print(config_dir())
+        return 0
+    if args.command == "tiny-model":
+        from agentcredit.integrations.verl.tiny import build_tiny_model
+
+        print(f"wrote {build_tiny_model(args.out, seed=args.seed)}")
         return 0
 
     from pathlib import Path
