@@ -89,6 +89,8 @@ def test_the_regime_numbers_by_hand():
     # Tier 2: gaps 0.5 - 1.0 = -0.5 and 1.0 - 0.4 = +0.6 -> mean 0.05, se = sd(-0.5, 0.6) / sqrt(2) = 0.55
     assert r["tier2"]["tool_gap"] == pytest.approx(0.05) and r["tier2"]["tool_gap_se"] == pytest.approx(0.55)
     assert r["generator/hard"]["questions"] == 1 and r["generator/easy"]["tier2_share"] == 1.0
+    # within the generator's easy tier there is one model tier only; overall 0.8, 0.7 above 0.2
+    assert r["generator/easy"]["auc_margin"] is None and r["all"]["auc_margin"] == pytest.approx(0.5)
 
 
 def test_the_study_file_loads_and_its_questions_are_fresh():

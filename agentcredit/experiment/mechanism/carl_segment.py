@@ -195,7 +195,7 @@ def bootstrap_interval(reps: Sequence[float], alpha: float) -> dict:
 def regime(records: Sequence[dict]) -> dict:
     """What the questions' regime is (issue 49), per generator tier and per model tier: counts, the Tier 2 share,
     accuracy without the tool and with it forced (per question, averaged), the tool-call rate under the PPO prompt,
-    and the forced-minus-no-tool gap with its standard error over questions."""
+    the forced-minus-no-tool gap with its standard error over questions, and the AUC margin within the group."""
 
     def describe(rows: list[dict]) -> dict:
         if not rows:
@@ -213,6 +213,9 @@ def regime(records: Sequence[dict]) -> dict:
             )
             / len(rows),
             "mean_v_s0": sum(r["v_s0"] for r in rows) / len(rows),
+            # within one generator tier, whether V(s_0) follows the model's own competence beyond the question's
+            # form (None where the rows hold one model tier only)
+            "auc_margin": None if len({r["tier"] for r in rows}) < 2 else auc_margin(rows),
         }
         forced = [r for r in rows if r.get("forced_samples")]
         if forced:
