@@ -149,3 +149,24 @@ def test_a_start_that_is_not_the_excluded_sft_set_is_one_line(tmp_path):
     bad.write_text(Path(STUDY).read_text().replace("sft_examples: 96", "sft_examples: 95"))
     result = CliRunner().invoke(app, ["probe", "--study", str(bad)])
     assert result.exit_code == 2 and "sft_examples" in result.output and "Traceback" not in result.output
+
+
+def test_the_study_is_preregistered_from_its_pilot_and_ran_on_those_questions():
+    """The planning SDs are registered, their plan fits the main part, and the committed records hold exactly the
+    questions each part draws (the warm-up's and the SFT set's excluded)."""
+    import json
+    from pathlib import Path
+
+    from agentcredit.experiment.mechanism.core import planned_questions
+
+    spec = load_spec(STUDY)
+    assert spec.power >= 0.8 and all(s.planning_sd for s in spec.statistics)
+    for s in spec.statistics:
+        n, _ = planned_questions(s.effect, s.planning_sd, spec.pilot.count, spec.alpha / 2, spec.power)
+        assert n <= spec.main.count, (s.name, n)
+    for part in ("pilot", "main"):
+        path = Path(f"docs/results/carl-segment-mechanism/{part}-records.jsonl")
+        if part == "main" and not path.is_file():
+            continue  # the main part not run yet
+        ran = {json.loads(line)["question"] for line in path.open()}
+        assert {e.id for e in questions(spec, part)} == ran, part
