@@ -23,6 +23,7 @@ __all__ = ["KINDS", "format_summary", "load_spec", "run_probe"]
 KINDS: dict[str, tuple[str, str]] = {
     "gear": ("agentcredit.experiment.mechanism.gear", "GearProbe"),
     "tips": ("agentcredit.experiment.mechanism.tips", "TipsProbe"),
+    "carl-segment": ("agentcredit.experiment.mechanism.carl_segment", "CarlSegmentProbe"),
 }
 
 
