@@ -172,15 +172,13 @@ def _policy(example: Any, extra: bool, answer: str | None) -> Any:
     hops = len(example.info["chain"])
     searched = {hop[0] for hop in example.info["chain"]}
     gold = example.answers[0]
-    state: dict[str, str] = {}
 
     def next_text(turn: int, observation: str | None) -> str:
         if turn < hops:
             return jsoncall_policy(example, turn, observation)
         if extra and turn == hops:
             titles = [t for t in _titles(observation) if t not in searched and t != gold]
-            state["distractor"] = titles[0] if titles else gold
-            query = state["distractor"]
+            query = titles[0] if titles else gold  # no other title: a search that re-reads the answer
             call = [{"name": "knowledge_search", "arguments": {"query": query}}]
             return (
                 f"<think>I need information about {query}.</think>\n<tool_call>{json.dumps(call)}</tool_call>"
@@ -196,13 +194,18 @@ def json_str(text: str) -> str:
 
 
 def distractor(env: Any, tokenizer: Any, example: Any) -> str:
-    """The title the extra search follows (the last tau* result's first title tau* did not search)."""
+    """The wrong answer of the failing branches: the title the extra search follows (the last tau* result's first
+    title tau* did not search); where that result names no other title and the extra search re-reads the answer,
+    the question's own subject (never its answer)."""
     from agentcredit.rollout.replay import replay
 
     tree = replay(env.protocol, tokenizer, env.tools, example.question, _policy(example, True, None))
     step = [n for n in range(len(tree)) if tree.segment(n).role == "policy"][len(example.info["chain"])]
     query = tree.segment(step).info["calls"][0]["arguments"]["query"]
-    return query
+    wrong = query if query != example.answers[0] else example.info["chain"][0][0]
+    if env.reward(example, wrong) >= 1.0:
+        raise RuntimeError(f"{example.id}: no wrong answer to script ({wrong!r} scores as right)")
+    return wrong
 
 
 def merge_paths(paths: Sequence[Any]) -> tuple[Any, list[int]]:
@@ -252,6 +255,9 @@ def build_fork(ctx: dict, example: Any, shape: str) -> tuple[Any, int, int]:
         for extra, answer in plans
     ]
     tree, leaves = merge_paths(paths)
+    expected = {"clean": [1.0, 1.0], "mixed": [-1.0, 1.0, 1.0], "failing": [-1.0, -1.0]}[shape]
+    if sorted(tree.rewards().values()) != expected:  # a tree of another shape would be read as this one
+        raise RuntimeError(f"{example.id}: the {shape} tree's outcomes are {sorted(tree.rewards().values())}")
     policy = lambda leaf: [n for n in tree.path(leaf) if tree.segment(n).role == "policy"]  # noqa: E731
     hops = len(example.info["chain"])
     answer_step, search_step = policy(leaves[0])[hops], policy(leaves[1])[hops]
