@@ -115,6 +115,20 @@ def test_one_question_through_the_pipeline():
     assert failing["search_first_gamma"] == 1 and failing["rank_gain"] is None
 
 
+def test_only_the_pilot_samples():
+    """The sampled questions are the pilot's first, known by text: ids restart with every draw, so the main
+    part's first ids are the pilot's (a run that matched ids sampled main questions)."""
+    from agentcredit.experiment.mechanism.portool import open_context
+
+    spec = load_spec(STUDY)
+    pilot, main = questions(spec, "pilot"), questions(spec, "main")
+    assert pilot[0].id == main[0].id and pilot[0].question != main[0].question
+    ctx = open_context(spec)
+    ctx["env"].close()
+    assert ctx["sample_questions"] == {e.question for e in pilot[: spec.sampled_questions]}
+    assert not ctx["sample_questions"] & {e.question for e in main}
+
+
 @pytest.mark.skipif(not (RESULTS / "main-records.jsonl").is_file(), reason="the main part has not run")
 def test_the_committed_records_are_the_study_questions():
     spec = load_spec(STUDY)

@@ -14,12 +14,13 @@ start's SFT set, none of the pilot's in the main part). Per question, trees buil
 the start's SFT demonstrations (:func:`agentcredit.train.demos.jsoncall_policy`: one ``knowledge_search`` per hop,
 then ``response_gen``), every tool call run against the world's real ``knowledge_search``, every leaf scored by the
 preset's judge. After tau*'s last search the tree forks (f = 2): one branch answers now; the other searches once
-more (the first title in the last result that tau* did not search: a distractor, as the study's start searched on)
-and then answers. Shapes (``FORKS``):
+more (the first title in the last result that tau* did not search: a distractor, as the study's start searched on;
+where the result names no other title, the answer's own passage) and then answers. Shapes (``FORKS``):
 
 * ``clean``: the search branch then answers right (+1): both branches succeed, one step apart;
-* ``mixed``: the search branch forks again (f = 2): right (+1) or the distractor's name (-1);
-* ``failing`` (recorded, in no statistic): both branches answer the distractor (-1): the first round's regime.
+* ``mixed``: the search branch forks again (f = 2): right (+1) or wrong (-1: the distractor's name, or the
+  question's subject where there is no distractor);
+* ``failing`` (recorded, in no statistic): both branches answer wrong (-1): the first round's regime.
 
 Each tree goes through the repo's own path: :func:`agentcredit.train.batch.build_batch`, the training layout
 (:func:`agentcredit.train.advantages.episode_batch`), and PORTool's estimate (its Eq. 2 step rewards from
@@ -349,7 +350,7 @@ def score_question(ctx: dict, spec: PortoolProbe, example: Any) -> list[dict]:
                 **stats,
             }
         )
-    if example.id in ctx["sample_ids"]:
+    if example.question in ctx["sample_questions"]:
         out.append(sampled_record(ctx, example))
     return out
 
@@ -403,9 +404,10 @@ def open_context(spec: PortoolProbe) -> dict:
     env = build_environment(config)
     parts = config.algorithm.credit_method.settings_from(config.algorithm)
     settings = next(v for v in parts.values() if isinstance(v, PortoolSettings))
-    # the pilot's first questions are also sampled (the main part holds none of the pilot's questions)
-    sample_ids = (
-        {e.id for e in questions(spec, "pilot")[: spec.sampled_questions]}
+    # the pilot's first questions are also sampled, known by their text: ids restart with every draw (the main
+    # part's first id is the pilot's), while the main part holds none of the pilot's question texts
+    sample_questions = (
+        {e.question for e in questions(spec, "pilot")[: spec.sampled_questions]}
         if spec.sampled_questions
         else set()
     )
@@ -414,7 +416,7 @@ def open_context(spec: PortoolProbe) -> dict:
         "settings": settings,
         "algorithm": config.algorithm,
         "config": config,
-        "sample_ids": sample_ids,
+        "sample_questions": sample_questions,
         "trainer": None,
         "spec": spec,
     }
