@@ -6,6 +6,7 @@ judge (``needs.reward = "judge"``) and reads the protocol's formatting reward of
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import Literal
 
 from pydantic import Field
@@ -18,7 +19,7 @@ from agentcredit.credit.estimators import (
     outcome_part,
 )
 from agentcredit.credit.methods.base import Method, Needs, Settings
-from agentcredit.credit.portool import portool_advantage_terms
+from agentcredit.credit.portool import PortoolTerms, portool_advantage_terms
 
 
 class PortoolSettings(Settings):
@@ -55,6 +56,33 @@ class PortoolSettings(Settings):
     )
 
 
+def group_terms(
+    batch: EpisodeBatch, group: Hashable, members: list[int], settings: PortoolSettings
+) -> tuple[PortoolTerms, dict[int, float]]:
+    """One query tree's Eq. 2 step rewards and Eq. 3 terms (and its leaves' outcomes), as the estimate computes
+    them: R_fm(v) is the protocol's formatting reward of step v plus any environment step reward, R_out the
+    outcome alone (so none counts twice). The mechanism probe reads the step rewards here."""
+    tree = batch.tree(group, "portool")
+    lengths = [0] * len(tree.parents)
+    fmt = [0.0] * len(tree.parents)
+    for j in members:
+        for s in batch.episodes[j].steps:
+            lengths[s.node] = s.length
+            fmt[s.node] = s.format_reward + s.env_reward  # an environment's step reward is R_fm's peer
+    outcomes = leaf_rewards(batch, members, "portool", outcome_part)
+    terms = portool_advantage_terms(
+        list(tree.parents),
+        lengths,
+        outcomes,
+        fmt,
+        gamma=settings.gamma,
+        w1=settings.w1,
+        root_is_fork=settings.root_is_fork,
+        outcome_shift=settings.outcome_shift,
+    )
+    return terms, outcomes
+
+
 def estimate(batch: EpisodeBatch, settings: PortoolSettings) -> Estimate:
     """PORTool Eqs. 1-3 per query tree; with ``combine="split_min"`` (App. B, the default) the Estimate also
     carries the trajectory and fork terms as two advantages, each clipped in its own min by the loss.
@@ -71,25 +99,7 @@ def estimate(batch: EpisodeBatch, settings: PortoolSettings) -> Estimate:
     failing_trees = 0
     abs_all = abs_failing = 0.0
     for group, members in groups.items():
-        tree = batch.tree(group, "portool")
-        lengths = [0] * len(tree.parents)
-        fmt = [0.0] * len(tree.parents)
-        for j in members:
-            for s in batch.episodes[j].steps:
-                lengths[s.node] = s.length
-                fmt[s.node] = s.format_reward + s.env_reward  # an environment's step reward is R_fm's peer
-        # the outcome alone: an environment's step rewards enter R_fm(v) above, so none counts twice
-        outcomes = leaf_rewards(batch, members, "portool", outcome_part)
-        terms = portool_advantage_terms(
-            list(tree.parents),
-            lengths,
-            outcomes,
-            fmt,
-            gamma=settings.gamma,
-            w1=settings.w1,
-            root_is_fork=settings.root_is_fork,
-            outcome_shift=settings.outcome_shift,
-        )
+        terms, outcomes = group_terms(batch, group, members, settings)
         failing = max(outcomes.values()) < 1.0
         failing_trees += failing
         for j in members:

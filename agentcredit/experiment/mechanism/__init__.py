@@ -24,6 +24,7 @@ KINDS: dict[str, tuple[str, str]] = {
     "gear": ("agentcredit.experiment.mechanism.gear", "GearProbe"),
     "tips": ("agentcredit.experiment.mechanism.tips", "TipsProbe"),
     "carl-segment": ("agentcredit.experiment.mechanism.carl_segment", "CarlSegmentProbe"),
+    "portool": ("agentcredit.experiment.mechanism.portool", "PortoolProbe"),
 }
 
 
