@@ -18,6 +18,7 @@ from agentcredit.experiment.mechanism.core import (
     holm,
     planned_questions,
     question_values,
+    run_parts,
     summarise,
     verdict,
 )
@@ -126,6 +127,39 @@ def test_summarise_pilot_plans_and_main_decides():
     assert set(pilot["planning"]) == {"rkl_excess", "w_gap"} and pilot["questions"] == 8
     main = summarise(spec, records, "main")
     assert {v["verdict"] for v in main["statistics"].values()} == {"reproduced"}
+
+
+def test_a_part_resumes_past_records_of_no_question(tmp_path):
+    """Regression: records without a question (PORTool's pilot keeps its sampled trees beside its questions) made a
+    resumed part raise KeyError; the part resumes after the questions it holds."""
+    from types import SimpleNamespace
+
+    spec = load_spec(STUDY)
+    asked = [SimpleNamespace(id=f"q{i}") for i in range(4)]
+    (tmp_path / "pilot-records.jsonl").write_text(
+        '{"sampled_tree": 1, "success": false}\n'
+        + "".join(
+            f'{{"question": "q{i}", "rkl_excess": {0.3 + 0.01 * i}, "w_gap": {0.03 + 0.002 * i}}}\n'
+            for i in range(2)
+        )
+    )
+    scored = []
+
+    def score(ctx, spec, example):
+        scored.append(example.id)
+        i = int(example.id[1:])
+        return [{"question": example.id, "rkl_excess": 0.3 + 0.01 * i, "w_gap": 0.03 + 0.002 * i}]
+
+    summary = run_parts(
+        spec,
+        tmp_path,
+        part="pilot",
+        questions=lambda spec, part: asked,
+        open_context=lambda spec: {},
+        score_question=score,
+        log=lambda _m: None,
+    )
+    assert scored == ["q2", "q3"] and summary["questions"] == 4 and summary["records"] == 5
 
 
 def test_cli_bad_part_is_one_line():

@@ -152,7 +152,7 @@ def question_values(records: Sequence[dict], statistic: str) -> list[float]:
     the statistic (undefined for them, e.g. no informative turn) do not count."""
     by_q: dict[str, list[float]] = {}
     for r in records:
-        if r.get(statistic) is not None:
+        if r.get(statistic) is not None and "question" in r:
             by_q.setdefault(r["question"], []).append(r[statistic])
     return [math.fsum(v) / len(v) for _, v in sorted(by_q.items())]
 
@@ -248,7 +248,7 @@ def summarise(spec: MechanismSpec, records: Sequence[dict], part: str) -> dict:
     values = {s.name: question_values(records, s.name) for s in spec.statistics}
     out: dict[str, Any] = {
         "part": part,
-        "questions": len({r["question"] for r in records}),
+        "questions": len({r["question"] for r in records if "question" in r}),
         "records": len(records),
     }
     if part == "pilot":
@@ -326,7 +326,8 @@ def run_parts(
     chosen = questions(spec, part)
     path = out / f"{part}-records.jsonl"
     records = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
-    done = {r["question"] for r in records}
+    # a kind may keep records that belong to no question (PORTool's pilot: a tree sampled by the model)
+    done = {r["question"] for r in records if "question" in r}
     todo = [q for q in chosen if q.id not in done]
     started, load = time.perf_counter(), os.getloadavg()[0]
     if todo:
