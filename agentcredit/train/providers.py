@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, ClassVar
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from torch import nn
 
@@ -29,13 +30,22 @@ from agentcredit.train.batch import TrainBatch
 from agentcredit.train.sft import ReferenceTrajectories
 from agentcredit.train.signals import Signals, gear_teacher_logprobs, tips_potential_terms
 
-if TYPE_CHECKING:
-    from agentcredit.train.trainer import Trainer
-
-__all__ = ["PROVIDERS", "TRAINER_SIGNALS", "SignalProvider", "signal_providers"]
+__all__ = ["PROVIDERS", "TRAINER_SIGNALS", "ProviderContext", "SignalProvider", "signal_providers"]
 
 #: Signals the trainer's own scoring pass computes for every method.
 TRAINER_SIGNALS = frozenset({"values", "student_logp", "entropy"})
+
+
+@dataclass(frozen=True)
+class ProviderContext:
+    """What a provider reads of the run: the policy (the live module the update trains, so a lagged teacher can copy
+    its weights), its tokenizer, the environment (protocol, tools) and the config. The trainer builds one; a provider
+    never sees the trainer itself, so this module does not import it."""
+
+    model: nn.Module
+    tokenizer: Any
+    env: Any
+    cfg: Any
 
 
 class SignalProvider(ABC):
@@ -43,8 +53,8 @@ class SignalProvider(ABC):
 
     provides: ClassVar[frozenset[str]] = frozenset()
 
-    def __init__(self, trainer: Trainer, settings: Settings) -> None:
-        self.trainer = trainer
+    def __init__(self, run: ProviderContext, settings: Settings) -> None:
+        self.run = run
         self.settings = settings
 
     @abstractmethod
@@ -76,25 +86,25 @@ class SignalProvider(ABC):
 class TeacherPotentials(SignalProvider):
     provides = frozenset({"potentials", "alpha"})
 
-    def __init__(self, trainer: Trainer, settings: Settings) -> None:
-        super().__init__(trainer, settings)
-        self.teacher = frozen_copy(trainer.model)
+    def __init__(self, run: ProviderContext, settings: Settings) -> None:
+        super().__init__(run, settings)
+        self.teacher = frozen_copy(run.model)
         self.alpha: float = settings.alpha  # type: ignore[attr-defined]
 
     def fill(self, signals, batch, trees, examples, *, temperature, autocast) -> None:
-        t, trainer = self.settings, self.trainer
+        t, run = self.settings, self.run
         answers = [examples[traj.tree].answers for traj in batch.trajectories]
-        encode = lambda text: trainer.tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+        encode = lambda text: run.tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
         signals.potential_split = tips_potential_terms(
             self.teacher,
             batch,
             answers,
             encode,
-            trainer.env.protocol.render_answer,
+            run.env.protocol.render_answer,
             reduce=t.reduce,  # type: ignore[attr-defined]
             scope=t.potential_scope,  # type: ignore[attr-defined]
             autocast=autocast,
-            max_tokens=trainer.cfg.train.micro_batch_tokens,
+            max_tokens=run.cfg.train.micro_batch_tokens,
         )
         signals.potentials = signals.potential_split.potentials
         self.alpha = tips_step_alpha(
@@ -112,7 +122,7 @@ class TeacherPotentials(SignalProvider):
 
     def refresh(self) -> None:
         """The teacher becomes a frozen copy of the current policy (between batches only)."""
-        self.teacher.load_state_dict(self.trainer.model.state_dict())
+        self.teacher.load_state_dict(self.run.model.state_dict())
 
     def frozen_models(self) -> list[nn.Module]:
         return [self.teacher]
@@ -129,23 +139,21 @@ class TeacherPotentials(SignalProvider):
 class TeacherLogprobs(SignalProvider):
     provides = frozenset({"teacher_logp"})
 
-    def __init__(self, trainer: Trainer, settings: Settings) -> None:
-        super().__init__(trainer, settings)
+    def __init__(self, run: ProviderContext, settings: Settings) -> None:
+        super().__init__(run, settings)
         self.references: ReferenceTrajectories | None = None  # tau* per example, built on first use
 
     def fill(self, signals, batch, trees, examples, *, temperature, autocast) -> None:
-        g, trainer = self.settings, self.trainer
+        g, run = self.settings, self.run
         references = None
         if g.reference == "trajectory":  # type: ignore[attr-defined]  # tau*, played once per example (§3.3)
             if self.references is None:
-                self.references = ReferenceTrajectories(
-                    trainer.env, trainer.tokenizer, trainer.cfg.protocol.name
-                )
+                self.references = ReferenceTrajectories(run.env, run.tokenizer, run.cfg.protocol.name)
             references = {t: self.references(ex) for t, ex in examples.items()}
         signals.teacher_logp = gear_teacher_logprobs(
-            trainer.model,
-            trainer.tokenizer,
-            trainer.env.protocol,
+            run.model,
+            run.tokenizer,
+            run.env.protocol,
             batch,
             trees,
             dict(examples),
@@ -153,7 +161,7 @@ class TeacherLogprobs(SignalProvider):
             references=references,
             temperature=temperature,
             autocast=autocast,
-            max_tokens=trainer.cfg.train.micro_batch_tokens,
+            max_tokens=run.cfg.train.micro_batch_tokens,
         )
 
 
@@ -162,18 +170,18 @@ PROVIDERS: tuple[type[SignalProvider], ...] = (TeacherPotentials, TeacherLogprob
 
 
 def signal_providers(
-    trainer: Trainer, needs: Needs, settings: Mapping[str, Settings]
+    run: ProviderContext, needs: Needs, settings: Mapping[str, Settings]
 ) -> list[SignalProvider]:
     """One provider per group of needed signals the trainer does not compute itself, each given the settings of
     the method part that needs it; a signal no provider computes is an error naming it."""
-    method = trainer.cfg.algorithm.credit_method
+    method = run.cfg.algorithm.credit_method
     wanted = set(needs.signals - TRAINER_SIGNALS)
     out = []
     for provider in PROVIDERS:
         if not provider.provides & wanted:
             continue
         part = next(p for p in method.parts if provider.provides & p.needs.signals)
-        out.append(provider(trainer, settings[part.section]))
+        out.append(provider(run, settings[part.section]))
         wanted -= provider.provides
     if wanted:
         raise ValueError(

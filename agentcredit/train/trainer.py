@@ -47,7 +47,7 @@ from agentcredit.train.logging import MetricsLogger
 from agentcredit.train.losses import total_loss, value_weights
 from agentcredit.train.metrics import credit_by_step_kind, episode_metrics, signal_metrics, step_credits
 from agentcredit.train.optim import adamw
-from agentcredit.train.providers import SignalProvider, signal_providers
+from agentcredit.train.providers import ProviderContext, SignalProvider, signal_providers
 from agentcredit.train.rng import PromptSampler, rng_state, seed_everything, set_rng_state
 from agentcredit.train.signals import (
     Signals,
@@ -114,15 +114,19 @@ class Trainer:
         # the KL reference: the initial policy (with LoRA: the same model with its adapters switched off)
         needs_ref = a.kl_coef > 0 or a.log_kl_ref
         self.ref_model = frozen_copy(self.model) if needs_ref and not self.lora else None
-        # what the method reads besides rewards (agentcredit.credit.methods): a provider computes each signal its
-        # needs name that the trainer's own scoring does not (agentcredit.train.providers)
-        self.providers = signal_providers(self, a.credit_method.all_needs, a.credit_method.settings_from(a))
         self.optimizer = self._optimizer()
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer,
             lambda s: min(1.0, (s + 1) / config.optim.warmup_steps) if config.optim.warmup_steps else 1.0,
         )
         self.env = environment or build_environment(config)
+        # what the method reads besides rewards (agentcredit.credit.methods): a provider computes each signal its
+        # needs name that the trainer's own scoring does not (agentcredit.train.providers)
+        self.providers = signal_providers(
+            ProviderContext(self.model, self.tokenizer, self.env, config),
+            a.credit_method.all_needs,
+            a.credit_method.settings_from(a),
+        )
         self.examples = examples if examples is not None else load_examples(config)
         self.sampler = PromptSampler(self.examples, config.train.seed)
         self.step = 0
