@@ -22,6 +22,7 @@ __all__ = ["KINDS", "format_summary", "load_spec", "run_probe"]
 # kind -> (module, its spec class): one line per method's probe
 KINDS: dict[str, tuple[str, str]] = {
     "gear": ("agentcredit.experiment.mechanism.gear", "GearProbe"),
+    "carl-critical": ("agentcredit.experiment.mechanism.carl_critical", "CarlCriticalProbe"),
 }
 
 
