@@ -15,7 +15,7 @@ from agentcredit.experiment.mechanism.carl_critical import (
     questions,
     summarise,
 )
-from agentcredit.experiment.mechanism.core import planned_questions
+from agentcredit.experiment.mechanism.core import format_summary, planned_questions
 
 STUDY = "studies/carl-critical-mechanism.yaml"
 
@@ -52,6 +52,8 @@ def test_the_bootstrap_resamples_questions():
     # possible resamples: {q0,q0} -> 0.5, {q1,q1} -> 1.0, {q0,q1} -> pairs (1,1) tie, (1,0) win, (5,1) win, (5,0) win
     assert b["auc"] == pytest.approx(3.5 / 4)
     assert b["low"] >= 0.5 - 1e-12 and b["high"] <= 1.0 and b["low"] < b["auc"] < b["high"]
+    # the one-sided p is the share of resamples at or below 0.5: the {q0, q0} ones, about a quarter
+    assert 0.15 < b["p_one_sided"] < 0.35
 
 
 def _records(groups):
@@ -70,8 +72,11 @@ def test_summarise_plans_from_the_bootstrap_se_and_decides_on_auc_minus_half():
     assert plan["sd"] == pytest.approx(plan["bootstrap_se"] * math.sqrt(12))
     stat = spec.statistics[0]
     assert plan["questions"] == planned_questions(stat.effect, plan["sd"], 12, spec.alpha, spec.power)[0]
-    main = summarise(spec, _records(groups), "main")["statistics"]["auc_entropy"]
-    assert main["mean"] == pytest.approx(main["auc"] - 0.5)
+    main_summary = summarise(spec, _records(groups), "main")
+    # the command prints both parts' summaries with core's format
+    assert "auc_entropy" in format_summary(pilot) and "auc_entropy" in format_summary(main_summary)
+    main = main_summary["statistics"]["auc_entropy"]
+    assert main["mean"] == pytest.approx(main["auc"] - 0.5) and 0.0 <= main["p_one_sided"] <= 1.0
     assert main["verdict"] == ("reproduced" if main["low"] > 0 else main["verdict"])
     # no separation at all: every high state's entropy equals a low one's -> AUC 0.5, interval around 0
     flat = {f"q{i}": [(1.0, True), (1.0, False)] for i in range(12)}

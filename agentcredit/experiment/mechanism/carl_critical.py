@@ -110,7 +110,7 @@ def cluster_bootstrap_auc(
 
     ``by_question``: per question, its states' ``(entropy, high)``. A resample with no high or no low state has no
     AUC and is dropped (counted in ``dropped``). ``low`` is the ``alpha`` quantile of the resampled AUCs, ``high``
-    the ``1 - alpha`` one; ``se`` their SD.
+    the ``1 - alpha`` one; ``se`` their SD; ``p_one_sided`` the share of them at or below 0.5.
     """
     point = _pooled(by_question)
     if point is None:
@@ -136,6 +136,8 @@ def cluster_bootstrap_auc(
     se = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (len(values) - 1))
     return {
         "auc": point,
+        # the bootstrap's one-sided p of "AUC > 0.5": the share of resamples at or below 0.5
+        "p_one_sided": sum(v <= 0.5 for v in values) / len(values),
         "low": quantile(alpha),
         "high": quantile(1 - alpha),
         "se": se,
@@ -191,7 +193,7 @@ def summarise(spec: CarlCriticalProbe, records: Sequence[dict], part: str) -> di
         "bootstrap_se": boot["se"],
         "low": low,
         "high": high_b,
-        "p_one_sided": None,
+        "p_one_sided": boot["p_one_sided"],
         "alpha": spec.alpha,
         "verdict": result,
         "resamples": boot["resamples"],
