@@ -132,9 +132,11 @@ class TaskConfig(UserRewardConfig):
     )
     eval_split: str = Field("test", description="Split used for evaluation during and after training.")
     eval_limit: int | None = Field(64, ge=1, description="Questions per evaluation (CPU-sized).")
-    metric: Literal["em", "f1", "substring", "numeric", "auto"] = Field(
+    metric: Literal["em", "f1", "set_f1", "set_f1_format", "substring", "numeric", "auto"] = Field(
         "auto",
-        description="Outcome reward: 'auto' = numeric for math tasks, EM otherwise (carl-segment §2.7).",
+        description="Outcome reward: 'auto' = numeric for math tasks, EM otherwise (carl-segment §2.7); set_f1 = "
+        "ASearcher's set-F1; set_f1_format = carl-critical's training reward, set-F1 x 1[every action passes the "
+        "format check] (carl-critical-actions.txt l. 513).",
     )
     format_bonus: float = Field(
         0.0, description="Added to the outcome when an answer was extracted (TIPS code: 0.2 in training)."

@@ -25,7 +25,7 @@ from agentcredit.config import Config
 from agentcredit.protocols import get_protocol
 from agentcredit.protocols.base import Protocol
 from agentcredit.tasks import Example, arith, bfcl, load_task, task_corpus
-from agentcredit.tasks.scoring import answer_reward
+from agentcredit.tasks.scoring import answer_reward, format_gated_f1
 from agentcredit.tools.base import ToolRuntime, ToolUnavailableError, UserCodeError
 
 if TYPE_CHECKING:
@@ -71,6 +71,27 @@ def outcome_reward(
     return answer_reward(
         answer, example.answers, metric=example_metric(example, metric), format_bonus=format_bonus
     )
+
+
+class FormatGatedF1:
+    """``task.metric: set_f1_format``, carl-critical's training reward (carl-critical-actions.txt l. 513): set-F1 of
+    the answer times 1[every action passes ASearcher's format check] (:func:`~agentcredit.tasks.scoring.
+    format_gated_f1`), plus ``format_bonus`` when an answer was given. It reads the episode's actions, which
+    :func:`~agentcredit.rollout.engine.episode_reward` passes to ``score_actions``."""
+
+    def __init__(self, format_bonus: float = 0.0):
+        self.format_bonus = format_bonus
+
+    def score_actions(self, example: Example, answer: str | None, actions: Sequence[str]) -> float:
+        if answer is None:
+            return 0.0
+        return format_gated_f1(answer, example.answers, actions) + self.format_bonus
+
+    def __call__(self, example: Example, answer: str | None) -> float:
+        raise ValueError(
+            "task.metric=set_f1_format scores an episode's actions (its format gate); this caller gives the answer "
+            "only: score the episode with agentcredit.rollout.engine.episode_reward"
+        )
 
 
 class UserReward:
@@ -447,6 +468,13 @@ def _build_environment(config: Config, resources: list[Any]) -> Environment:
     tools.episodes = episodes
     if config.task.reward is not None:
         reward: RewardFn = user_reward(config.task.reward, config.task.reward_weights)
+    elif config.task.metric == "set_f1_format":
+        if config.algorithm.credit_method.all_needs.reward == "judge":
+            raise ValueError(
+                "task.metric=set_f1_format: this method scores outcomes with its judge (+1 / 0 / -1); choose em, f1 "
+                "or set_f1"
+            )
+        reward = FormatGatedF1(config.task.format_bonus)
     elif (
         config.algorithm.credit_method.all_needs.reward == "judge"
     ):  # the method scores outcomes with its own judge

@@ -332,13 +332,21 @@ def question_of(item: Any) -> str:
 def episode_reward(
     reward_fn: Any, example: Any, answer: str | None, tree: RolloutTree, leaf: int, tokenizer: Any = None
 ) -> float:
-    """The outcome reward of the episode ending at ``leaf``: ``reward_fn(example, answer)``, or, for a reward that
+    """The outcome reward of the episode ending at ``leaf``: ``reward_fn(example, answer)``; for a reward with a
+    ``score_actions`` method (``task.metric: set_f1_format``), ``score_actions(example, answer, actions)`` with the
+    text of the episode's policy segments; or, for a reward that
     reads the whole episode (one with a ``score_episode`` method, e.g. a user's verl- or TRL-style function),
     ``reward_fn.score_episode(example, answer, transcript, token_ids)`` with what the episode appended after its
     prompt (policy segments and observations): its token ids, and their text decoded by ``tokenizer`` with
     ``skip_special_tokens=True``, as verl's reward manager and TRL decode a response (without a tokenizer, the
     segments' own text). A reward with ``score_parts`` (a weighted list, :class:`~agentcredit.environment.
     WeightedReward`) also records each function's value in the leaf's ``info["reward_parts"]``."""
+    actions = getattr(reward_fn, "score_actions", None)
+    if (
+        actions is not None
+    ):  # a reward with a per-action check (carl-critical's format gate): the policy segments
+        policy = [tree.segment(n).text for n in tree.path(leaf)[1:] if tree.segment(n).role == "policy"]
+        return float(actions(example, answer, policy))
     score = getattr(reward_fn, "score_episode", None)
     if score is None:
         return float(reward_fn(example, answer))

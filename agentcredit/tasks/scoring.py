@@ -208,6 +208,15 @@ def passes_action_format(action: str) -> bool:
     )
 
 
+def format_gated_f1(prediction: str | None, golds: Golds, actions: Sequence[str]) -> float:
+    """carl-critical's training reward: "a format reward with an F1-based answer reward" (carl-critical-actions.txt
+    l. 513), as ASearcher combines them (carl-critical-actions.md §2.5): :func:`set_f1_score` times 1[every action
+    of the episode passes :func:`passes_action_format`]; 0 without an answer."""
+    if not all(passes_action_format(a) for a in actions):
+        return 0.0
+    return set_f1_score(prediction, golds)
+
+
 # ----------------------------------------------------------------------------------------------------
 # Numbers
 

@@ -61,7 +61,7 @@ METHOD = Method(
     needs=Needs(rollout="entropy_guided", step_inputs=frozenset({"tree"})),
     source="carl-critical Eqs. 9-13, 2",
     estimate=estimate,
-    # task.metric: the training reward is the task's metric, not the paper's format reward + F1
-    # (carl-critical-actions.txt l. 513), a labelled deviation (docs/specs/README.md)
+    # task.metric: the paper's format gate x set-F1 (set_f1_format, carl-critical-actions.txt l. 513) on the QA
+    # presets, the task's numeric match on arith-tools and gsm8k (a labelled deviation, docs/specs/README.md)
     report_settings=("rollout.forks_per_round", "task.metric"),
 )

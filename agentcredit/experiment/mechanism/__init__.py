@@ -25,6 +25,7 @@ KINDS: dict[str, tuple[str, str]] = {
     "tips": ("agentcredit.experiment.mechanism.tips", "TipsProbe"),
     "carl-segment": ("agentcredit.experiment.mechanism.carl_segment", "CarlSegmentProbe"),
     "portool": ("agentcredit.experiment.mechanism.portool", "PortoolProbe"),
+    "carl-critical": ("agentcredit.experiment.mechanism.carl_critical", "CarlCriticalProbe"),
 }
 
 
