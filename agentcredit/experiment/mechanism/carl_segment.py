@@ -14,7 +14,7 @@ run_warmup`, head only) on warm-up questions; then, on FRESH training questions 
 in the warm-up, the main part none of the pilot's), per question:
 
 * its tier from ``tier_samples`` no-tool rollouts at T = 1 (the paper's rule, l. 369);
-* V(s_0) on the state PPO reads (the PPO prompt: the ``optional`` system prompt, spec A14);
+* V(s_0) on the state PPO reads (the PPO prompt: the ``optional`` system prompt, carl-segment.md A14);
 * ``optional_samples`` rollouts under that prompt: V at every boundary against the episode's return (the EV);
 * ``forced_samples`` forced-tool rollouts: the tool's help or hurt per tier (the regime issue 49 asks for; a
   description, not a verdict).
@@ -313,12 +313,12 @@ class _Environments:
         from agentcredit.environment import build_environment
         from agentcredit.train.warmup import _with_prompt
 
-        self.ppo = build_environment(config)
+        self.optional = build_environment(config)
         self.no_tool = build_environment(_with_prompt(config, "no_tool"))
         self.forced = build_environment(_with_prompt(config, "forced"))
 
     def close(self) -> None:
-        for env in (self.ppo, self.no_tool, self.forced):
+        for env in (self.optional, self.no_tool, self.forced):
             env.close()
 
 
@@ -371,7 +371,8 @@ def open_context(spec: CarlSegmentProbe) -> dict:
     model, tokenizer = load_base_model(str(critic), config.model.dtype, seed=config.train.seed)
     model.eval()
     head = BoundaryValueHead(model.config.hidden_size)
-    head.load_state_dict(torch.load(critic / "value_head.pt", map_location="cpu"))
+    head.load_state_dict(torch.load(critic / "value_head.pt", map_location=model.device))
+    head.to(model.device)
     head.eval()
     return {
         "env": _Environments(config),
@@ -417,7 +418,7 @@ def score_question(ctx: dict, spec: CarlSegmentProbe, example: Any) -> list[dict
     envs: _Environments = ctx["env"]
     no_tool = episode_records(_rollouts(ctx, envs.no_tool, example, spec.tier_samples, "no_tool"), [example])
     correct = sum(bool(e["correct"]) for e in no_tool)
-    trees = _rollouts(ctx, envs.ppo, example, spec.optional_samples, "optional")
+    trees = _rollouts(ctx, envs.optional, example, spec.optional_samples, "optional")
     batch = build_batch(trees, pad_id=ctx["tokenizer"].pad_token_id or 0)
     spans = [segment_spans(batch, t) for t in batch.trajectories]
     positions: dict[int, list[int]] = {}
