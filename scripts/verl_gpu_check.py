@@ -30,6 +30,10 @@ from verl.workers.rollout import base as rollout_base
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, RolloutReplicaRegistry, TokenOutput
 
+# the replica control no-ops; importing the module registers the cpu platform by name and selects nothing
+# (only VERL_PLATFORM=cpu does)
+from agentcredit.integrations.verl.cpu import NoReplicaControl
+
 ROOT = Path(__file__).resolve().parents[1]
 #: the rollout backend this script registers in verl (its replica and its worker-side adapter)
 SCRIPTED = "agentcredit_scripted"
@@ -130,7 +134,7 @@ def write_data(out: Path, protocol: str, protocol_options: dict[str, Any]) -> Pa
 
 
 # ------------------------------------------------------------------------------------- the scripted server
-class ScriptedModel:
+class ScriptedModel(NoReplicaControl):
     """verl's token-in/token-out server interface, answering from :data:`SCRIPTS` (no model runs here: the
     trainer's FSDP workers compute every log-prob it trains on). The turn is read from the prompt (how many of the
     script's turns it already holds), so each episode makes its tool call and then answers; episodes alternate
@@ -166,33 +170,6 @@ class ScriptedModel:
         ids = (self.tok.encode(text, add_special_tokens=False) + [self.tok.eos_token_id])[:budget]
         log_probs = [-0.5] * len(ids) if sampling_params.get("logprobs") else None
         return TokenOutput(token_ids=ids, log_probs=log_probs, stop_reason="completed")
-
-    async def wake_up(self):
-        return None
-
-    async def sleep(self):
-        return None
-
-    async def abort_all_requests(self, reject_request: bool = False):
-        return None
-
-    async def resume_generation(self):
-        return None
-
-    async def clear_kv_cache(self):
-        return None
-
-    async def release_kv_cache(self):
-        return None
-
-    async def resume_kv_cache(self):
-        return None
-
-    async def start_profile(self, **kwargs):
-        return None
-
-    async def stop_profile(self):
-        return None
 
 
 #: the Ray actor verl's load balancer and agent loops call

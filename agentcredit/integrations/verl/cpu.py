@@ -260,7 +260,39 @@ def rebind_for_cpu() -> None:
 
 
 # ------------------------------------------------------------------------------------------------- rollout
-class CPUServer:
+class NoReplicaControl:
+    """verl's replica control calls (wake up, sleep, abort, the KV cache, profiling) as no-ops: a server with
+    nothing to free or resume (this CPU server; the GPU check's scripted server)."""
+
+    async def wake_up(self):
+        return None
+
+    async def sleep(self):
+        return None
+
+    async def abort_all_requests(self, reject_request: bool = False):
+        return None
+
+    async def resume_generation(self):
+        return None
+
+    async def clear_kv_cache(self):
+        return None
+
+    async def release_kv_cache(self):
+        return None
+
+    async def resume_kv_cache(self):
+        return None
+
+    async def start_profile(self, **kwargs):
+        return None
+
+    async def stop_profile(self):
+        return None
+
+
+class CPUServer(NoReplicaControl):
     """verl's token-in/token-out server interface on the CPU: the policy in transformers, one request at a time.
 
     ``generate`` samples with a KV cache (temperature, top-k, top-p, a per-request ``seed``), stops at the
@@ -379,34 +411,6 @@ class CPUServer:
             stop_reason=stop,
             extra_fields=extra,
         )
-
-    # verl's replica control calls: nothing to free or resume on the CPU
-    async def wake_up(self):
-        return None
-
-    async def sleep(self):
-        return None
-
-    async def abort_all_requests(self, reject_request: bool = False):
-        return None
-
-    async def resume_generation(self):
-        return None
-
-    async def clear_kv_cache(self):
-        return None
-
-    async def release_kv_cache(self):
-        return None
-
-    async def resume_kv_cache(self):
-        return None
-
-    async def start_profile(self, **kwargs):
-        return None
-
-    async def stop_profile(self):
-        return None
 
 
 def server_name(replica_rank: int, suffix: str = "") -> str:
