@@ -91,7 +91,7 @@ class UserRewardConfig(Section):
         None,
         description="Your own outcome reward, 'package.module:function', with verl's signature (data_source, "
         "solution_str, ground_truth, extra_info) or TRL's (completions, **kwargs); it replaces metric and "
-        "format_bonus (and PORTool's judge). See agentcredit.environment.UserReward. A list is TRL's reward_funcs: "
+        "format_bonus (and PORTool's judge). See agentcredit.rewards.UserReward. A list is TRL's reward_funcs: "
         "the outcome is their weighted sum (reward_weights) and each is logged as rewards/<function>/mean. SFT "
         "keeps a scripted demonstration only when it scores at least 1.0, so a reward on another scale keeps none.",
     )

@@ -7,32 +7,24 @@ Building it is also the preflight of the tools: the search corpus is loaded and 
 ``print(1)`` before any work starts, so a tool that cannot run stops a command with one
 :class:`~agentcredit.tools.base.ToolUnavailableError` instead of turning every tool call into an error message.
 Tool results that are infrastructure failures anyway (the sandbox dies mid-run) carry ``infra=True``;
-:func:`infra_failures` finds them in a rollout tree.
+:func:`~agentcredit.rollout.infra.infra_failures` finds them in a rollout tree.
 """
 
 from __future__ import annotations
 
-import math
-import numbers
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from agentcredit.config import Config
 from agentcredit.protocols import get_protocol
 from agentcredit.protocols.base import Protocol
-from agentcredit.tasks import Example, arith, bfcl, load_task, task_corpus
-from agentcredit.tasks.scoring import answer_reward, format_gated_f1
-from agentcredit.tools.base import ToolRuntime, ToolUnavailableError, UserCodeError
-
-if TYPE_CHECKING:
-    from agentcredit.rollout.tree import RolloutTree
-
-# Outcome reward of one episode: (example, extracted final answer or None when the episode gave none) -> reward
-RewardFn = Callable[[Example, str | None], float]
+from agentcredit.rewards import FormatGatedF1, RewardFn, outcome_reward, user_reward
+from agentcredit.tasks import arith, bfcl, task_corpus
+from agentcredit.tools.base import ToolRuntime, ToolUnavailableError
 
 
 @dataclass
@@ -48,186 +40,6 @@ class Environment:
         self.tools.close()
         for resource in self.resources:
             resource.close()
-
-
-def example_metric(example: Example, override: str = "auto") -> str:
-    """The scoring rule of an example: the config's, or the task's own (numeric for math, EM for QA)."""
-    if override != "auto":
-        return override
-    return example.info.get("metric", "em")
-
-
-def outcome_reward(
-    example: Example, answer: str | None, *, metric: str = "auto", format_bonus: float = 0.0
-) -> float:
-    """:func:`~agentcredit.tasks.scoring.answer_reward` with the example's scoring rule; a BFCL example (metric
-    ``bfcl``) is scored by BFCL's own checker, 1.0 or 0.0 (:func:`~agentcredit.tasks.bfcl.bfcl_reward`)."""
-    if example.info.get("metric") == "bfcl":
-        if metric != "auto":
-            raise ValueError(
-                f"task.metric={metric!r}: BFCL examples are scored by BFCL's checker only; leave task.metric 'auto'"
-            )
-        return bfcl.bfcl_reward(example, answer)
-    return answer_reward(
-        answer, example.answers, metric=example_metric(example, metric), format_bonus=format_bonus
-    )
-
-
-class FormatGatedF1:
-    """``task.metric: set_f1_format``, carl-critical's training reward (carl-critical-actions.txt l. 513): set-F1 of
-    the answer times 1[every action passes ASearcher's format check] (:func:`~agentcredit.tasks.scoring.
-    format_gated_f1`), plus ``format_bonus`` when an answer was given. It reads the episode's actions, which
-    :func:`~agentcredit.rollout.engine.episode_reward` passes to ``score_actions``."""
-
-    def __init__(self, format_bonus: float = 0.0):
-        self.format_bonus = format_bonus
-
-    def score_actions(self, example: Example, answer: str | None, actions: Sequence[str]) -> float:
-        if answer is None:
-            return 0.0
-        return format_gated_f1(answer, example.answers, actions) + self.format_bonus
-
-    def __call__(self, example: Example, answer: str | None) -> float:
-        raise ValueError(
-            "task.metric=set_f1_format scores an episode's actions (its format gate); this caller gives the answer "
-            "only: score the episode with agentcredit.rollout.engine.episode_reward"
-        )
-
-
-class UserReward:
-    """Your own outcome reward (``task.reward: "package.module:function"``), with verl's or TRL's signature.
-
-    Both read the episode as a verl or TRL reward reads a response: ``solution`` below is what the episode appended
-    after its prompt (every message and tool result), decoded with ``skip_special_tokens=True``.
-
-    * verl (``custom_reward_function``): ``fn(data_source, solution_str, ground_truth, extra_info)`` returning a
-      number or a dict with a ``"score"``. ``data_source`` is the example's task, ``solution_str`` the solution,
-      ``ground_truth`` the example's ``info["ground_truth"]`` when its task file gives one (on verl: the row's
-      ``reward_model.ground_truth``), else its answer (the list of aliases when it has several), ``extra_info``
-      its ``info`` (with ``id`` and ``question`` where it has none) plus ``extracted_answer``, what the protocol
-      read as the final answer (or None).
-    * TRL (``reward_funcs``): ``fn(completions, **kwargs)`` returning a list of numbers. It is called with one
-      episode: ``completions=[solution]``, ``completion_ids=[ids]``, ``prompts=[question]``,
-      ``ground_truth=[...]``, ``extracted_answer=[...]`` and every ``info`` field as a one-element list, as TRL
-      passes dataset columns (``trainer_state`` is not passed).
-
-    A reward that raises, or returns anything but one real number (a numpy or torch scalar counts; TRL's None,
-    "no reward for this sample", does not: an episode's outcome needs one), stops the command with an error naming
-    the function and the example: a broken reward must not be trained on.
-    """
-
-    def __init__(self, spec: str):
-        import inspect
-
-        from agentcredit.tools.functions import load_function
-
-        self.spec = spec
-        self.fn = load_function(spec, field="task.reward")
-        try:
-            params = inspect.signature(self.fn).parameters
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"task.reward: {spec}: cannot read its signature ({exc})") from exc
-        if "solution_str" in params:
-            self.style = "verl"
-        elif "completions" in params:
-            self.style = "trl"
-        else:
-            raise ValueError(
-                f"task.reward: {spec} takes ({', '.join(params)}); a reward function takes verl's "
-                "(data_source, solution_str, ground_truth, extra_info) or TRL's (completions, **kwargs)"
-            )
-
-    def __call__(self, example: Example, answer: str | None) -> float:
-        raise TypeError(f"task.reward {self.spec} reads the whole episode: call score_episode")
-
-    def score_episode(
-        self, example: Example, answer: str | None, solution: str, token_ids: Sequence[int] = ()
-    ) -> float:
-        answers = example.answers
-        truth = example.info.get("ground_truth", answers[0] if len(answers) == 1 else answers)
-        where = f"task.reward {self.spec} on example {example.id!r}"
-        try:
-            if self.style == "verl":
-                extra = {
-                    "id": example.id,
-                    "question": example.question,
-                    **example.info,
-                    "extracted_answer": answer,
-                }
-                out = self.fn(
-                    data_source=example.task, solution_str=solution, ground_truth=truth, extra_info=extra
-                )
-                out = out.get("score") if isinstance(out, dict) else out
-            else:
-                columns = {k: [v] for k, v in example.info.items()}
-                columns.update(
-                    prompts=[example.question], completion_ids=[list(token_ids)], ground_truth=[truth],
-                    extracted_answer=[answer],
-                )  # fmt: skip
-                scores = self.fn(completions=[solution], **columns)
-                if isinstance(scores, str | bytes) or not hasattr(scores, "__len__") or len(scores) != 1:
-                    raise ValueError(f"returned {scores!r}, not a list with one number per completion")
-                out = scores[0]
-        except Exception as exc:
-            raise UserCodeError(f"{where} raised {type(exc).__name__}: {exc}") from exc
-        if hasattr(out, "item") and not isinstance(out, numbers.Real):  # a one-element torch or numpy array
-            out = out.item()
-        if isinstance(out, bool) or not isinstance(out, numbers.Real) or not math.isfinite(out):
-            raise UserCodeError(f"{where} returned {out!r}; a reward must be one finite number")
-        return float(out)
-
-
-class WeightedReward:
-    """``task.reward`` as a list of functions with ``task.reward_weights``: TRL's ``reward_funcs`` and
-    ``reward_weights`` (``GRPOConfig``: the reward is the weighted sum of the functions' rewards, weights 1.0 by
-    default). Each function is a :class:`UserReward` (verl's or TRL's signature, errors named the same way);
-    :meth:`score_parts` gives each one's value, which the engine records on the episode (``reward_parts``) and the
-    trainer logs per step as ``rewards/<function>/mean`` (TRL's metric names)."""
-
-    def __init__(self, specs: Sequence[str], weights: Sequence[float] | None = None):
-        if not specs:
-            raise ValueError("task.reward: an empty list names no reward function")
-        self.parts = [UserReward(spec) for spec in specs]
-        self.weights = [float(w) for w in weights] if weights is not None else [1.0] * len(specs)
-        if len(self.weights) != len(self.parts):
-            raise ValueError(
-                f"task.reward_weights: {len(self.weights)} weights for {len(self.parts)} functions"
-            )
-        short = [getattr(p.fn, "__name__", p.spec) for p in self.parts]
-        # a function's own name (TRL's metric name), or its whole spec where two share a name
-        self.names = [n if short.count(n) == 1 else p.spec for n, p in zip(short, self.parts, strict=True)]
-        if len(set(self.names)) != len(self.names):
-            raise ValueError(f"task.reward lists a function twice: {list(specs)}")
-
-    def __call__(self, example: Example, answer: str | None) -> float:
-        raise TypeError("task.reward's functions read the whole episode: call score_episode")
-
-    def score_parts(
-        self, example: Example, answer: str | None, solution: str, token_ids: Sequence[int] = ()
-    ) -> dict[str, float]:
-        """Each function's reward (unweighted), by name."""
-        return {
-            name: part.score_episode(example, answer, solution, token_ids)
-            for name, part in zip(self.names, self.parts, strict=True)
-        }
-
-    def combine(self, parts: dict[str, float]) -> float:
-        """The weighted sum of :meth:`score_parts`."""
-        return float(sum(w * parts[n] for n, w in zip(self.names, self.weights, strict=True)))
-
-    def score_episode(
-        self, example: Example, answer: str | None, solution: str, token_ids: Sequence[int] = ()
-    ) -> float:
-        return self.combine(self.score_parts(example, answer, solution, token_ids))
-
-
-def user_reward(
-    spec: str | Sequence[str], weights: Sequence[float] | None = None
-) -> UserReward | WeightedReward:
-    """``task.reward`` (and ``task.reward_weights``) as the reward object: one function, or a weighted list."""
-    if isinstance(spec, str) and weights is None:
-        return UserReward(spec)
-    return WeightedReward([spec] if isinstance(spec, str) else list(spec), weights)
 
 
 def build_tools(
@@ -292,30 +104,6 @@ def _load_corpus(corpus: Path, *, dense: bool) -> Any:
             "task's own corpus check its data root or package sample"
             + (" (dense retrieval also needs the 'dense' extra and its model)" if dense else "")
         ) from exc
-
-
-def infra_failures(tree: Any, leaf: int | None = None) -> list[str]:
-    """``"tool: output"`` of every tool result in ``tree`` (on the path to ``leaf``) that is an infrastructure
-    failure (``infra=True``: the tool could not run), not the tool's answer. Empty for a clean episode."""
-    nodes = tree.path(leaf) if leaf is not None else range(len(tree.nodes))
-    found = []
-    for node in nodes:
-        for result in tree.segment(node).info.get("results", ()):
-            if isinstance(result, dict) and result.get("infra"):
-                found.append(f"{result.get('name')}: {str(result.get('output', ''))[:500]}")
-    return found
-
-
-def raise_on_infra_failures(trees: Any, what: str) -> None:
-    """Stop ``what`` (training, demonstrations) when an episode of ``trees`` holds an infrastructure failure."""
-    for tree in trees:
-        found = infra_failures(tree)
-        if found:
-            raise ToolUnavailableError(
-                f"{what} stopped: a tool could not run during an episode ({len(found)} call(s) in one tree), so "
-                f"its output is an infrastructure error, not the tool's answer, and must not be trained on. "
-                f"First: {found[0]}"
-            )
 
 
 def _access_page(retriever: Any, arguments: dict[str, Any]) -> str:
@@ -518,63 +306,3 @@ def warn_on_two_caps(max_turns: int, max_segments: int, segments_set: bool) -> N
 
 class EpisodeCapWarning(UserWarning):
     """``rollout.max_turns`` and the protocol's ``max_segments`` differ (see :func:`episode_cap`)."""
-
-
-def load_examples(config: Config, *, split: str | None = None, limit: int | None = None) -> list[Example]:
-    t = config.task
-    return load_task(
-        t.name,
-        split=split or t.split,
-        limit=limit if limit is not None else t.limit,
-        seed=t.seed,
-        **t.options,
-    )
-
-
-def run_episodes(
-    model: Any,
-    tokenizer: Any,
-    env: Environment,
-    examples: Sequence[Example],
-    *,
-    samples: int = 1,
-    temperature: float = 0.0,
-    top_p: float = 1.0,
-    max_new_tokens: int = 256,
-    max_episode_tokens: int = 1024,
-    max_turns: int | None = None,
-    max_batch: int = 64,
-    seed: int = 0,
-    progress: str | None = None,
-) -> list[RolloutTree]:
-    """Episodes of ``model`` on ``examples`` (greedy by default), one tree per question.
-
-    ``progress``: a description to show progress over the questions under (with an ETA); None shows nothing.
-    """
-    import torch
-
-    from agentcredit.progress import Progress
-    from agentcredit.rollout.engine import EngineConfig, RolloutEngine
-    from agentcredit.rollout.sampling import SamplingParams
-    from agentcredit.rollout.strategies import independent
-
-    if samples > 1 and temperature == 0.0:
-        raise ValueError("samples > 1 with greedy decoding would repeat one episode; set a temperature")
-    config = EngineConfig(
-        sampling=SamplingParams(temperature=temperature, top_p=top_p),
-        max_segment_tokens=max_new_tokens,
-        max_episode_tokens=max_episode_tokens,
-        max_turns=max_turns,
-        seed=seed,
-        max_batch=max_batch,
-    )
-    engine = RolloutEngine.for_hf_model(model, tokenizer, env.protocol, env.tools, config)
-    was_training = model.training
-    model.eval()
-    with (
-        torch.no_grad(),
-        Progress(progress or "", total=len(examples), unit="questions", enabled=progress is not None) as bar,
-    ):
-        trees = engine.run(list(examples), independent(samples), env.reward, on_tree_done=bar.advance)
-    model.train(was_training)
-    return trees

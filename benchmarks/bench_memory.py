@@ -39,8 +39,9 @@ SETTINGS = [
 
 def child(args: argparse.Namespace) -> dict:
     from agentcredit.config import load_config
-    from agentcredit.environment import build_environment, load_examples
+    from agentcredit.environment import build_environment
     from agentcredit.models.loading import load_base_model
+    from agentcredit.tasks import load_examples
     from agentcredit.train.batch import build_batch
     from agentcredit.train.sft import demonstrations, sft
 

@@ -40,7 +40,9 @@ from typing import Any
 
 from agentcredit.bench.train import bench_train, load_average
 from agentcredit.config import load_config
-from agentcredit.environment import build_environment, load_examples, outcome_reward
+from agentcredit.environment import build_environment
+from agentcredit.rewards import outcome_reward
+from agentcredit.tasks import load_examples
 from agentcredit.tasks.scoring import extract_boxed
 
 

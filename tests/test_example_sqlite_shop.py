@@ -111,7 +111,7 @@ def test_a_missing_database_stops_the_run_instead_of_training_on_errors(shop, mo
 
 
 def test_the_environment_shows_the_same_tool_and_keeps_one_connection_per_episode(shop):
-    from agentcredit.environment import load_examples
+    from agentcredit.tasks import load_examples
     from agentcredit.tools.base import ToolCall
     from agentcredit.tools.episodes import EpisodeEnvironments
     from agentcredit.tools.functions import function_tools
@@ -133,7 +133,7 @@ def test_the_environment_shows_the_same_tool_and_keeps_one_connection_per_episod
 
 
 def test_a_missing_database_stops_the_environment_with_the_setup_step(shop, monkeypatch, tmp_path):
-    from agentcredit.environment import load_examples
+    from agentcredit.tasks import load_examples
     from agentcredit.tools.base import ToolUnavailableError
     from agentcredit.tools.episodes import EpisodeEnvironments
 
@@ -146,8 +146,9 @@ def test_a_missing_database_stops_the_environment_with_the_setup_step(shop, monk
 @pytest.fixture
 def demos(shop):
     """The chat-protocol demonstrations of three training questions, played through the example's tool."""
-    from agentcredit.environment import build_environment, load_examples
+    from agentcredit.environment import build_environment
     from agentcredit.models.loading import load_base_model
+    from agentcredit.tasks import load_examples
     from agentcredit.train.sft import demonstrations
 
     cfg = config("grpo", shop)
@@ -180,7 +181,7 @@ def length_parity_reward(data_source, solution_str, ground_truth, extra_info) ->
 
 @pytest.mark.parametrize("method", ["grpo", "carl-segment"])
 def test_one_training_step_of_each_method(method, shop):
-    from agentcredit.environment import load_examples
+    from agentcredit.tasks import load_examples
     from agentcredit.train.trainer import Trainer
 
     cfg = config(method, shop, f"task.reward={__name__}:length_parity_reward", "rollout.max_new_tokens=24")

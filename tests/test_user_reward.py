@@ -7,7 +7,8 @@ import textwrap
 import pytest
 
 from agentcredit.config import load_config
-from agentcredit.environment import UserReward, build_environment
+from agentcredit.environment import build_environment
+from agentcredit.rewards import UserReward
 from agentcredit.rollout.engine import episode_reward
 from agentcredit.rollout.tree import RolloutTree, Segment
 from agentcredit.tasks import Example
@@ -173,7 +174,7 @@ def test_a_list_of_rewards_is_their_weighted_sum_and_each_is_kept(rewards):
     """Issue 35: TRL users bring reward_funcs with reward_weights. 0.5 * verl_style (1.0: "391" is in the text)
     + 2.0 * trl_style (0.5 per word; the transcript "<tool_call>q</tool_call> / tool: 391 / It is 391" has 6 words:
     3.0) = 0.5 + 6.0."""
-    from agentcredit.environment import WeightedReward, user_reward
+    from agentcredit.rewards import WeightedReward, user_reward
 
     tree, leaf = episode()
     reward = user_reward(["my_rewards:verl_style", "my_rewards:trl_style"], [0.5, 2.0])

@@ -156,7 +156,7 @@ def bench_method(
 ) -> dict[str, Any]:
     """Time ``steps`` training steps of one method (after ``warmup_steps`` untimed ones)."""
     from agentcredit.config import load_config
-    from agentcredit.environment import load_examples
+    from agentcredit.tasks import load_examples
     from agentcredit.train.trainer import Trainer
 
     preset = f"{method}-{task}"

@@ -24,7 +24,10 @@ from typing import Any
 import numpy as np
 
 from agentcredit.config import MICRO_BATCH_TOKENS
-from agentcredit.environment import Environment, example_metric, infra_failures, run_episodes
+from agentcredit.environment import Environment
+from agentcredit.rewards import example_metric
+from agentcredit.rollout.infra import infra_failures
+from agentcredit.rollout.run import run_episodes
 from agentcredit.rollout.tree import RolloutTree, segment_step_reward, step_reward_fields
 from agentcredit.tasks import Example
 from agentcredit.tasks.bfcl import bfcl_reward
@@ -304,7 +307,7 @@ def require_all_scored(summary: dict[str, float], what: str) -> None:
 
 
 def rollout_caps(config: Any) -> dict[str, int | None]:
-    """The engine caps of ``config.rollout`` as :func:`~agentcredit.environment.run_episodes` keywords: evaluation decodes under the same
+    """The engine caps of ``config.rollout`` as :func:`~agentcredit.rollout.run.run_episodes` keywords: evaluation decodes under the same
     token and turn limits as training."""
     r = config.rollout
     return {
@@ -326,7 +329,7 @@ def evaluate(
     tiers: dict[str, str] | None = None,
     **kwargs: Any,
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
-    """``(summary, episode records)`` of ``model`` on ``examples``; kwargs go to :func:`~agentcredit.environment.run_episodes`.
+    """``(summary, episode records)`` of ``model`` on ``examples``; kwargs go to :func:`~agentcredit.rollout.run.run_episodes`.
 
     With a ``value_head`` the records carry V at every boundary and the summary the :func:`critic_metrics`
     scalars (AUC of V(s_0) only when ``tiers`` are given). The head reads ``critic_model``'s hidden states when

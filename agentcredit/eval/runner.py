@@ -107,10 +107,11 @@ def run_eval(
 ) -> dict[str, Any]:
     """Evaluate ``model`` (see :mod:`agentcredit.eval.loading`) and write the results; returns summary.json's data
     (:func:`~agentcredit.eval.evaluate.summary_file`: flat, the metrics at the top level) and ``out_dir``."""
-    from agentcredit.environment import build_environment, load_examples
+    from agentcredit.environment import build_environment
     from agentcredit.eval.evaluate import critic_metrics, evaluate, rollout_caps, summary_file
     from agentcredit.eval.loading import load_for_eval
     from agentcredit.models.device import config_device
+    from agentcredit.tasks import load_examples
     from agentcredit.tasks.bfcl import summary_tables
 
     options = options or EvalOptions()

@@ -229,7 +229,7 @@ def _num(x: Any) -> str:
 # ------------------------------------------------------------------------------------------------ measuring
 def _training_examples(cfg: Any, questions: int, sft_questions: frozenset[str] = frozenset()) -> list[Any]:
     """The first ``questions`` training questions the start's SFT never demonstrated (``sft_questions``, by text)."""
-    from agentcredit.environment import load_examples
+    from agentcredit.tasks import load_examples
 
     split = cfg.task.split
     if split != "train":
@@ -260,9 +260,11 @@ _GAP_SAMPLES: dict[tuple, tuple[dict[str, int], dict[str, float], dict[str, floa
 def measure_policy(study: Study, pre: PreconditionSpec, model_dir: Path) -> dict[str, Any]:
     """Measure one policy precondition (tool_gap, group_success, metric) on ``model_dir`` with training
     questions at the training temperature; returns value, se, n and what was measured."""
-    from agentcredit.environment import build_environment, raise_on_infra_failures, run_episodes
+    from agentcredit.environment import build_environment
     from agentcredit.models.device import config_device
     from agentcredit.models.loading import load_base_model
+    from agentcredit.rollout.infra import raise_on_infra_failures
+    from agentcredit.rollout.run import run_episodes
     from agentcredit.train.warmup import _with_prompt, tier_counts
 
     spec = study.spec

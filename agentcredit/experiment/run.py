@@ -15,13 +15,14 @@ from typing import Any
 import torch
 
 from agentcredit.config import Config, ConfigError, dump_config, load_config
-from agentcredit.environment import build_environment, load_examples
+from agentcredit.environment import build_environment
 from agentcredit.eval.evaluate import evaluate, require_all_scored, rollout_caps, summary_file
 from agentcredit.experiment.locks import claim  # the studies' lock: one mechanism for runs and studies
 from agentcredit.models.device import config_device, config_precision, model_device, peak_gpu_memory_gib
 from agentcredit.models.heads import initial_value_head
 from agentcredit.models.loading import load_base_model, load_policy
 from agentcredit.runtime import format_memory, peak_rss_gib
+from agentcredit.tasks import load_examples
 from agentcredit.tasks.bfcl import summary_tables
 from agentcredit.train.rng import seed_everything
 from agentcredit.train.trainer import Trainer

@@ -543,7 +543,7 @@ class Study:
         precondition is paid for. Loading is cheap (kb-multihop's 1,500 questions take ~10 ms); a hop mix the world
         cannot fill was otherwise found at the first timed step, after the preflight's 80-minute precondition
         (issue 32)."""
-        from agentcredit.environment import load_examples
+        from agentcredit.tasks import load_examples
 
         for arm in self.spec.arms:
             try:
@@ -684,7 +684,7 @@ class Study:
     def sft_questions(self) -> frozenset[str]:
         """The question texts the start's SFT demonstrated (as :meth:`sft` loads them): a precondition or a pilot
         measured on them measures recall, not the regime (issue 49), so the preflight leaves them out."""
-        from agentcredit.environment import load_examples
+        from agentcredit.tasks import load_examples
 
         s = self.spec.start
         cfg = study_config(s.preset, [*self.spec.set, *s.set, *s.sft.set])

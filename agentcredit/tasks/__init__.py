@@ -11,6 +11,7 @@ from agentcredit.tasks.registry import (
     SampleDataWarning,
     TaskSpec,
     list_tasks,
+    load_examples,
     load_task,
     task_corpus,
 )
@@ -46,6 +47,7 @@ __all__ = [
     "is_abstention",
     "kb_corpus",
     "list_tasks",
+    "load_examples",
     "load_task",
     "math_equal",
     "normalize_answer",

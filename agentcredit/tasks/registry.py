@@ -19,11 +19,14 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentcredit.tasks import arith, bfcl, datasets, kb
 from agentcredit.tasks.example import Example, iter_jsonl, seeded_subset
 from agentcredit.tasks.paths import SAMPLES_DIR, data_root, default_cache_dir
+
+if TYPE_CHECKING:
+    from agentcredit.config import Config
 
 
 class SampleDataWarning(UserWarning):
@@ -315,6 +318,18 @@ def load_task(
     else:
         examples = _load_sample(name, split, reason)
     return seeded_subset(examples, limit, seed)
+
+
+def load_examples(config: Config, *, split: str | None = None, limit: int | None = None) -> list[Example]:
+    """The examples ``config.task`` names (:func:`load_task`); ``split`` and ``limit`` override the config's."""
+    t = config.task
+    return load_task(
+        t.name,
+        split=split or t.split,
+        limit=limit if limit is not None else t.limit,
+        seed=t.seed,
+        **t.options,
+    )
 
 
 HOLDOUT_PARTS = ("train", "heldout")

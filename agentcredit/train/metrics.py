@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from agentcredit.environment import outcome_reward
+from agentcredit.rewards import outcome_reward
 from agentcredit.rollout.tree import RolloutTree
 from agentcredit.tasks import Example
 from agentcredit.train.batch import TrainBatch, segment_spans

@@ -32,14 +32,14 @@ import torch
 
 from agentcredit.config import Config, dump_config
 from agentcredit.credit import aggregation_weights, policy_loss_stats
-from agentcredit.environment import Environment, build_environment, load_examples
+from agentcredit.environment import Environment, build_environment
 from agentcredit.models.device import config_precision, model_device
 from agentcredit.models.heads import initial_value_head
 from agentcredit.models.loading import frozen_copy, load_policy
 from agentcredit.models.scoring import TokenScores, score_tokens
 from agentcredit.progress import Progress
 from agentcredit.rollout.tree import RolloutTree
-from agentcredit.tasks import Example
+from agentcredit.tasks import Example, load_examples
 from agentcredit.train.advantages import compute_advantages
 from agentcredit.train.batch import TrainBatch, actions_per_question, build_batch
 from agentcredit.train.checkpoint import load_checkpoint, save_checkpoint
@@ -268,7 +268,7 @@ class Trainer:
         """The step's trees. An episode in which a tool could not run (``ToolResult.infra``: sandbox or corpus
         unavailable) stops training with ToolUnavailableError: its error text is not the tool's answer, and
         dropping its group would silently change the batch (the environment's preflight makes this rare)."""
-        from agentcredit.environment import raise_on_infra_failures
+        from agentcredit.rollout.infra import raise_on_infra_failures
 
         was_training = self.model.training
         self.model.eval()

@@ -46,8 +46,10 @@ import torch
 
 from agentcredit.config import MICRO_BATCH_TOKENS, Config
 from agentcredit.credit.metrics import auc, explained_variance, sign_accuracy
-from agentcredit.environment import build_environment, raise_on_infra_failures, run_episodes
+from agentcredit.environment import build_environment
 from agentcredit.progress import Progress
+from agentcredit.rollout.infra import raise_on_infra_failures
+from agentcredit.rollout.run import run_episodes
 from agentcredit.rollout.tree import RolloutTree, Segment
 from agentcredit.tasks import Example
 from agentcredit.tasks.scoring import normalize_answer

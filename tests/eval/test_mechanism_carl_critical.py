@@ -94,7 +94,7 @@ def test_the_study_file_loads_and_its_questions_are_fresh():
     assert n <= spec.main.count
     pilot, main = questions(spec, "pilot"), questions(spec, "main")
     assert len(pilot) == spec.pilot.count and len(main) == spec.main.count
-    from agentcredit.environment import load_examples
+    from agentcredit.tasks import load_examples
 
     sft = {e.question for e in load_examples(spec.config(), split="train", limit=spec.sft_examples)}
     assert not any(e.question in sft for e in pilot)

@@ -94,7 +94,7 @@ def test_the_regime_numbers_by_hand():
 
 
 def test_the_study_file_loads_and_its_questions_are_fresh():
-    from agentcredit.environment import load_examples
+    from agentcredit.tasks import load_examples
 
     spec = load_spec(STUDY)
     assert spec.kind == "carl-segment" and [s.name for s in spec.statistics] == [

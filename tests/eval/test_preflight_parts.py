@@ -233,7 +233,7 @@ def test_the_precondition_never_measures_a_question_sft_saw(monkeypatch):
 
     pool = [SimpleNamespace(id=f"q{i}", question=f"Q{i}") for i in range(10)]
     monkeypatch.setattr(
-        "agentcredit.environment.load_examples", lambda cfg, split="train", limit=None: pool[:limit]
+        "agentcredit.tasks.load_examples", lambda cfg, split="train", limit=None: pool[:limit]
     )
     cfg = SimpleNamespace(task=SimpleNamespace(split="train"))
     got = _training_examples(cfg, 4, frozenset({"Q0", "Q2"}))

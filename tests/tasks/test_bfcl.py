@@ -240,7 +240,8 @@ def test_agentcredit_and_bfcl_evals_own_evaluator_give_the_same_verdicts(categor
 @needs_bfcl
 def test_bfcl_examples_are_scored_by_the_checker_in_the_environment_and_need_the_chat_protocol():
     from agentcredit.config import load_config
-    from agentcredit.environment import build_environment, outcome_reward
+    from agentcredit.environment import build_environment
+    from agentcredit.rewards import outcome_reward
 
     example = load_task("bfcl:irrelevance", limit=1)[0]
     assert outcome_reward(example, json.dumps({"text": "no"})) == 1.0

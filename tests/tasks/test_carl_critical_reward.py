@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from agentcredit.config import load_config
-from agentcredit.environment import FormatGatedF1, build_environment
+from agentcredit.environment import build_environment
+from agentcredit.rewards import FormatGatedF1
 from agentcredit.rollout.engine import episode_reward
 from agentcredit.rollout.tree import RolloutTree, Segment
 from agentcredit.tasks import Example

@@ -300,7 +300,7 @@ def test_jsonl_path_with_split_reads_one_file_per_split(tmp_path):
     """``jsonl:.../{split}.jsonl``: task.split and task.eval_split pick files; without it they were ignored, so a
     run's final "held-out" evaluation read its own training file."""
     from agentcredit.config import load_config
-    from agentcredit.environment import load_examples
+    from agentcredit.tasks import load_examples
 
     write_jsonl(tmp_path / "train.jsonl", [{"question": "train q", "answer": "1"}])
     write_jsonl(tmp_path / "test.jsonl", [{"question": "test q", "answer": "2"}])

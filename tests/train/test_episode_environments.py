@@ -137,7 +137,7 @@ def test_an_environment_can_end_the_episode(fitted_env):
     config = load_config("grpo-arith-tools", [*SMALL, *ENV, "tools.environment=calculator_env:FinishingEnv"])
     env = build_environment(config)
     try:
-        from agentcredit.environment import run_episodes
+        from agentcredit.rollout.run import run_episodes
 
         trees = run_episodes(model, tokenizer, env, EXAMPLES[:1], samples=4, temperature=1.0, seed=0)
     finally:

@@ -67,8 +67,9 @@ def test_sft_and_evaluation_report_progress(plain):
     from train_helpers import EXAMPLES
 
     from agentcredit.config import load_config
-    from agentcredit.environment import build_environment, run_episodes
+    from agentcredit.environment import build_environment
     from agentcredit.models.loading import load_base_model
+    from agentcredit.rollout.run import run_episodes
     from agentcredit.train.sft import demonstrations, sft
 
     config = load_config("grpo-arith-tools", ["model.name=tiny"])

@@ -17,9 +17,10 @@ from typer.testing import CliRunner
 
 from agentcredit.cli import app
 from agentcredit.config import load_config
-from agentcredit.environment import Environment, outcome_reward
+from agentcredit.environment import Environment
 from agentcredit.models.loading import load_base_model
 from agentcredit.protocols import get_protocol
+from agentcredit.rewards import outcome_reward
 from agentcredit.rollout.tree import RolloutTree, Segment
 from agentcredit.tools.base import ToolRuntime, ToolUnavailableError, unavailable
 from agentcredit.tools.sandbox import tool as ps

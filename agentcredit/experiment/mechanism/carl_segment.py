@@ -298,7 +298,7 @@ def _warmup_config(spec: CarlSegmentProbe, model_name: str | None = None) -> Any
 def questions(spec: CarlSegmentProbe, part: Part) -> list[Any]:
     """The part's training questions: none of the start's SFT set, none of the warm-up's (by question text), the
     main part none of the pilot's."""
-    from agentcredit.environment import load_examples
+    from agentcredit.tasks import load_examples
 
     warm = {
         e.question for e in load_examples(_warmup_config(spec), split="train", limit=spec.warmup.questions)
@@ -384,7 +384,8 @@ def open_context(spec: CarlSegmentProbe) -> dict:
 
 
 def _rollouts(ctx: dict, env: Any, example: Any, samples: int, mode: str) -> list[Any]:
-    from agentcredit.environment import raise_on_infra_failures, run_episodes
+    from agentcredit.rollout.infra import raise_on_infra_failures
+    from agentcredit.rollout.run import run_episodes
     from agentcredit.tasks.example import stable_int
 
     r = ctx["config"].rollout

@@ -122,7 +122,7 @@ def training_questions(
     different limits, so the exclusions are by question text: the main part takes none of the start's SFT set (the
     first ``sft_examples`` training questions under ``sft_set``, as ``agentcredit study`` draws them) nor the
     pilot's; the pilot takes none of the SFT set either (a pilot on SFT questions measures recall)."""
-    from agentcredit.environment import load_examples
+    from agentcredit.tasks import load_examples
 
     def draw(q: Questions) -> list[Any]:
         return [e for e in load_examples(spec.config(), split="train", limit=q.limit) if keep(e)]

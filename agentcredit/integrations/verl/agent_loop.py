@@ -25,13 +25,7 @@ from uuid import uuid4
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 
-from agentcredit.environment import (
-    Environment,
-    UserReward,
-    WeightedReward,
-    environment_schemas,
-    user_reward,
-)
+from agentcredit.environment import Environment, environment_schemas
 from agentcredit.integrations.verl import AGENT_LOOP_NAME, EXTRA_KEY
 from agentcredit.integrations.verl.data import check_protocol
 from agentcredit.integrations.verl.episode import (
@@ -49,6 +43,7 @@ from agentcredit.integrations.verl.settings import AgentCreditSettings, load_set
 from agentcredit.integrations.verl.teacher import TEACHER_ROUTER, teacher_client, wants_lagged_teacher
 from agentcredit.integrations.verl.tools import build_runtime
 from agentcredit.protocols import get_protocol
+from agentcredit.rewards import UserReward, WeightedReward, user_reward
 from agentcredit.rollout.engine import episode_reward
 from agentcredit.rollout.strategies import from_rollout_config
 from agentcredit.tasks import Example

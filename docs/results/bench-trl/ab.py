@@ -9,11 +9,12 @@ import torch
 from transformers import GenerationConfig
 
 from agentcredit.config import load_config
-from agentcredit.environment import build_environment, load_examples
+from agentcredit.environment import build_environment
 from agentcredit.models.loading import load_base_model
 from agentcredit.rollout.engine import EngineConfig, RolloutEngine
 from agentcredit.rollout.sampling import SamplingParams
 from agentcredit.rollout.strategies import independent
+from agentcredit.tasks import load_examples
 
 batches = [tuple(map(int, b.split("x"))) for b in sys.argv[1].split(",")]
 rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 1

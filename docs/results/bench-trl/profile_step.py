@@ -10,11 +10,12 @@ import time
 import torch
 
 from agentcredit.config import load_config
-from agentcredit.environment import build_environment, load_examples
+from agentcredit.environment import build_environment
 from agentcredit.models.loading import load_base_model
 from agentcredit.rollout.engine import EngineConfig, RolloutEngine
 from agentcredit.rollout.sampling import SamplingParams
 from agentcredit.rollout.strategies import independent
+from agentcredit.tasks import load_examples
 
 P, N = int(sys.argv[1]), int(sys.argv[2])
 which = sys.argv[3]
