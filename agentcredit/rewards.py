@@ -14,10 +14,15 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Callable, Sequence
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 from agentcredit.tasks import Example, bfcl
 from agentcredit.tasks.scoring import answer_reward, format_gated_f1
 from agentcredit.tools.base import UserCodeError
+
+if TYPE_CHECKING:
+    from agentcredit.config import Config
 
 # Outcome reward of one episode: (example, extracted final answer or None when the episode gave none) -> reward
 RewardFn = Callable[[Example, str | None], float]
@@ -201,3 +206,43 @@ def user_reward(
     if isinstance(spec, str) and weights is None:
         return UserReward(spec)
     return WeightedReward([spec] if isinstance(spec, str) else list(spec), weights)
+
+
+def outcome_judge(config: Config) -> Any | None:
+    """The settings of the method part whose judge scores the outcomes (PORTool's ``judge``, ``judge_model``,
+    ``unfinished_reward``), or None when no judge does: ``task.reward`` or ``task.metric: set_f1_format`` is set,
+    or the method has no judge."""
+    if config.task.reward is not None or config.task.metric == "set_f1_format":
+        return None
+    method = config.algorithm.credit_method
+    if method.all_needs.reward != "judge":
+        return None
+    return next(
+        method.settings_from(config.algorithm)[part.section]
+        for part in method.parts
+        if part.needs.reward == "judge"
+    )
+
+
+def task_reward(config: Config, judge_model: tuple[Any, Any] | None = None) -> RewardFn:
+    """The outcome reward ``config`` names: ``task.reward`` (:func:`user_reward`), else ``task.metric:
+    set_f1_format`` (:class:`FormatGatedF1`), else the method's judge (:func:`~agentcredit.tasks.judge.build_judge`;
+    an LLM judge scores with ``judge_model``, its (model, tokenizer), which the caller loads), else
+    :func:`outcome_reward` under ``task.metric``."""
+    if config.task.reward is not None:
+        return user_reward(config.task.reward, config.task.reward_weights)
+    if config.task.metric == "set_f1_format":
+        if config.algorithm.credit_method.all_needs.reward == "judge":
+            raise ValueError(
+                "task.metric=set_f1_format: this method scores outcomes with its judge (+1 / 0 / -1); choose em, f1 "
+                "or set_f1"
+            )
+        return FormatGatedF1(config.task.format_bonus)
+    judge = outcome_judge(config)
+    if judge is not None:
+        from agentcredit.tasks.judge import build_judge
+
+        return build_judge(
+            judge.judge, judge_model, metric=config.task.metric, unfinished=judge.unfinished_reward
+        )
+    return partial(outcome_reward, metric=config.task.metric, format_bonus=config.task.format_bonus)

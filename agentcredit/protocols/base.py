@@ -32,6 +32,7 @@ the episode with no answer.
 
 from __future__ import annotations
 
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -166,3 +167,29 @@ def check_results(protocol: str, turn: Turn, results: Sequence[ToolResult]) -> N
             f"{protocol}: observation() got {len(results)} tool results for a {turn.kind!r} turn with "
             f"{len(turn.calls)} calls; pass tools.run(turn.calls) in call order"
         )
+
+
+def episode_cap(max_turns: int | None, max_segments: int) -> int:
+    """Assistant messages an episode may have: ``rollout.max_turns`` and the protocol's ``max_segments`` both cap
+    it (the engine ends the episode at the first, the protocol cuts its last message at the second), so the smaller
+    applies. This is the documented precedence; :func:`warn_on_two_caps` says so when they differ."""
+    return min(max_turns or max_segments, max_segments)
+
+
+def warn_on_two_caps(max_turns: int, max_segments: int, segments_set: bool) -> None:
+    """One warning when ``rollout.max_turns`` and the protocol's ``max_segments`` differ: the smaller silently cuts
+    every episode that needs more (issue 35: a task needing 4 messages under a cap of 3 scored 0 everywhere)."""
+    if max_turns == max_segments:
+        return
+    where = "protocol.options.max_segments" if segments_set else "the protocol's default max_segments"
+    warnings.warn(
+        f"rollout.max_turns={max_turns} and {where}={max_segments} both cap an episode's assistant messages; the "
+        f"smaller, {episode_cap(max_turns, max_segments)}, applies (an episode needing more ends without an "
+        "answer). Set both to the same value to silence this",
+        EpisodeCapWarning,
+        stacklevel=3,
+    )
+
+
+class EpisodeCapWarning(UserWarning):
+    """``rollout.max_turns`` and the protocol's ``max_segments`` differ (see :func:`episode_cap`)."""

@@ -28,7 +28,9 @@ are disjoint. Within one call no expression repeats.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from functools import partial
+from typing import Any
 
 from agentcredit.tasks.example import Example, stable_int, stable_rng
 
@@ -407,3 +409,19 @@ def failing_tool(
         return output if mode is None else corrupt_output(output, mode, code, seed)
 
     return python
+
+
+def tool_wrapper(
+    options: Mapping[str, Any],
+) -> Callable[[Callable[[dict], str]], Callable[[dict], str]] | None:
+    """The task's python tool as its ``options`` make it: :func:`failing_tool` with the seeded failures of
+    ``tool_failure_rate`` / ``tool_failure_seed`` / ``tool_failure_modes`` (the tool that can hurt is part of the
+    environment), or None (the tool as it is) without them."""
+    if options.get("tool_failure_rate", 0.0) > 0:
+        return partial(
+            failing_tool,
+            rate=options["tool_failure_rate"],
+            seed=options.get("tool_failure_seed", 0),
+            modes=options.get("tool_failure_modes", TOOL_FAILURE_MODES),
+        )
+    return None

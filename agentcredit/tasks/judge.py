@@ -3,7 +3,7 @@
 * :func:`rule_judge` (default): EM / F1 / numeric match against the gold answers; an abstaining answer ("I cannot
   find ...") is "unable to answer"; no answer at all is unfinished (``unfinished``: -1 by default, portool.md 8.13;
   the paper's judge labels only finished trajectories, true / false / unable_to_answer = +1 / -1 / 0).
-* :class:`LLMJudge`: any local causal LM asked to label the final response against the gold answers with the
+* :class:`LLMJudge`: any local causal LM (loaded by the caller) asked to label the final response against the gold answers with the
   spec's JSON output; the label is parsed from its greedy reply, and an unparseable reply falls back to the rule
   judge (counted in ``fallbacks``). The paper's judge (GPT-4o with tools) also reads the trajectory; here it sees
   the question, the gold answers and the final response, which is what the engine's reward hook receives.
@@ -56,14 +56,19 @@ def parse_label(reply: str) -> str | None:
 
 
 class LLMJudge:
-    """A local model as PORTool's judge; ``judge(example, answer)`` returns +1 / 0 / -1."""
+    """A local model as PORTool's judge; ``judge(example, answer)`` returns +1 / 0 / -1. The caller loads the model
+    and its tokenizer (:func:`agentcredit.environment.build_environment` from ``judge_model``)."""
 
     def __init__(
-        self, model_path: str, *, max_new_tokens: int = 64, metric: str = "auto", unfinished: float = -1.0
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        max_new_tokens: int = 64,
+        metric: str = "auto",
+        unfinished: float = -1.0,
     ):
-        from agentcredit.models.embedded import load_model
-
-        self.model, self.tokenizer = load_model(model_path)
+        self.model, self.tokenizer = model, tokenizer
         self.max_new_tokens = max_new_tokens
         self.metric = metric
         self.unfinished = unfinished
@@ -103,15 +108,16 @@ class LLMJudge:
 
 
 def build_judge(
-    kind: str, model_path: str | None = None, *, metric: str = "auto", unfinished: float = -1.0
+    kind: str, model: tuple[Any, Any] | None = None, *, metric: str = "auto", unfinished: float = -1.0
 ) -> Any:
-    """The judge ``kind`` names; ``unfinished`` is R_out of an episode cut at the step cap (no answer)."""
+    """The judge ``kind`` names; ``model`` is the LLM judge's (model, tokenizer), loaded by the caller;
+    ``unfinished`` is R_out of an episode cut at the step cap (no answer)."""
     if kind == "rule":
         return lambda example, answer: rule_judge(example, answer, metric=metric, unfinished=unfinished)
     if kind == "llm":
-        if not model_path:
+        if model is None:
             raise ValueError(
                 "algorithm.portool.judge='llm' needs algorithm.portool.judge_model (a local model path)"
             )
-        return LLMJudge(model_path, metric=metric, unfinished=unfinished)
+        return LLMJudge(*model, metric=metric, unfinished=unfinished)
     raise ValueError(f"judge must be 'rule' or 'llm', got {kind!r}")

@@ -27,9 +27,10 @@ import torch
 
 from agentcredit.config import MICRO_BATCH_TOKENS
 from agentcredit.credit import aggregation_weights
-from agentcredit.environment import Environment, episode_cap
+from agentcredit.environment import Environment
 from agentcredit.models.scoring import micro_batches, score_tokens
 from agentcredit.progress import Progress
+from agentcredit.protocols.base import episode_cap
 from agentcredit.rollout.engine import episode_reward
 from agentcredit.rollout.infra import raise_on_infra_failures
 from agentcredit.rollout.replay import replay

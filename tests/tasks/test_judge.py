@@ -36,7 +36,9 @@ def test_build_judge_needs_a_model_for_llm():
 
 @pytest.mark.slow
 def test_llm_judge_runs_on_the_embedded_model():
-    judge = LLMJudge("embedded", max_new_tokens=24)
+    from agentcredit.models.embedded import load_model
+
+    judge = LLMJudge(*load_model("embedded"), max_new_tokens=24)
     reward = judge(EX, "Paris")
     assert reward in (1.0, 0.0, -1.0)
     assert judge(EX, None) == -1.0

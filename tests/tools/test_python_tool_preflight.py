@@ -1,6 +1,6 @@
 """Every place that builds the python tool runs the sandbox preflight (``check_available``) first.
 
-``environment.build_tools`` did since the preflight was added; the rollout benchmark (``agentcredit bench
+``tools.build.build_tools`` did since the preflight was added; the rollout benchmark (``agentcredit bench
 rollout --task arith-tools``) and verl's agent-loop workers (``integrations.verl.tools.build_runtime``) built the
 tool without it, so a sandbox that cannot run turned every tool call into an error text instead of stopping
 with one message. The verl module needs no verl to import (pydantic only), so this runs in the main venv.
@@ -108,7 +108,7 @@ def test_model_written_code_never_falls_back_unless_asked_by_name(no_bubblewrap)
 def test_training_builds_the_sandbox_with_the_configured_isolation(monkeypatch):
     import agentcredit.tools.sandbox
     from agentcredit.config import load_config
-    from agentcredit.environment import build_tools
+    from agentcredit.tools.build import build_tools
 
     calls = []
     monkeypatch.setattr(

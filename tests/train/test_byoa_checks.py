@@ -237,7 +237,8 @@ def test_sft_warns_about_a_demonstration_the_episode_cap_cuts(warehouse, tmp_pat
 
 def test_two_different_caps_warn_once_at_build_and_the_smaller_applies(warehouse, tmp_path):
     from agentcredit.config import load_config
-    from agentcredit.environment import EpisodeCapWarning, build_environment, episode_cap
+    from agentcredit.environment import build_environment
+    from agentcredit.protocols.base import EpisodeCapWarning, episode_cap
 
     task = write_task(tmp_path / "train.jsonl", [[{"name": "stock", "arguments": {"item": "nut"}}]])
     config = load_config(
@@ -255,8 +256,8 @@ def test_no_preset_has_two_different_caps():
     import warnings
 
     from agentcredit.config import load_config, preset_names
-    from agentcredit.environment import warn_on_two_caps
     from agentcredit.protocols import get_protocol
+    from agentcredit.protocols.base import warn_on_two_caps
 
     warned = {}
     for name in preset_names():

@@ -25,7 +25,7 @@ from uuid import uuid4
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 
-from agentcredit.environment import Environment, environment_schemas
+from agentcredit.environment import Environment
 from agentcredit.integrations.verl import AGENT_LOOP_NAME, EXTRA_KEY
 from agentcredit.integrations.verl.data import check_protocol
 from agentcredit.integrations.verl.episode import (
@@ -49,6 +49,7 @@ from agentcredit.rollout.strategies import from_rollout_config
 from agentcredit.tasks import Example
 from agentcredit.tasks.scoring import answer_reward, outcome_with_abstention
 from agentcredit.tools.base import ToolCall, ToolResult, ToolRuntime, ToolUnavailableError
+from agentcredit.tools.build import environment_schemas
 from agentcredit.tools.episodes import EpisodeSession, StepOutcome
 from agentcredit.train.sft import ReferenceTrajectories
 from agentcredit.train.signals import gear_ground_truth, gear_teacher_prompt

@@ -155,7 +155,7 @@ SANDBOX_NODE_FIX = (
 
 
 def check_python_sandbox(settings: Any) -> None:
-    """The sandbox preflight of an agent-loop worker (``print(1)`` as ``environment.build_tools`` runs it, once
+    """The sandbox preflight of an agent-loop worker (``print(1)`` as ``tools.build.build_tools`` runs it, once
     per process): raise :class:`ToolUnavailableError` naming this node and what to install or change on it."""
     import socket
 
@@ -201,13 +201,13 @@ atexit.register(_close_resources)
 
 def build_runtime(settings: Any, protocol: str = "tags") -> ToolRuntime:
     """The tool runtime for ``settings.tools`` (a :class:`~.settings.ToolSettings`), your own ``functions`` and
-    ``mcp`` servers' tools included (:func:`agentcredit.environment.load_user_tools`, as the native trainer), or
-    your per-episode ``environment`` (:func:`agentcredit.environment.load_episode_environments`; ``protocol`` chat).
+    ``mcp`` servers' tools included (:func:`agentcredit.tools.build.load_user_tools`, as the native trainer), or
+    your per-episode ``environment`` (:func:`agentcredit.tools.build.load_episode_environments`; ``protocol`` chat).
 
     Raises :class:`~agentcredit.tools.base.ToolUnavailableError` when ``settings.python`` is on and the sandbox
-    cannot run ``print(1)`` (the same preflight, and message, as ``environment.build_tools``).
+    cannot run ``print(1)`` (the same preflight, and message, as ``tools.build.build_tools``).
     """
-    from agentcredit.environment import load_episode_environments, load_user_tools
+    from agentcredit.tools.build import load_episode_environments, load_user_tools
 
     episodes = load_episode_environments(settings, protocol)
     if episodes is not None and (settings.suite or settings.search_url or settings.python):
