@@ -90,3 +90,14 @@ def test_the_environment_of_the_task_option_has_the_failing_tool():
         assert clean.tools.run_one(ToolCall("python", {"code": "print(2+3)"})).output == "5\n"
     finally:
         clean.close()
+
+
+def test_the_tool_wrapper_is_the_failing_tool_only_when_the_options_ask_for_failures():
+    assert arith.tool_wrapper({}) is None and arith.tool_wrapper({"tool_failure_rate": 0.0}) is None
+    wrap = arith.tool_wrapper(
+        {"tool_failure_rate": 1.0, "tool_failure_seed": 3, "tool_failure_modes": ["empty"]}
+    )
+    tool = wrap(lambda arguments: "42\n")
+    assert tool({"code": "print(6*7)"}) == ""  # rate 1, mode empty: every ordinary answer comes back empty
+    with pytest.raises(ValueError, match="tool_failure_rate"):
+        arith.tool_wrapper({"tool_failure_rate": 1.5})(lambda arguments: "")  # checked when the tool is made
