@@ -23,9 +23,9 @@ from pathlib import Path
 
 import yaml
 
-from agentcredit.experiment.common import _weights_digest
-from agentcredit.experiment.preflight import holds, measure_policy
-from agentcredit.experiment.study import Study, load_study
+from agentcredit.lab.common import _weights_digest
+from agentcredit.lab.preflight import holds, measure_policy
+from agentcredit.lab.study import Study, load_study
 
 
 def main(argv: list[str] | None = None) -> int:
