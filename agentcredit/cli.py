@@ -283,7 +283,7 @@ def study(
         study_dir = out or Path("runs") / f"study-{spec.name}"
         runner = Study(spec, study_dir, source=str(config))
         if report_only:
-            paths = write_study_report(runner, study_dir / "report")
+            paths = write_study_report(runner.layout, study_dir / "report")
             typer.echo(f"report: {paths['markdown']}")
         else:
             if from_published is not None:

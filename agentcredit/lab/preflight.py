@@ -21,17 +21,16 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from agentcredit.lab.arms import study_config
 from agentcredit.lab.common import StudyError
 from agentcredit.lab.power import paired_mde, planned_seconds, question_sd, seeds_needed, seeds_range
+from agentcredit.lab.study_spec import ClaimSpec, PreconditionSpec, StudyLayout, StudySpec
 from agentcredit.locks import claim
-
-if TYPE_CHECKING:
-    from agentcredit.lab.study import ClaimSpec, PreconditionSpec, Study
 
 RECORD = "preflight.json"
 OPS = {">=": lambda v, t: v >= t, ">": lambda v, t: v > t, "<=": lambda v, t: v <= t, "<": lambda v, t: v < t}
@@ -246,6 +245,16 @@ def _training_examples(cfg: Any, questions: int, sft_questions: frozenset[str] =
     return unseen
 
 
+def sft_questions(spec: StudySpec) -> frozenset[str]:
+    """The question texts the start's SFT demonstrated (as the runner's SFT loads them): a precondition or a pilot
+    measured on them measures recall, not the regime (issue 49), so the preflight leaves them out."""
+    from agentcredit.environment import load_examples
+
+    s = spec.start
+    cfg = study_config(s.preset, [*spec.set, *s.set, *s.sft.set])
+    return frozenset(e.question for e in load_examples(cfg, limit=s.sft.examples))
+
+
 def _rates(trees: Sequence[Any], examples: Sequence[Any]) -> dict[str, float]:
     out = {}
     for tree, example in zip(trees, examples, strict=True):
@@ -257,7 +266,7 @@ def _rates(trees: Sequence[Any], examples: Sequence[Any]) -> dict[str, float]:
 _GAP_SAMPLES: dict[tuple, tuple[dict[str, int], dict[str, float], dict[str, float]]] = {}
 
 
-def measure_policy(study: Study, pre: PreconditionSpec, model_dir: Path) -> dict[str, Any]:
+def measure_policy(spec: StudySpec, pre: PreconditionSpec, model_dir: Path) -> dict[str, Any]:
     """Measure one policy precondition (tool_gap, group_success, metric) on ``model_dir`` with training
     questions at the training temperature; returns value, se, n and what was measured."""
     from agentcredit.environment import build_environment, raise_on_infra_failures, run_episodes
@@ -265,7 +274,6 @@ def measure_policy(study: Study, pre: PreconditionSpec, model_dir: Path) -> dict
     from agentcredit.models.loading import load_base_model
     from agentcredit.train.warmup import _with_prompt, tier_counts
 
-    spec = study.spec
     start = study_config(spec.start.preset, [*spec.set, *spec.start.set, f"model.name={model_dir}"])
     temperature = start.rollout.temperature if start.rollout.temperature > 0 else 1.0
     began = time.perf_counter()
@@ -276,7 +284,7 @@ def measure_policy(study: Study, pre: PreconditionSpec, model_dir: Path) -> dict
             [*spec.set, *arm.set, f"model.name={model_dir}", f"train.seed={spec.seeds[0]}"],
             arm.name,
         )
-        examples = _training_examples(cfg, pre.questions, study.sft_questions())
+        examples = _training_examples(cfg, pre.questions, sft_questions(spec))
         from agentcredit.train.trainer import Trainer
 
         trainer = Trainer(cfg, examples=examples, log=False)
@@ -309,7 +317,7 @@ def measure_policy(study: Study, pre: PreconditionSpec, model_dir: Path) -> dict
         }
     else:
         model, tokenizer = load_base_model(str(model_dir), start.model.dtype, device=config_device(start))
-        examples = _training_examples(start, pre.questions, study.sft_questions())
+        examples = _training_examples(start, pre.questions, sft_questions(spec))
 
         def sampled(prompt: str | None, seed: int) -> list[Any]:
             env = build_environment(start if prompt is None else _with_prompt(start, prompt))
@@ -395,12 +403,12 @@ def _pre_digest(pre: PreconditionSpec, weights: str, spec: Any) -> str:
     return _digest({"pre": pre.model_dump(mode="json"), "weights": weights, "reads": reads})
 
 
-def _timed_step(study: Study, arm: Any) -> dict[str, Any]:
-    """One RL step of ``arm`` from its start on the first seed, timed (model loading excluded). Critic-only warm-up
-    steps are switched off for the timing, so every planned step is priced as an RL step (an upper bound)."""
+def _timed_step(cfg: Any) -> dict[str, Any]:
+    """One RL step of an arm's run config (from its start, on the first seed), timed (model loading excluded).
+    Critic-only warm-up steps are switched off for the timing, so every planned step is priced as an RL step (an
+    upper bound)."""
     from agentcredit.train.trainer import Trainer
 
-    cfg = study.run_config(arm, study.spec.seeds[0])
     data = cfg.model_dump()
     data["train"].update(steps=1, save_every=0, eval_every=0, critic_warmup=0)
     cfg = type(cfg).model_validate(data)
@@ -456,9 +464,23 @@ def budget_hours(budget: dict[str, Any]) -> tuple[str, float, float | None]:
     return unit, budget[f"planned_{key}_hours"], budget.get(f"{key}_hours_to_decide")
 
 
+@dataclass(frozen=True)
+class StartSteps:
+    """What the preflight asks of the study's runner (:class:`agentcredit.lab.study.Study`), handed in by it: the
+    SFT model (trained once), the start's held-out record of a policy, the whole start (SFT, warm-up, tier labels,
+    held-out metrics) and an arm's run config on a seed. The preflight never imports the runner."""
+
+    sft: Callable[[], Path]
+    heldout_record: Callable[[Path, Any], dict[str, Any]]
+    build_start: Callable[[], dict[str, Any]]
+    run_config: Callable[[Any, int], Any]
+
+
 def run_preflight(
-    study: Study,
+    layout: StudyLayout,
+    steps: StartSteps,
     *,
+    log: Callable[[str], None] = print,
     allow_unmet: bool = False,
     allow_underpowered: bool = False,
     time_steps: bool = True,
@@ -466,17 +488,17 @@ def run_preflight(
     """Measure the preconditions, the power and the budget (module docstring); raise StudyError to refuse the arms.
 
     Written to ``<study>/preflight/preflight.json`` as it goes, so a stopped preflight resumes and the report can
-    show what was measured even when the arms are refused.
+    show what was measured even when the arms are refused. ``allow_unmet`` is recorded here; the runner that hands
+    in ``steps`` applies it to its own start and runs (:meth:`agentcredit.lab.study.Study.preflight`).
     """
     from agentcredit.lab.common import StudyError, _weights_digest, _write_json
 
-    folder = study.dir / "preflight"
+    folder = layout.dir / "preflight"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / RECORD
     record: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {}
     record["overrides"] = {"regime": allow_unmet, "power": allow_underpowered}
-    study.override_regime = allow_unmet
-    spec = study.spec
+    spec = layout.spec
     began = time.perf_counter()
 
     def save() -> None:
@@ -485,7 +507,7 @@ def run_preflight(
     with claim(folder / ".lock") as mine:
         if not mine:
             raise StudyError(f"{folder}: another invocation is running this study's preflight")
-        sft_dir = study.sft()
+        sft_dir = steps.sft()
         weights = _weights_digest(sft_dir)
         measured = {m["key"]: m for m in record.get("preconditions", []) if "key" in m}
         rows: list[dict[str, Any]] = []
@@ -494,7 +516,7 @@ def run_preflight(
             key = _pre_digest(pre, weights, spec)
             m = measured.get(key)
             if m is None:
-                study.log(f"[preflight] measuring {pre.name!r} on {pre.questions} training questions")
+                log(f"[preflight] measuring {pre.name!r} on {pre.questions} training questions")
                 m = {"key": key, **fn()}
             m.update(
                 name=pre.name,
@@ -514,7 +536,7 @@ def run_preflight(
                 r for r in record.get("preconditions", []) if r.get("key") not in {x["key"] for x in rows}
             ]
             save()
-            study.log(
+            log(
                 f"[preflight] {pre.name}: {_num(m['value'])} (se {_num(m.get('se'))}, n={m.get('n')}; "
                 f"{m['bound_kind']} bound {_num(m['bound'])}) {pre.op} {pre.threshold} ({m['threshold_source']}): "
                 f"{'met' if m['met'] else 'NOT MET'}  [{pre.source}]"
@@ -522,16 +544,16 @@ def run_preflight(
 
         for pre in spec.preconditions:
             if pre.measure != "warmup_gate":
-                measure(pre, lambda pre=pre: measure_policy(study, pre, sft_dir))
+                measure(pre, lambda pre=pre: measure_policy(spec, pre, sft_dir))
         record["preconditions"] = rows
         save()
         # an unmet policy regime stops before the critic warm-up and the held-out evaluation are paid for
         if (reason := refusal({**record, "power": []})) is not None:
-            raise StudyError(f"{study.dir}: the arms do not start: {reason}; measured values in {path}")
+            raise StudyError(f"{layout.dir}: the arms do not start: {reason}; measured values in {path}")
 
         def power_rows() -> list[dict[str, Any]]:
             """Per claim, from the start's per-question greedy outcomes on its held-out set."""
-            cache = json.loads((study.start_dir / "heldout_start.json").read_text())
+            cache = json.loads((layout.start_dir / "heldout_start.json").read_text())
             counts = cache.get("tier_counts", {})
             rows_ = []
             for c in spec.claims:
@@ -540,7 +562,7 @@ def run_preflight(
                 h = c.heldout or spec.heldout[0].name
                 episodes = [
                     json.loads(line)
-                    for line in (study.start_dir / f"eval_{h}_episodes.jsonl").read_text().splitlines()
+                    for line in (layout.start_dir / f"eval_{h}_episodes.jsonl").read_text().splitlines()
                     if line.strip()
                 ]
                 values = per_question_values(episodes, c.metric, counts, strict_at=spec.tier_samples or 5)
@@ -552,26 +574,26 @@ def run_preflight(
 
             timing = record.setdefault("timing", {})
             for arm in arms:
-                here = "GPU" if config_device(study.run_config(arm, spec.seeds[0])).type == "cuda" else "CPU"
+                here = "GPU" if config_device(steps.run_config(arm, spec.seeds[0])).type == "cuda" else "CPU"
                 # a step timed on another kind of device (a preflight resumed on a GPU) is timed again here
                 if arm.name not in timing or step_unit([timing[arm.name]]) != here:
-                    study.log(f"[preflight] timing one step of {arm.name}")
-                    timing[arm.name] = _timed_step(study, arm)
+                    log(f"[preflight] timing one step of {arm.name}")
+                    timing[arm.name] = _timed_step(steps.run_config(arm, spec.seeds[0]))
                     save()
 
         warm = spec.start.warmup
-        policy_only = [a for a in spec.arms if study.arm_start(a).name == "sft-model"]
+        policy_only = [a for a in spec.arms if layout.arm_start(a).name == "sft-model"]
         if warm is None or warm.steps == 0:
             # the warm-up leaves the policy as it is: the power and the critic-free arms' steps are measured
             # before the warm-up is paid for
             start_cfg = study_config(spec.start.preset, [*spec.set, *spec.start.set, f"model.name={sft_dir}"])
-            study.heldout_record(sft_dir, start_cfg)
+            steps.heldout_record(sft_dir, start_cfg)
             record["power"] = power_rows()
             save()
             if time_steps:
                 time_arms(policy_only)
 
-        start = study.build_start()
+        start = steps.build_start()
         for pre in spec.preconditions:
             if pre.measure == "warmup_gate":
                 gate = start.get("warmup", {}).get("gate", {})
@@ -586,12 +608,12 @@ def run_preflight(
                     },
                 )
         record["preconditions"] = rows
-        cache = json.loads((study.start_dir / "heldout_start.json").read_text())
+        cache = json.loads((layout.start_dir / "heldout_start.json").read_text())
         power = power_rows()
         record["power"] = power
         save()
         for r in power:
-            study.log(
+            log(
                 f"[preflight] power: {r['claim']} ({r['metric']}, {r['heldout']}, n={r['questions']}, "
                 f"{r['seeds']} seeds): MDE {_num(r['mde'])} vs {r['effect_kind']} {_num(r['effect'])}"
                 + (" -> UNDERPOWERED" if r.get("underpowered") else "")
@@ -608,7 +630,7 @@ def run_preflight(
                 spec.steps,
                 eval_seconds,
                 spec.eval_every,
-                {a.name: study.critic_only_steps(a) for a in spec.arms},
+                {a.name: layout.critic_only_steps(a) for a in spec.arms},
             )
             needed = [r["seeds_needed"] for r in power if r.get("seeds_needed")]
             deciding = max(needed) if needed else None
@@ -628,7 +650,7 @@ def run_preflight(
                     r["claim"] for r in power if r.get("underpowered") and not r.get("seeds_needed")
                 ],
             }
-            study.log(
+            log(
                 f"[preflight] planned: {budget_hours(record['budget'])[1]:.1f} {unit} hours for the arms "
                 f"({len(spec.arms)} arms x {len(spec.seeds)} seeds x {spec.steps} steps; one held-out evaluation "
                 f"{eval_seconds:.0f} s)"
@@ -638,7 +660,7 @@ def run_preflight(
         record["complete"] = True
         save()
     if (reason := refusal(record)) is not None:
-        raise StudyError(f"{study.dir}: the arms do not start: {reason}; measured values in {path}")
+        raise StudyError(f"{layout.dir}: the arms do not start: {reason}; measured values in {path}")
     return record
 
 
@@ -651,6 +673,7 @@ def _load_average() -> list[float] | None:
         return None
 
 
-def read_record(study: Study) -> dict[str, Any]:
-    path = study.dir / "preflight" / RECORD
+def read_record(study_dir: Path) -> dict[str, Any]:
+    """The preflight's record of a study directory ({} before the preflight wrote one)."""
+    path = study_dir / "preflight" / RECORD
     return json.loads(path.read_text()) if path.is_file() else {}

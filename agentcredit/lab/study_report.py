@@ -31,7 +31,7 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import yaml
@@ -49,9 +49,8 @@ from agentcredit.eval.report import (
     plot_calibration,
 )
 from agentcredit.lab.power import seeds_needed, t975, t_quantile
-
-if TYPE_CHECKING:
-    from agentcredit.lab.study import Study
+from agentcredit.lab.preflight import budget_hours, per_question_values, read_record
+from agentcredit.lab.study_spec import StudyLayout
 
 
 def mean_interval(values: list[float], alpha: float = 0.05) -> tuple[float, float, float]:
@@ -109,7 +108,7 @@ def paired_sd(a: dict[int, float], b: dict[int, float]) -> float | None:
 def claim_differences_table(spec) -> tuple[list[str], list[list[str]]]:
     """Per claim: the config fields where its arm and baseline differ, split into the parts the claim is about and
     the differences it tolerates (which its verdict does not isolate). A study with any other difference does not
-    load (:func:`agentcredit.lab.study.claim_differences`)."""
+    load (:func:`agentcredit.lab.arms.claim_differences`)."""
     from agentcredit.lab.arms import claim_differences
 
     def shown(pairs: dict) -> str:
@@ -176,7 +175,7 @@ def _fmt_interval(iv: tuple[float, float, float] | None) -> str:
     return _fmt(mean) if low == high else f"{_fmt(mean)} [{_fmt(low)}, {_fmt(high)}]"
 
 
-def _finished(study: Study) -> dict[str, dict[int, dict[str, Any]]]:
+def _finished(study: StudyLayout) -> dict[str, dict[int, dict[str, Any]]]:
     """arm -> seed -> done.json of the finished runs."""
     out: dict[str, dict[int, dict[str, Any]]] = {}
     for arm, seed in study.runs():
@@ -186,7 +185,7 @@ def _finished(study: Study) -> dict[str, dict[int, dict[str, Any]]]:
     return out
 
 
-def metric_keys(study: Study) -> list[tuple[str, str]]:
+def metric_keys(study: StudyLayout) -> list[tuple[str, str]]:
     """(key, label) rows of the tables: the eval summary names of ``agentcredit eval`` / ``compare``."""
     keys = [
         ("accuracy", "accuracy"),
@@ -222,11 +221,9 @@ def _values(finished: dict[int, dict[str, Any]], heldout: str, key: str) -> list
 STRICT = "tier2_strict"  # Tier 2 by a strict rule: every no-tool sample of the start right (issue 32)
 
 
-def _strict_finals(study: Study, finished: dict[str, dict[int, dict[str, Any]]]) -> None:
+def _strict_finals(study: StudyLayout, finished: dict[str, dict[int, dict[str, Any]]]) -> None:
     """Add ``tier2_strict/<metric>`` to each finished run's final summaries, computed from its final held-out
     episodes and the start's per-question no-tool counts (the paper's rule is 1 of n; the strict one n of n)."""
-    from agentcredit.lab.preflight import per_question_values
-
     cache = study.start_dir / "heldout_start.json"
     counts = json.loads(cache.read_text()).get("tier_counts") if cache.is_file() else None
     if not counts:
@@ -246,10 +243,8 @@ def _strict_finals(study: Study, finished: dict[str, dict[int, dict[str, Any]]])
                         final[f"{STRICT}/{base}"] = float(np.mean(values))
 
 
-def _strict_start(study: Study, start: dict[str, Any]) -> None:
+def _strict_start(study: StudyLayout, start: dict[str, Any]) -> None:
     """The same for the start's held-out evaluation (step 0)."""
-    from agentcredit.lab.preflight import per_question_values
-
     cache = study.start_dir / "heldout_start.json"
     counts = json.loads(cache.read_text()).get("tier_counts") if cache.is_file() else None
     if not counts:
@@ -301,7 +296,12 @@ def _eval_series(run: RunData, key: str) -> dict[int, float]:
 
 
 def plot_curves_with_bands(
-    study: Study, runs: dict[str, list[RunData]], start: dict[str, Any], heldout: str, prefix: str, path: Path
+    study: StudyLayout,
+    runs: dict[str, list[RunData]],
+    start: dict[str, Any],
+    heldout: str,
+    prefix: str,
+    path: Path,
 ) -> Path:
     """Held-out metrics over training steps: per arm the mean over seeds and its 95% t band; step 0 = start."""
     plt = _figure()
@@ -375,7 +375,7 @@ def plot_training_metric(
 
 
 def preflight_sections(
-    study: Study, record: dict[str, Any], finished: dict[str, dict[int, dict[str, Any]]]
+    study: StudyLayout, record: dict[str, Any], finished: dict[str, dict[int, dict[str, Any]]]
 ) -> list[tuple[str, str, Any]]:
     """The pre-arm phase as measured (agentcredit.lab.preflight): the regime, the power, the budget."""
     spec = study.spec
@@ -474,8 +474,6 @@ def preflight_sections(
     budget = record.get("budget")
     timing = record.get("timing", {})
     if budget:
-        from agentcredit.lab.preflight import budget_hours
-
         spent = {arm: sum(r.get("seconds", 0.0) for r in seeds.values()) for arm, seeds in finished.items()}
         plan = budget["planned_seconds"]
         unit, planned, to_decide = budget_hours(budget)
@@ -532,7 +530,7 @@ def plot_training_reward(runs: dict[str, list[RunData]], path: Path) -> Path:
 
 
 # ------------------------------------------------------------------------------------------------ report
-def write_study_report(study: Study, out_dir: str | Path) -> dict[str, Path]:
+def write_study_report(study: StudyLayout, out_dir: str | Path) -> dict[str, Path]:
     """``report.md`` (+ ``plots/``) and a self-contained ``report.html`` from the finished runs so far."""
     out_dir = Path(out_dir)
     plots = out_dir / "plots"
@@ -548,9 +546,7 @@ def write_study_report(study: Study, out_dir: str | Path) -> dict[str, Path]:
     _strict_finals(study, finished)
     if start:
         _strict_start(study, start)
-    from agentcredit.lab.preflight import read_record
-
-    preflight = read_record(study)
+    preflight = read_record(study.dir)
     unmet = [p for p in preflight.get("preconditions", []) if p.get("met") is False]
     weak = {r["claim"]: r for r in preflight.get("power", []) if r.get("underpowered")}
     sections: list[tuple[str, str, Any]] = []  # (title, kind, payload): kind in text / table / image

@@ -245,25 +245,13 @@ def test_the_precondition_never_measures_a_question_sft_saw(monkeypatch):
 def test_the_portool_regime_study_measures_questions_outside_its_sft():
     """The real study: its precondition's questions and its start's SFT demonstrations do not meet."""
     from agentcredit.lab.arms import study_config
-    from agentcredit.lab.preflight import _training_examples
+    from agentcredit.lab.preflight import _training_examples, sft_questions
 
     spec = load_study("studies/kb-jsoncall-portool-regime.yaml")
-    study = SimpleStudy(spec)
     pre = spec.preconditions[0]
     arm = next(a for a in spec.arms if a.name == pre.arm)
     cfg = study_config(arm.preset, [*spec.set, *arm.set], arm.name)
-    sft = study.sft_questions()
+    sft = sft_questions(spec)
     assert len(sft) == spec.start.sft.examples
     measured = _training_examples(cfg, pre.questions, sft)
     assert len(measured) == pre.questions and not {e.question for e in measured} & sft
-
-
-class SimpleStudy:
-    """Just the part of :class:`~agentcredit.lab.study.Study` that names the SFT's questions."""
-
-    def __init__(self, spec):
-        self.spec = spec
-
-    from agentcredit.lab.study import Study
-
-    sft_questions = Study.sft_questions
