@@ -134,7 +134,7 @@ def train(
 ) -> None:
     """Train a method (rollout -> credit assignment -> PPO update), then evaluate on the eval split."""
     from agentcredit.config import ConfigError
-    from agentcredit.experiment.run import config_for_resume, run_train
+    from agentcredit.run import config_for_resume, run_train
 
     set_ = [
         *(set_ or []),
@@ -164,7 +164,7 @@ def sft(
     ] = 0,
 ) -> None:
     """Supervised fine-tuning on demonstrations in the preset's protocol format."""
-    from agentcredit.experiment.run import run_sft
+    from agentcredit.run import run_sft
 
     try:
         run_sft(
@@ -199,7 +199,7 @@ def warmup(
     pairs: Annotated[int, typer.Option(min=4, help="(state, R) pairs per joint step (paper: 256).")] = 64,
 ) -> None:
     """carl-segment critic warm-up: tier labels, forced/no-tool buckets, critic training and the gate."""
-    from agentcredit.experiment.run import run_warmup
+    from agentcredit.run import run_warmup
     from agentcredit.train.warmup import WarmupSettings
 
     cfg = _config(config, set_)
@@ -275,15 +275,15 @@ def study(
     ] = False,
 ) -> None:
     """Compare methods from one shared start over seeds on fixed held-out sets; ends in a report with verdicts."""
-    from agentcredit.experiment.study import Study, StudyError, load_study
-    from agentcredit.experiment.study_report import write_study_report
+    from agentcredit.lab.study import Study, StudyError, load_study
+    from agentcredit.lab.study_report import write_study_report
 
     try:
         spec = load_study(config)
         study_dir = out or Path("runs") / f"study-{spec.name}"
         runner = Study(spec, study_dir, source=str(config))
         if report_only:
-            paths = write_study_report(runner, study_dir / "report")
+            paths = write_study_report(runner.layout, study_dir / "report")
             typer.echo(f"report: {paths['markdown']}")
         else:
             if from_published is not None:
@@ -316,7 +316,7 @@ def demo(
     set_: SetOpt = None,
 ) -> None:
     """The main job on the embedded model: SFT, critic warm-up, evaluate, carl-segment, evaluate, the table."""
-    from agentcredit.experiment.run import run_demo
+    from agentcredit.run import run_demo
 
     try:
         run_demo(
@@ -429,7 +429,7 @@ def probe_cmd(
 ) -> None:
     """A method's mechanism probe, pre-registered in a study file: does its signal do what its paper says?"""
     from agentcredit.config import ConfigError
-    from agentcredit.experiment.mechanism import format_summary, load_spec, run_probe
+    from agentcredit.lab.mechanism import format_summary, load_spec, run_probe
 
     if part not in ("pilot", "main"):
         _fail(ValueError(f"--part must be pilot or main, got {part!r}"))
@@ -461,7 +461,7 @@ def probe_credit_cmd(
     import json
 
     from agentcredit.config import ConfigError
-    from agentcredit.experiment.probe import PROBE_ESTIMATORS, format_probe, probe_credit
+    from agentcredit.lab.probe import PROBE_ESTIMATORS, format_probe, probe_credit
 
     cfg = _config(config, set_)
     try:
@@ -498,8 +498,8 @@ def bench_train_cmd(
     """Seconds per training step and per phase for each method, and each one's ratio to GRPO (same run)."""
     import json
 
-    from agentcredit.bench.train import bench_train, format_bench_table
     from agentcredit.config import ConfigError
+    from agentcredit.lab.bench.train import bench_train, format_bench_table
 
     try:
         result = bench_train(
@@ -581,14 +581,14 @@ def bench_rollout_cmd(
     """Tokens/s of the batched engine vs a naive generate loop, and prefix reuse in tree rollouts."""
     import json
 
-    from agentcredit.bench.rollout import (
+    from agentcredit.config import ConfigError
+    from agentcredit.lab.bench.rollout import (
         BenchSettings,
         bench_compare,
         bench_rollout,
         format_compare,
         format_result,
     )
-    from agentcredit.config import ConfigError
 
     settings = BenchSettings(
         prompts=prompts,

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
-from agentcredit.bench.flops import matmul_flops, phase_fractions
-from agentcredit.bench.train import bench_train
+from agentcredit.lab.bench.flops import matmul_flops, phase_fractions
+from agentcredit.lab.bench.train import bench_train
 
 
 def main() -> None:

@@ -5,7 +5,7 @@
 
 The script form of ``agentcredit bench train`` (same options: ``--help``): the seven presets on arith-tools, the
 same prompts, episodes (leaves) per prompt and token caps, the same base weights, one process; GRPO is measured
-first and last as the reference. See :mod:`agentcredit.bench.train` for what is held equal and what stays per
+first and last as the reference. See :mod:`agentcredit.lab.bench.train` for what is held equal and what stays per
 method. The machine's load average is recorded at the start and the end: quote it with the numbers.
 """
 

@@ -38,9 +38,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agentcredit.bench.train import bench_train, load_average
 from agentcredit.config import load_config
 from agentcredit.environment import build_environment
+from agentcredit.lab.bench.train import bench_train, load_average
 from agentcredit.rewards import outcome_reward
 from agentcredit.tasks import load_examples
 from agentcredit.tasks.scoring import extract_boxed
@@ -229,7 +229,7 @@ def agentcredit_generation(
 def agentcredit_grpo(
     steps: int, prompts: int, completions: int, *, model_name: str = "embedded"
 ) -> dict[str, Any]:
-    """Time ``steps`` agentcredit GRPO steps (:func:`agentcredit.bench.train.bench_train`), the same numbers."""
+    """Time ``steps`` agentcredit GRPO steps (:func:`agentcredit.lab.bench.train.bench_train`), the same numbers."""
     e = bench_train(
         ["grpo"], steps=steps, prompts=prompts, episodes=completions, model=model_name, log=lambda _m: None
     )

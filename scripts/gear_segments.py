@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 
 from agentcredit.credit.gear import gear_details
-from agentcredit.experiment.mechanism import load_spec
-from agentcredit.experiment.mechanism.gear import _student, open_context, questions
+from agentcredit.lab.mechanism import load_spec
+from agentcredit.lab.mechanism.gear import _student, open_context, questions
 
 VARIANTS = {  # name: (break_at_observation, turn_head_tokens)
     "paper's scan": (False, 0),

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import yaml
 
-from agentcredit.experiment.common import _weights_digest
-from agentcredit.experiment.preflight import holds, measure_policy
-from agentcredit.experiment.study import Study, load_study
+from agentcredit.lab.common import _weights_digest
+from agentcredit.lab.preflight import holds, measure_policy
+from agentcredit.lab.study_spec import load_study
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,9 +69,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {args.study}: no policy precondition named {args.precondition!r}", file=sys.stderr)
             return 2
         pre = chosen[0]
-        study = Study(spec, Path(tmp) / "out", source=str(config), log=print)
         load_before, began = os.getloadavg(), time.perf_counter()
-        measured = measure_policy(study, pre, args.model)
+        measured = measure_policy(spec, pre, args.model)
         record = {
             "study": str(args.study),
             "model": str(args.model.resolve()) if args.model.is_dir() else str(args.model),

@@ -62,7 +62,7 @@ class BackendStats:
     decode_tokens: int = 0
     decode_seconds: float = 0.0
     rows_copied: int = 0
-    # what the forwards computed, for a FLOP count (agentcredit.bench.flops.rollout_flops): rows whose logits
+    # what the forwards computed, for a FLOP count (agentcredit.lab.bench.flops.rollout_flops): rows whose logits
     # were computed (one per row per forward: ``logits_to_keep=1``), query-key pairs the attention computed
     # (every fed position, padding included, against the step's whole width: the mask hides, it does not skip)
     # and those a real token needs (its own context length)

@@ -64,7 +64,7 @@ GATE = {
 }  # (gate, target)
 # the gate's held-out questions, at least (issue 31's sizing: 300 warm-up questions x 20%); fewer are flagged
 MIN_GATE_QUESTIONS = 60
-SUMMARY = "warmup_summary.json"  # written beside the warmed-up model by experiment.run.run_warmup
+SUMMARY = "warmup_summary.json"  # written beside the warmed-up model by agentcredit.run.run_warmup
 
 
 class WarmupGateFailed(ValueError):

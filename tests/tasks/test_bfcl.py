@@ -94,7 +94,7 @@ def test_summary_tables_carry_the_leaderboard_and_checker_version_for_eval_and_t
     tables = bfcl.summary_tables("bfcl:irrelevance", {"irrelevance/accuracy": 1.0})
     assert tables["leaderboard"] == {"Non-Live Irrelevance Detection (irrelevance)": 1.0}
     assert tables["bfcl_eval_version"] == bfcl.bfcl_eval().version
-    for module in ("eval/runner.py", "experiment/run.py"):
+    for module in ("eval/runner.py", "run.py"):
         source = (Path(bfcl.__file__).parents[1] / module).read_text(encoding="utf-8")
         assert "summary_tables(" in source, module
 
@@ -296,7 +296,7 @@ def _write(path, data):
 
 
 def test_a_study_names_a_bfcl_category_as_a_held_out_set_and_old_fingerprints_stay(tmp_path):
-    from agentcredit.experiment.study import HeldoutSpec, StudyError, load_study
+    from agentcredit.lab.study import HeldoutSpec, StudyError, load_study
 
     spec = load_study(_write(tmp_path / "s.yaml", _bfcl_study([{"name": "irr", "task": "bfcl:irrelevance"}])))
     assert spec.heldout[0].task == "bfcl:irrelevance"
@@ -315,7 +315,7 @@ def test_a_study_names_a_bfcl_category_as_a_held_out_set_and_old_fingerprints_st
 
 @needs_bfcl
 def test_a_studys_bfcl_held_out_set_is_written_from_bfcl_eval(tmp_path):
-    from agentcredit.experiment.study import Study, load_study
+    from agentcredit.lab.study import Study, load_study
 
     heldout = [
         {"name": "irr", "task": "bfcl:irrelevance", "limit": 3, "seed": 2},

@@ -184,7 +184,7 @@ def test_a_study_with_an_easier_training_mix_keeps_its_fixed_held_out_sets(tmp_p
 
     import yaml
 
-    from agentcredit.experiment.study import Study, load_study
+    from agentcredit.lab.study import Study, load_study
 
     root = Path(__file__).resolve().parents[2]
     data = yaml.safe_load((root / "studies" / "kb-jsoncall-portool-regime.yaml").read_text())
@@ -209,8 +209,8 @@ def test_a_study_checks_every_arms_training_questions_before_paying_for_its_star
 
     import yaml
 
-    from agentcredit.experiment.common import StudyError
-    from agentcredit.experiment.study import Study, load_study
+    from agentcredit.lab.common import StudyError
+    from agentcredit.lab.study import Study, load_study
 
     root = Path(__file__).resolve().parents[2]
     source = root / "studies" / "kb-jsoncall-portool-regime.yaml"

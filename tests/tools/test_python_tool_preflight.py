@@ -34,7 +34,7 @@ def _preflight_message() -> str:
 
 
 def test_bench_rollout_runs_the_preflight(broken_sandbox):
-    from agentcredit.bench.rollout import build_task
+    from agentcredit.lab.bench.rollout import build_task
 
     expected = _preflight_message()
     with pytest.raises(ToolUnavailableError) as caught:
@@ -67,9 +67,9 @@ def test_both_call_the_shared_preflight(monkeypatch):
     monkeypatch.setattr(
         agentcredit.tools.sandbox, "check_available", lambda isolation="bwrap": calls.append(isolation)
     )
-    from agentcredit.bench.rollout import build_task
     from agentcredit.integrations.verl.settings import ToolSettings
     from agentcredit.integrations.verl.tools import build_runtime
+    from agentcredit.lab.bench.rollout import build_task
 
     build_task("arith-tools", 1)[1].close()
     build_runtime(ToolSettings(python=True)).close()

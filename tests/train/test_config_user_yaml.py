@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from agentcredit.config import ConfigError, load_config
-from agentcredit.experiment.study import StudyError, load_study
+from agentcredit.lab.study import StudyError, load_study
 
 
 def test_base_names_a_packaged_method_preset(tmp_path: Path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 
-from agentcredit.experiment.run import DEMO_FAILED_GATE, DEMO_ROWS, run_demo
+from agentcredit.run import DEMO_FAILED_GATE, DEMO_ROWS, run_demo
 
 
 def test_demo_runs_every_stage_and_writes_its_report(tmp_path):

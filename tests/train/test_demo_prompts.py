@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from agentcredit.config import load_config
-from agentcredit.experiment.study import SftSpec
+from agentcredit.lab.study import SftSpec
 from agentcredit.tasks import arith
 from agentcredit.train.demos import PROMPT_TOOL_SHARE, demo_prompt
 
@@ -69,8 +69,8 @@ def test_sft_spec_checks_prompts_and_keeps_old_fingerprints():
 
 
 def test_sft_replays_each_demonstration_under_its_prompt(tmp_path):
-    from agentcredit.experiment.run import _prompted_demonstrations
     from agentcredit.models.loading import load_base_model
+    from agentcredit.run import _prompted_demonstrations
 
     cfg = load_config(
         "carl-segment-arith-tools",
@@ -93,8 +93,8 @@ def test_sft_replays_each_demonstration_under_its_prompt(tmp_path):
 
 
 def test_the_study_start_passes_its_prompts_and_a_seed_the_preconditions_do_not_use(tmp_path, monkeypatch):
-    import agentcredit.experiment.run as run
-    from agentcredit.experiment.study import Study, load_study
+    import agentcredit.run as run
+    from agentcredit.lab.study import Study, load_study
 
     seen = {}
 
@@ -110,7 +110,7 @@ def test_the_study_start_passes_its_prompts_and_a_seed_the_preconditions_do_not_
 
 
 def test_a_bad_prompt_mix_in_a_study_file_is_one_line_naming_the_field(tmp_path):
-    from agentcredit.experiment.study import StudyError, load_study
+    from agentcredit.lab.study import StudyError, load_study
 
     text = open("studies/arith-tool-can-hurt.yaml").read()
     bad = tmp_path / "bad.yaml"

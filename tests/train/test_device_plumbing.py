@@ -139,7 +139,7 @@ def test_the_spy_catches_a_tensor_made_without_a_device():
 
 
 # ----------------------------------------------------------------------------------------------- source
-NATIVE_PATH = ["models", "rollout", "train", "eval", "experiment", "bench", "environment.py"]
+NATIVE_PATH = ["models", "rollout", "train", "eval", "run.py", "lab", "environment.py"]
 
 #: ``(file, what)`` allowed to name the CPU, with the reason.
 CPU_ALLOWED = {

@@ -8,7 +8,7 @@ from train_helpers import SMALL
 
 from agentcredit.config import load_config
 from agentcredit.eval.evaluate import SUMMARY_FIELDS, summary_metrics
-from agentcredit.experiment.run import run_train
+from agentcredit.run import run_train
 
 
 def test_eval_every_logs_held_out_metrics_at_those_steps(tmp_path):

@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 
 from agentcredit.cli import app
 from agentcredit.config import dump_config, load_config
-from agentcredit.experiment.locks import claim
-from agentcredit.experiment.run import RunDirError, config_for_resume, run_train
+from agentcredit.locks import claim
+from agentcredit.run import RunDirError, config_for_resume, run_train
 from agentcredit.train import trainer as trainer_module
 from agentcredit.train.logging import MetricsLogger
 

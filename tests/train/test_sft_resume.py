@@ -92,7 +92,7 @@ def test_no_checkpoint_is_written_without_a_directory(setup, tmp_path, monkeypat
 
 
 def test_run_sft_resumes_beside_the_model_and_removes_its_checkpoint(tmp_path, monkeypatch):
-    from agentcredit.experiment import run
+    from agentcredit import run
     from agentcredit.train import sft as sft_module
 
     config = load_config("grpo-arith-tools", SMALL)

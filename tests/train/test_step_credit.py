@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from agentcredit.config import load_config
-from agentcredit.experiment.probe import call_minus_answer
+from agentcredit.lab.probe import call_minus_answer
 from agentcredit.rollout.tree import RolloutTree, Segment
 from agentcredit.tasks import Example
 from agentcredit.train.advantages import compute_advantages
@@ -143,7 +143,7 @@ def test_portool_credits_the_searching_branch_over_the_answer_when_all_fail():
 def test_probe_credit_runs_every_estimator_on_the_same_rollouts(fitted_jsoncall):
     from train_helpers import EXAMPLES, SMALL
 
-    from agentcredit.experiment.probe import PROBE_ESTIMATORS, format_probe, probe_credit
+    from agentcredit.lab.probe import PROBE_ESTIMATORS, format_probe, probe_credit
     from agentcredit.train.rng import PromptSampler
 
     model, tokenizer = fitted_jsoncall
@@ -189,7 +189,7 @@ def test_probe_credit_runs_every_estimator_on_the_same_rollouts(fitted_jsoncall)
 
 
 def test_probe_credit_names_an_estimator_it_cannot_run():
-    from agentcredit.experiment.probe import probe_credit
+    from agentcredit.lab.probe import probe_credit
 
     with pytest.raises(ValueError, match="'gae'.*choose from"):
         probe_credit(load_config("grpo-arith-tools"), prompts=1, estimators=["gae"])

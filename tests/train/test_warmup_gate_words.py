@@ -88,7 +88,7 @@ def test_the_default_warmup_holds_out_the_gates_sample():
 
     from agentcredit.cli import warmup as cli_warmup
 
-    # the command's default is None: run_warmup sizes it (agentcredit.experiment.run)
+    # the command's default is None: run_warmup sizes it (agentcredit.run)
     assert inspect.signature(cli_warmup).parameters["questions"].default is None
 
 

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from agentcredit.cli import app
 from agentcredit.config import load_config
-from agentcredit.experiment.study import SftSpec, StudyError, load_study
+from agentcredit.lab.study import SftSpec, StudyError, load_study
 from agentcredit.tasks import Example, arith
 from agentcredit.train.demos import codefence_policy, direct_answer, scripted_policy, worked_steps
 
@@ -205,8 +205,8 @@ def test_a_bad_direct_answers_in_a_study_file_is_one_line_and_exit_2(tmp_path):
 
 
 def test_the_study_start_passes_worked_direct_answers_to_sft(tmp_path, monkeypatch):
-    import agentcredit.experiment.run as run
-    from agentcredit.experiment.study import Study
+    import agentcredit.run as run
+    from agentcredit.lab.study import Study
 
     seen: dict = {}
     monkeypatch.setattr(run, "run_sft", lambda cfg, out_dir, **kw: seen.update(kw))
@@ -221,8 +221,8 @@ def test_the_study_start_passes_worked_direct_answers_to_sft(tmp_path, monkeypat
 
 def test_worked_demonstrations_replay_and_score_as_correct():
     """Played through the real protocol and scorer: every worked no-tool demonstration is kept (reward 1)."""
-    from agentcredit.experiment.run import _prompted_demonstrations
     from agentcredit.models.loading import load_base_model
+    from agentcredit.run import _prompted_demonstrations
 
     cfg = load_config(
         "carl-segment-arith-tools",
