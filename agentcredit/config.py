@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from agentcredit.credit.methods import BUILT_IN, METHODS, Method, Settings, resolve_method
 from agentcredit.credit.methods.portool import PortoolSettings
 from agentcredit.models.device import DEVICE_PATTERN
+from agentcredit.plugins import import_user_modules, load_entry_points
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"  # also reachable as ./configs in the repo
 
@@ -570,6 +571,13 @@ class TrainConfig(Section):
 
 
 class Config(Section):
+    imports: list[str] = Field(
+        default_factory=list,
+        description="Your own modules, imported before the rest of the config is read, so the methods, signals, "
+        "providers and tools they register can be named here: importable module names (my_pkg.my_method) or paths "
+        "of .py files (relative to the working directory). Entry points of the group agentcredit.plugins are "
+        "imported too (agentcredit.plugins).",
+    )
     model: ModelConfig = Field(default_factory=ModelConfig)
     task: TaskConfig = Field(default_factory=TaskConfig)
     protocol: ProtocolConfig = Field(default_factory=ProtocolConfig)
@@ -584,6 +592,15 @@ class Config(Section):
     def _old_keys(cls, data: Any) -> Any:
         if isinstance(data, dict) and "method" in data:
             raise ValueError(f"unknown key 'method'{old_key_hint('method')}")
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _user_modules(cls, data: Any) -> Any:
+        # before the sections are read: algorithm.method may name a method a user module registers
+        load_entry_points()
+        if isinstance(data, dict) and data.get("imports") is not None:
+            import_user_modules(data["imports"], where="imports")
         return data
 
     @property

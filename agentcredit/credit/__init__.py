@@ -39,12 +39,14 @@ from agentcredit.credit.loss import (
 )
 from agentcredit.credit.methods import (
     METHODS,
+    SIGNALS,
     Method,
     Needs,
     Settings,
     compose,
     get_method,
     register_method,
+    register_signal,
     resolve_method,
 )
 from agentcredit.credit.methods.gear import gear_reweight, gear_reweight_stats
@@ -116,4 +118,7 @@ __all__ = [
     "get_method",
     "resolve_method",
     "register_method",
+    # the signals a method's Needs may name, and how to add one
+    "SIGNALS",
+    "register_signal",
 ]

@@ -146,6 +146,7 @@ def episode_batch(
         "teacher_logp": signals.teacher_logp,
         "entropy": signals.entropy,
         "alpha": signals.alpha,
+        **signals.extra,  # signals registered outside the package, by name, as their providers computed them
     }
     if "potentials" in needs.signals:
         for j, ep in enumerate(episodes):

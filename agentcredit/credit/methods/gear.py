@@ -16,7 +16,7 @@ from torch import Tensor
 
 from agentcredit.credit.estimators import EpisodeBatch, Estimate
 from agentcredit.credit.gear import TURN_HEAD_TOKENS, gear_details
-from agentcredit.credit.methods.base import Method, Needs, Settings
+from agentcredit.credit.methods.base import Method, Needs, Settings, register_signal
 
 
 class GearSettings(Settings):
@@ -199,6 +199,11 @@ def reweight(batch: EpisodeBatch, estimate: Estimate, settings: GearSettings) ->
     estimate.stats.update(stats)
     return estimate
 
+
+TEACHER_LOGP = register_signal(
+    "teacher_logp",
+    "the ground-truth-conditioned teacher's log-probs of the student's own tokens, [N, L] (gear.md §2.2)",
+)
 
 METHOD = Method(
     name="gear",

@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import Field
 
 from agentcredit.credit.estimators import EpisodeBatch, outcome_part
-from agentcredit.credit.methods.base import Method, Needs, Settings
+from agentcredit.credit.methods.base import Method, Needs, Settings, register_signal
 from agentcredit.credit.tips import tips_turn_rewards
 
 
@@ -117,6 +117,11 @@ def shape(batch: EpisodeBatch, settings: TipsSettings) -> list[list[float]]:
         terminal_potential=settings.terminal_potential,
     )
 
+
+POTENTIALS = register_signal(
+    "potentials", "per episode, the teacher's potentials Phi(S_0), ..., Phi(S_M) at each tool turn's state"
+)
+ALPHA = register_signal("alpha", "the shaping scale alpha of the batch (one float)")
 
 METHOD = Method(
     name="tips",

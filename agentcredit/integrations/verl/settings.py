@@ -29,6 +29,7 @@ from agentcredit.config import (
     registered_sections,
 )
 from agentcredit.credit.methods import Needs, Settings, carl_segment, gear, get_method, portool, ppo, tips
+from agentcredit.plugins import import_user_modules, load_entry_points
 
 __all__ = ["AgentCreditSettings", "NEEDS_RESOLVER", "load_settings", "register_needs_resolver", "verl_keys"]
 
@@ -161,9 +162,15 @@ class _AgentCreditBlock(UserRewardConfig):
 
     model_config = ConfigDict(extra="allow")
 
+    imports: list[str] = Field(
+        default_factory=list,
+        description="your own modules, imported (in every process that reads this block) before the method is "
+        "read: importable module names or paths of .py files, as the native config's top-level imports "
+        "(agentcredit.plugins); entry points of the group agentcredit.plugins are imported too.",
+    )
     method: str = Field(
         description="which credit method the trainer runs: a name of agentcredit.credit.METHODS (the eight, or "
-        "one registered with agentcredit.credit.register_method)."
+        "one registered with agentcredit.credit.register_method, from a module of agentcredit.imports)."
     )
     protocol: str = Field(
         "tags", description="agentcredit protocol: tags (Search-R1), codefence (CARL), jsoncall, chat."
@@ -185,6 +192,14 @@ class _AgentCreditBlock(UserRewardConfig):
         "(verl's rollout.n sessions), or portool / entropy_guided grown by one agent-loop session with one output per "
         "leaf; then actor_rollout_ref.rollout.n must equal its leaves (n, or n0 + n).",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _user_modules(cls, data: Any) -> Any:
+        load_entry_points()  # before `method` is read: it may name a method a user module registers
+        if isinstance(data, Mapping) and data.get("imports") is not None:
+            import_user_modules(data["imports"], where="imports")
+        return data
 
     @field_validator("method")
     @classmethod
@@ -300,6 +315,10 @@ def load_settings(config: Any, *, where: str = "agentcredit") -> AgentCreditSett
     except ValidationError as err:
         problems = []
         for e in err.errors():
+            text = str(e["msg"]).removeprefix("Value error, ")
+            if not e["loc"] and text.startswith("imports"):  # a user module: the message names the entry
+                problems.append(f"{where}.{text}")
+                continue
             key = ".".join([where, *(str(p) for p in e["loc"])])
             problems.append(f"{key}: {e['msg']}")
         raise ValueError("invalid agentcredit config:\n  " + "\n  ".join(problems)) from None
