@@ -3,8 +3,9 @@
 registry (``credit/methods/__init__.py`` and ``base.py``).
 
 "Names it in code" reads the module's syntax tree, not its text: an identifier (``tips_stats``, ``TipsSettings``,
-``carl_segment``), an imported module path, or a string constant that is not a docstring (``"carl-segment"``),
-split into words, holds the method's words in a row. Comments and docstrings are prose and do not count.
+``carl_segment``), an imported module path, or a string constant (``"carl-segment"``), split into words, holds the
+method's words in a row. Comments, docstrings and descriptions (``Field(description=...)``, a command's ``help``:
+they cite the paper a default comes from) are prose and do not count.
 
 The goal is no file outside the home; until the other parts of issue 53 land (the lab's move out of the package,
 verl's episode code) the test records the counts as a ratchet: a method may only lose files, never gain one, and
@@ -29,14 +30,14 @@ BUILT_IN = ("grpo", "ppo", "gigpo", "carl-segment", "carl-critical", "portool", 
 
 #: files outside its home that name each method today (the ratchet: counts only ever go down)
 RATCHET = {
-    "grpo": 14,
-    "ppo": 8,
+    "grpo": 12,
+    "ppo": 6,
     "gigpo": 1,
-    "carl-segment": 14,
-    "carl-critical": 5,
-    "portool": 16,
-    "tips": 21,
-    "gear": 16,
+    "carl-segment": 12,
+    "carl-critical": 4,
+    "portool": 13,
+    "tips": 18,
+    "gear": 14,
 }
 
 _CAMEL = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+")
@@ -57,10 +58,18 @@ def _docstrings(tree: ast.AST) -> set[int]:
     return ids
 
 
+#: keyword arguments whose strings are documentation (a setting's or a command option's description, which cites
+#: the paper a default comes from: "carl-segment §2.4"), not code
+PROSE_KEYWORDS = {"description", "help"}
+
+
 def code_terms(source: str) -> list[str]:
-    """The identifiers, module paths and non-docstring string constants of a module."""
+    """The identifiers, module paths and string constants of a module, docstrings and descriptions left out."""
     tree = ast.parse(source)
     skip = _docstrings(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.keyword) and node.arg in PROSE_KEYWORDS:
+            skip |= {id(n) for n in ast.walk(node.value) if isinstance(n, ast.Constant)}
     out: list[str] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Name):
@@ -136,6 +145,7 @@ x = {"algorithm.method": "carl-critical"}
 def f(settings):
     """ppo here neither."""
     return settings.grpo_scale
+y = Field(0.1, description="gigpo in a description neither")
 '''
     terms = code_terms(source)
     assert {m for m in BUILT_IN if names_method(terms, m)} == {"portool", "carl-critical", "grpo"}

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agentcredit.credit.portool import portool_advantage_terms
+from agentcredit.credit import portool_advantage_terms
 from agentcredit.experiment.mechanism import load_spec
 from agentcredit.experiment.mechanism.core import planned_questions
 from agentcredit.experiment.mechanism.portool import fork_statistics, questions, summarise

@@ -179,6 +179,10 @@ class Method:
     report_settings: tuple[str, ...] = ()
     #: the saved settings section (a dict) -> a label when those settings make the run not the paper's method
     variant: Callable[[dict[str, Any]], str | None] | None = None
+    #: (trainer, class) pairs: the settings class a trainer's block reads for this method where that trainer has
+    #: fields of its own ("native": the agentcredit trainer, "verl": verl's agentcredit block), a subclass of
+    #: ``settings``; a trainer not named reads ``settings``
+    trainer_settings: tuple[tuple[str, type[Settings]], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.composed_of:
@@ -192,6 +196,15 @@ class Method:
                 raise ValueError(f"method {self.name!r} must either estimate or modify (shape / reweight)")
             if self.modifier is not None and (self.shape is None) == (self.reweight is None):
                 raise ValueError(f"modifier {self.name!r} must set exactly one of shape and reweight")
+            for trainer, cls in self.trainer_settings:
+                if not issubclass(cls, self.settings):
+                    raise ValueError(
+                        f"method {self.name!r}: the {trainer} settings {cls.__name__} must extend {self.settings.__name__}"
+                    )
+
+    def settings_class(self, trainer: str) -> type[Settings]:
+        """The settings class ``trainer``'s config block reads (``settings``, or its extension for that trainer)."""
+        return dict(self.trainer_settings).get(trainer, self.settings)
 
     @property
     def section(self) -> str:

@@ -205,9 +205,25 @@ TEACHER_LOGP = register_signal(
     "the ground-truth-conditioned teacher's log-probs of the student's own tokens, [N, L] (gear.md §2.2)",
 )
 
+
+class GearVerlSettings(GearSettings):
+    """verl's ``agentcredit.gear``: the native ``algorithm.gear`` section (GEAR's settings and teacher template,
+    ``reference: trajectory``, the paper's tau*, by default, built on the worker as on the native trainer), plus
+    where verl reads the student's log-probs."""
+
+    student_logprobs: Literal["rollout", "old"] = Field(
+        "rollout",
+        description=(
+            "student log-probs: 'rollout' (the inference engine, the same engine that scores the teacher, so the "
+            "rKL has no precision mismatch; needs rollout.calculate_log_probs=True) or 'old' (training engine)."
+        ),
+    )
+
+
 METHOD = Method(
     name="gear",
     settings=GearSettings,
+    trainer_settings=(("verl", GearVerlSettings),),
     # loss: paper Eq. 1 / 6 (seed lines 66, 315), 1/|tau| per trajectory (gear.md A12)
     needs=Needs(
         signals=frozenset({"teacher_logp", "student_logp", "entropy"}), loss_agg="seq-mean-token-mean"
