@@ -36,7 +36,7 @@ RATCHET = {
     "carl-segment": 12,
     "carl-critical": 4,
     "portool": 13,
-    "tips": 18,
+    "tips": 17,
     "gear": 14,
 }
 

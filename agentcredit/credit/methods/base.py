@@ -179,6 +179,9 @@ class Method:
     report_settings: tuple[str, ...] = ()
     #: the saved settings section (a dict) -> a label when those settings make the run not the paper's method
     variant: Callable[[dict[str, Any]], str | None] | None = None
+    #: the layout (after the estimate) -> statistics of the method's signals the native trainer logs each step
+    #: (TIPS: the scale of its potentials); None for none
+    stats: Callable[[EpisodeBatch], dict[str, float]] | None = None
     #: (trainer, class) pairs: the settings class a trainer's block reads for this method where that trainer has
     #: fields of its own ("native": the agentcredit trainer, "verl": verl's agentcredit block), a subclass of
     #: ``settings``; a trainer not named reads ``settings``

@@ -319,6 +319,35 @@ def shape(batch: EpisodeBatch, settings: TipsSettings) -> list[list[float]]:
     )
 
 
+def tips_stats(potentials: list[list[float]], alpha: float) -> dict[str, float]:
+    """The scale of a batch's TIPS potentials, logged every step (tips.md §9.1 logging, a subset).
+
+    ``potentials[j]`` is ``[Phi(S_0), ..., Phi(S_M)]`` of trajectory j. Summed answer log-probs are tens of nats
+    on a small model, so these show whether the shaping (alpha |dPhi|, the paper's target ~0.2) or the terminal
+    correction (-alpha Phi(S_M), added to the outcome reward of the final turn) dominates the outcome reward.
+    ``mean_abs_dphi`` is over every tool turn (0.0 with ``dphi_count`` 0 when no episode called a tool).
+    """
+    phi_0 = [p[0] for p in potentials]
+    phi_last = [p[-1] for p in potentials]
+    deltas = [abs(p[k] - p[k - 1]) for p in potentials for k in range(1, len(p))]
+    mean_abs = math.fsum(deltas) / len(deltas) if deltas else 0.0
+    n = max(len(potentials), 1)
+    return {
+        "tips/phi_0": math.fsum(phi_0) / n,
+        "tips/phi_last": math.fsum(phi_last) / n,
+        "tips/mean_abs_dphi": mean_abs,
+        "tips/dphi_count": float(len(deltas)),
+        "tips/mean_abs_shaping": alpha * mean_abs,
+        "tips/terminal_correction": -alpha * math.fsum(phi_last) / n,
+    }
+
+
+def stats(batch: EpisodeBatch) -> dict[str, float]:
+    """:func:`tips_stats` of the batch's potentials and alpha (the native trainer logs them every step)."""
+    potentials = [list(p) for p in batch.per_episode("potentials", "tips")]
+    return tips_stats(potentials, batch.signal("alpha", "tips"))
+
+
 POTENTIALS = register_signal(
     "potentials", "per episode, the teacher's potentials Phi(S_0), ..., Phi(S_M) at each tool turn's state"
 )
@@ -359,6 +388,7 @@ METHOD = Method(
     ),
     source="TIPS Eqs. 17-20, Table 10",
     shape=shape,
+    stats=stats,
     modifier="shaping",
     base="ppo",
     report_settings=("algorithm.tips.potential_scope",),
