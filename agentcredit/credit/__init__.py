@@ -21,7 +21,6 @@ from agentcredit.credit.estimators import (
     Step,
     chain_trees,
 )
-from agentcredit.credit.gear import SEGMENTATIONS, GearDetails, gear_advantages, gear_details
 from agentcredit.credit.loss import (
     LOSS_AGGREGATIONS,
     aggregation_weights,
@@ -48,6 +47,7 @@ from agentcredit.credit.methods.carl_critical import (
 )
 from agentcredit.credit.methods.carl_segment import segment_advantages
 from agentcredit.credit.methods.gear import gear_reweight, gear_reweight_stats
+from agentcredit.credit.methods.gear.maths import SEGMENTATIONS, GearDetails, gear_advantages, gear_details
 from agentcredit.credit.methods.gigpo import gigpo_advantages  # public since before issue 37
 from agentcredit.credit.methods.grpo import grpo_advantages
 from agentcredit.credit.methods.portool.maths import (

@@ -1,7 +1,7 @@
 """GEAR: a per-token weight from the teacher-student divergence on top of the base advantage (Eqs. 2-6).
 
 A reweighting method: :func:`reweight` multiplies any estimate's advantages by GEAR's weight W_t, read off
-:func:`agentcredit.credit.gear.gear_details`. The teacher's log-probs (the same tokens under the
+:func:`~agentcredit.credit.methods.gear.maths.gear_details` (``maths.py``). The teacher's log-probs (the same tokens under the
 ground-truth-conditioned context), the student's and its entropies are signals the trainer computes.
 """
 
@@ -15,8 +15,8 @@ from pydantic import Field
 from torch import Tensor
 
 from agentcredit.credit.estimators import EpisodeBatch, Estimate
-from agentcredit.credit.gear import TURN_HEAD_TOKENS, gear_details
 from agentcredit.credit.methods.base import Method, Needs, Settings, register_signal
+from agentcredit.credit.methods.gear.maths import TURN_HEAD_TOKENS, gear_details
 
 
 class GearSettings(Settings):
