@@ -26,6 +26,9 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "agentcredit"
 #: the registry: it finds the methods (``__init__``) and defines what a method is (``base``)
 REGISTRY = {"agentcredit/credit/methods/__init__.py", "agentcredit/credit/methods/base.py"}
+#: the lab is apart from the library: a study or a probe chooses the methods it compares, which is not part of a
+#: method (as tests/test_method_files.py leaves studies/ out)
+LAB = "agentcredit/lab/"
 BUILT_IN = ("grpo", "ppo", "gigpo", "carl-segment", "carl-critical", "portool", "tips", "gear")
 
 #: files outside its home that name each method today (the ratchet: counts only ever go down)
@@ -121,6 +124,7 @@ def outside_home() -> dict[str, list[str]]:
             if rel != own_file
             and not rel.startswith(own_dir)
             and rel not in REGISTRY
+            and not rel.startswith(LAB)
             and names_method(t, method)
         ]
     return out
