@@ -26,9 +26,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
-from agentcredit.credit.methods import BUILT_IN, METHODS, Method, Settings, resolve_method
-from agentcredit.credit.methods.portool import PortoolSettings
+from agentcredit.credit.methods import BUILT_IN, METHODS, Method, resolve_method
 from agentcredit.models.device import DEVICE_PATTERN
+from agentcredit.plugins import import_user_modules, load_entry_points
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"  # also reachable as ./configs in the repo
 
@@ -271,16 +271,6 @@ class RolloutConfig(TreeStrategyConfig):
 
 
 # --------------------------------------------------------------------------------------------- algorithm
-class PortoolConfig(PortoolSettings):
-    """PORTool's settings (:class:`agentcredit.credit.methods.portool.PortoolSettings`, shared with verl's
-    ``agentcredit.portool`` block) plus the native trainer's outcome judge."""
-
-    judge: Literal["rule", "llm"] = Field(
-        "rule", description="Outcome judge: rule-based EM/F1 (default) or a local LLM."
-    )
-    judge_model: str | None = Field(None, description="Local model path for the LLM judge.")
-
-
 #: Keys a config written before issue 37 may hold (a run directory's config.yaml, an old preset): where each now
 #: lives. Each is one error line naming the key and this (``old_key_hint``); the study harness maps the ones a
 #: first-round study file names (``RENAMED_KEYS``).
@@ -341,18 +331,16 @@ def registered_sections(block: BaseModel, where: str) -> None:
         extra[key] = value
 
 
-def method_sections(*extensions: type[Settings]) -> dict[str, Any]:
-    """The settings sections of a config block, one per built-in method (``BUILT_IN``, found in
-    ``agentcredit/credit/methods/``), as pydantic field definitions: ``<section>: <its settings class>`` with the
-    class's defaults, or the trainer's extension of that class among ``extensions`` (a direct subclass adding
-    trainer-only fields). A built-in method's section is never written here by hand (issue 37)."""
+def method_sections(trainer: str) -> dict[str, Any]:
+    """The settings sections of ``trainer``'s config block (``native`` or ``verl``), one per built-in method
+    (``BUILT_IN``, found in ``agentcredit/credit/methods/``), as pydantic field definitions: ``<section>: <the class
+    that trainer reads>`` (:meth:`~agentcredit.credit.Method.settings_class`: the method's settings, or its
+    extension with that trainer's own fields, both defined in the method's home) with the class's defaults. A
+    built-in method's section is never written here by hand (issue 37)."""
     fields: dict[str, Any] = {}
     for name in BUILT_IN:
         method = METHODS[name]
-        own = [e for e in extensions if method.settings in e.__bases__]
-        if len(own) > 1:
-            raise TypeError(f"two extensions of {method.settings.__name__}: {own}")
-        cls = own[0] if own else method.settings
+        cls = method.settings_class(trainer)
         fields[method.section] = (
             cls,
             Field(default_factory=cls, description=f"The settings of {method.name} ({method.source})."),
@@ -461,7 +449,7 @@ AlgorithmConfig = create_model(
     __module__=__name__,
     __doc__="The credit method's name, every built-in method's settings section, and the method-independent "
     "knobs of the loss.",
-    **method_sections(PortoolConfig),
+    **method_sections("native"),
 )
 
 
@@ -570,6 +558,13 @@ class TrainConfig(Section):
 
 
 class Config(Section):
+    imports: list[str] = Field(
+        default_factory=list,
+        description="Your own modules, imported before the rest of the config is read, so the methods, signals, "
+        "providers and tools they register can be named here: importable module names (my_pkg.my_method) or paths "
+        "of .py files (relative to the working directory). Entry points of the group agentcredit.plugins are "
+        "imported too (agentcredit.plugins).",
+    )
     model: ModelConfig = Field(default_factory=ModelConfig)
     task: TaskConfig = Field(default_factory=TaskConfig)
     protocol: ProtocolConfig = Field(default_factory=ProtocolConfig)
@@ -584,6 +579,15 @@ class Config(Section):
     def _old_keys(cls, data: Any) -> Any:
         if isinstance(data, dict) and "method" in data:
             raise ValueError(f"unknown key 'method'{old_key_hint('method')}")
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _user_modules(cls, data: Any) -> Any:
+        # before the sections are read: algorithm.method may name a method a user module registers
+        load_entry_points()
+        if isinstance(data, dict) and data.get("imports") is not None:
+            import_user_modules(data["imports"], where="imports")
         return data
 
     @property

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from agentcredit.credit.gear import gear_details
+from agentcredit.credit import gear_details
 from agentcredit.lab.mechanism import load_spec
 from agentcredit.lab.mechanism.gear import _student, open_context, questions
 

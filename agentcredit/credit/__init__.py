@@ -13,12 +13,6 @@ Example::
     segment_advantages([0.40, 0.70, 0.50], reward=1.0)   # invoke +0.3, assimilate -0.2, commit +0.5
 """
 
-from agentcredit.credit.carl_critical import (
-    UPDATE_RULES,
-    critical_action_advantages,
-    critical_action_outcome_advantages,
-)
-from agentcredit.credit.carl_segment import segment_advantages
 from agentcredit.credit.estimators import (
     DecisionTree,
     Episode,
@@ -27,9 +21,6 @@ from agentcredit.credit.estimators import (
     Step,
     chain_trees,
 )
-from agentcredit.credit.gae import gae_advantages
-from agentcredit.credit.gear import SEGMENTATIONS, GearDetails, gear_advantages, gear_details
-from agentcredit.credit.grpo import grpo_advantages
 from agentcredit.credit.loss import (
     LOSS_AGGREGATIONS,
     aggregation_weights,
@@ -39,28 +30,39 @@ from agentcredit.credit.loss import (
 )
 from agentcredit.credit.methods import (
     METHODS,
+    SIGNALS,
     Method,
     Needs,
     Settings,
     compose,
     get_method,
     register_method,
+    register_signal,
     resolve_method,
 )
+from agentcredit.credit.methods.carl_critical import (
+    UPDATE_RULES,
+    critical_action_advantages,
+    critical_action_outcome_advantages,
+)
+from agentcredit.credit.methods.carl_segment import segment_advantages
 from agentcredit.credit.methods.gear import gear_reweight, gear_reweight_stats
+from agentcredit.credit.methods.gear.maths import SEGMENTATIONS, GearDetails, gear_advantages, gear_details
 from agentcredit.credit.methods.gigpo import gigpo_advantages  # public since before issue 37
-from agentcredit.credit.methods.tips import tips_step_rewards
-from agentcredit.credit.portool import (
+from agentcredit.credit.methods.grpo import grpo_advantages
+from agentcredit.credit.methods.portool.maths import (
     AGGREGATORS,
     W2_MODES,
     PortoolTerms,
     portool_advantage_terms,
     portool_advantages,
 )
-from agentcredit.credit.tips import (
+from agentcredit.credit.methods.ppo import gae_advantages
+from agentcredit.credit.methods.tips import (
     tips_batch_alpha,
     tips_potential,
     tips_step_alpha,
+    tips_step_rewards,
     tips_teacher_refresh_due,
     tips_token_rewards,
     tips_turn_rewards,
@@ -116,4 +118,7 @@ __all__ = [
     "get_method",
     "resolve_method",
     "register_method",
+    # the signals a method's Needs may name, and how to add one
+    "SIGNALS",
+    "register_signal",
 ]

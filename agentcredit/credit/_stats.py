@@ -1,6 +1,6 @@
 """Small-group statistics on Python floats (private; used by the tree estimators).
 
-The tensor path for whole batches is :func:`agentcredit.credit.grpo.grpo_advantages`; this list version serves
+The tensor path for whole batches is :func:`agentcredit.credit.methods.grpo.grpo_advantages`; this list version serves
 estimators that normalise a handful of values at a time (PORTool's sibling groups and trajectories,
 carl-critical's outcome ablation). Both follow the same rules, and a test checks that they agree.
 """

@@ -321,7 +321,7 @@ def merge_identical_siblings(tree: RolloutTree) -> tuple[RolloutTree, dict[int, 
     Returns the new tree and the map old id -> new id. Merging is applied top-down, so the children of merged
     nodes are compared with each other too. Leaves are never merged (a deviation from portool.md §2.8 (4), which
     allows |m(leaf)| > 1): every leaf stays one of the n trajectories with its own outcome reward, which is
-    what the tree contract and ``agentcredit.credit.portool`` (m(v) = the leaves under v) rely on.
+    what the tree contract and ``agentcredit.credit.methods.portool`` (m(v) = the leaves under v) rely on.
     """
     new = RolloutTree(tree.root.segment, prompt_id=tree.prompt_id, info=dict(tree.info))
     mapping = {0: 0}

@@ -57,29 +57,6 @@ def decision_tree(tree: RolloutTree) -> tuple[DecisionTree, list[int]]:
     return DecisionTree(tuple(parents), counts), step_of
 
 
-def tips_stats(potentials: list[list[float]], alpha: float) -> dict[str, float]:
-    """The scale of a batch's TIPS potentials, logged every step (tips.md §9.1 logging, a subset).
-
-    ``potentials[j]`` is ``[Phi(S_0), ..., Phi(S_M)]`` of trajectory j. Summed answer log-probs are tens of nats
-    on a small model, so these show whether the shaping (alpha |dPhi|, the paper's target ~0.2) or the terminal
-    correction (-alpha Phi(S_M), added to the outcome reward of the final turn) dominates the outcome reward.
-    ``mean_abs_dphi`` is over every tool turn (0.0 with ``dphi_count`` 0 when no episode called a tool).
-    """
-    phi_0 = [p[0] for p in potentials]
-    phi_last = [p[-1] for p in potentials]
-    deltas = [abs(p[k] - p[k - 1]) for p in potentials for k in range(1, len(p))]
-    mean_abs = math.fsum(deltas) / len(deltas) if deltas else 0.0
-    n = max(len(potentials), 1)
-    return {
-        "tips/phi_0": math.fsum(phi_0) / n,
-        "tips/phi_last": math.fsum(phi_last) / n,
-        "tips/mean_abs_dphi": mean_abs,
-        "tips/dphi_count": float(len(deltas)),
-        "tips/mean_abs_shaping": alpha * mean_abs,
-        "tips/terminal_correction": -alpha * math.fsum(phi_last) / n,
-    }
-
-
 def merged_steps(trees: list[RolloutTree]) -> float:
     """Policy steps per tree that PORTool's identical-sibling merge folded into a sibling (portool.md 2.8 step
     3): a merged node's ``merged_from`` lists every sibling it stands for. Many merges at the root mean the n
@@ -146,6 +123,7 @@ def episode_batch(
         "teacher_logp": signals.teacher_logp,
         "entropy": signals.entropy,
         "alpha": signals.alpha,
+        **signals.extra,  # signals registered outside the package, by name, as their providers computed them
     }
     if "potentials" in needs.signals:
         for j, ep in enumerate(episodes):
@@ -172,8 +150,9 @@ def compute_advantages(
     if "alpha" in needs.signals and signals.alpha is None:
         raise ValueError(f"{method.name} needs this step's shaping scale alpha")
     result = method.advantages(layout, method.settings_from(cfg))
-    if "potentials" in needs.signals:
-        result.stats.update(tips_stats(signals.potentials, signals.alpha))
+    for part in method.parts:  # what a method logs of its own signals (TIPS: the scale of its potentials)
+        if part.stats is not None:
+            result.stats.update(part.stats(layout))
     if needs.rollout == "portool":
         result.stats["portool/merged_steps"] = merged_steps(trees)
     rounds = [float(t.info["rounds"]) for t in trees if "rounds" in t.info]

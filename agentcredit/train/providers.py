@@ -2,7 +2,8 @@
 
 The trainer scores every batch with the pre-update weights (old log-probs, entropies, critic values: its own
 signals, :data:`TRAINER_SIGNALS`); any other signal a method needs comes from the provider that
-:data:`PROVIDERS` keys by it, made once per run by :func:`signal_providers`. A provider may hold state across steps
+:data:`PROVIDERS` keys by it, made once per run by :func:`signal_providers`. A provider of a new signal (one named
+with :func:`agentcredit.credit.register_signal`) joins them with :func:`register_provider`, from user code. A provider may hold state across steps
 (a lagged teacher model, the last batch's alpha) that the checkpoint saves, and frozen models the trainer keeps
 out of the update. The trainer itself never names a method: TIPS is the method whose needs say ``potentials``.
 
@@ -18,11 +19,12 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 from torch import nn
 
-from agentcredit.credit import Needs, Settings, tips_step_alpha, tips_teacher_refresh_due
+from agentcredit.credit import SIGNALS, Needs, Settings, tips_step_alpha, tips_teacher_refresh_due
 from agentcredit.models.loading import frozen_copy
 from agentcredit.rollout.tree import RolloutTree
 from agentcredit.tasks import Example
@@ -30,7 +32,15 @@ from agentcredit.train.batch import TrainBatch
 from agentcredit.train.sft import ReferenceTrajectories
 from agentcredit.train.signals import Signals, gear_teacher_logprobs, tips_potential_terms
 
-__all__ = ["PROVIDERS", "TRAINER_SIGNALS", "ProviderContext", "SignalProvider", "signal_providers"]
+__all__ = [
+    "PROVIDERS",
+    "TRAINER_SIGNALS",
+    "ProviderContext",
+    "SignalProvider",
+    "register_provider",
+    "signal_providers",
+    "unregister_provider",
+]
 
 #: Signals the trainer's own scoring pass computes for every method.
 TRAINER_SIGNALS = frozenset({"values", "student_logp", "entropy"})
@@ -49,7 +59,9 @@ class ProviderContext:
 
 
 class SignalProvider(ABC):
-    """Computes the signals in :attr:`provides` for every batch; override what applies."""
+    """Computes the signals in :attr:`provides` for every batch; override what applies. It is made once per run,
+    with the settings of the method part whose needs name its signal, and writes each signal into the batch's
+    :class:`~agentcredit.train.signals.Signals` by name (``signals[name] = value``)."""
 
     provides: ClassVar[frozenset[str]] = frozenset()
 
@@ -165,8 +177,43 @@ class TeacherLogprobs(SignalProvider):
         )
 
 
-#: The providers, each keyed by the signals it computes.
-PROVIDERS: tuple[type[SignalProvider], ...] = (TeacherPotentials, TeacherLogprobs)
+_PROVIDERS: dict[str, type[SignalProvider]] = {}
+#: The provider of each signal, by the signal's name (read-only; add with :func:`register_provider`).
+PROVIDERS: Mapping[str, type[SignalProvider]] = MappingProxyType(_PROVIDERS)
+
+
+def register_provider(
+    provider: type[SignalProvider], *, replace_existing: bool = False
+) -> type[SignalProvider]:
+    """Make ``provider`` compute the signals in its ``provides`` for every run whose method needs one; returns it
+    (usable as a class decorator). Each signal must be registered (:func:`agentcredit.credit.register_signal`) and
+    not one the trainer computes itself; a signal another provider computes is an error unless
+    ``replace_existing``."""
+    if not provider.provides:
+        raise ValueError(f"{provider.__name__}.provides names no signal")
+    for name in sorted(provider.provides):
+        if name in TRAINER_SIGNALS:
+            raise ValueError(f"{provider.__name__}: the trainer computes {name!r} itself")
+        if name not in SIGNALS:
+            raise ValueError(
+                f"{provider.__name__}: {name!r} is not a registered signal (agentcredit.credit.register_signal)"
+            )
+        if name in _PROVIDERS and _PROVIDERS[name] is not provider and not replace_existing:
+            raise ValueError(f"{_PROVIDERS[name].__name__} already provides {name!r}")
+    for name in sorted(provider.provides):
+        _PROVIDERS[name] = provider
+    return provider
+
+
+def unregister_provider(provider: type[SignalProvider]) -> type[SignalProvider]:
+    """Forget ``provider`` for every signal it was registered for; returns it."""
+    for name in [n for n, p in _PROVIDERS.items() if p is provider]:
+        del _PROVIDERS[name]
+    return provider
+
+
+register_provider(TeacherPotentials)
+register_provider(TeacherLogprobs)
 
 
 def signal_providers(
@@ -177,7 +224,7 @@ def signal_providers(
     method = run.cfg.algorithm.credit_method
     wanted = set(needs.signals - TRAINER_SIGNALS)
     out = []
-    for provider in PROVIDERS:
+    for provider in dict.fromkeys(_PROVIDERS.values()):  # each class once, in the order they were registered
         if not provider.provides & wanted:
             continue
         part = next(p for p in method.parts if provider.provides & p.needs.signals)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
@@ -27,7 +27,12 @@ from agentcredit.train.batch import TrainBatch, segment_spans
 @dataclass
 class Signals:
     """Per-batch quantities computed with the pre-update weights (no gradient) that the advantages need beyond the
-    batch's own old log-probs, entropies and reference log-probs; produced by the functions below."""
+    batch's own old log-probs, entropies and reference log-probs; produced by the functions below and the signal
+    providers (:mod:`agentcredit.train.providers`).
+
+    The built-in signals are fields; any other registered signal (:func:`agentcredit.credit.register_signal`) is
+    kept in ``extra`` by name. ``signals[name]`` reads and ``signals[name] = value`` writes either kind, so a
+    provider of a new signal needs no field here."""
 
     values: torch.Tensor | None = None  # [N, L] critic: V of the state before each token
     potentials: list[list[float]] | None = None  # per trajectory: Phi at each policy segment's start state
@@ -35,6 +40,20 @@ class Signals:
     entropy: torch.Tensor | None = None  # [N, L] student entropies (GEAR)
     alpha: float | None = None  # TIPS shaping scale used for this batch
     potential_split: TipsPotentials | None = None  # TIPS: Phi's format / answer parts and the scope that ran
+    extra: dict[str, Any] = field(default_factory=dict)  # every other registered signal, by name
+
+    def _is_field(self, name: str) -> bool:
+        return name != "extra" and name in {f.name for f in fields(self)}
+
+    def __getitem__(self, name: str) -> Any:
+        """The signal ``name`` (None when no one computed it)."""
+        return getattr(self, name) if self._is_field(name) else self.extra.get(name)
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        if self._is_field(name):
+            setattr(self, name, value)
+        else:
+            self.extra[name] = value
 
 
 def row_tokens(batch: TrainBatch, rows: Sequence[int] | None = None) -> list[list[int]]:

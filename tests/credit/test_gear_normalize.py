@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from agentcredit.config import ConfigError, load_config
 from agentcredit.credit import Episode, EpisodeBatch, Step, gear_details, gear_reweight_stats
-from agentcredit.credit.gear import AUTO_MAX_TRIGGER_RATE
+from agentcredit.credit.methods.gear.maths import AUTO_MAX_TRIGGER_RATE
 
 # a negative minimum: the teacher is far surer of token 0 than the student
 FLAT = [-4.0, 0.0, 0.5, 0.0, 1.0]

@@ -4,7 +4,7 @@ Before issue 48 a spike on the first token of an episode (the ``<`` of ``<think>
 is so high that no later token exceeds lambda_H times it) opened one segment that ran across every observation to the
 episode's end (spec gear.md A5, A6): W was one constant per episode and GEAR a rescaled GRPO. That token's spike is of
 "limited semantic relevance" (seed lines 201, 355); that the first token of each turn opens no segment is ours,
-measured on kb-multihop training questions (:data:`agentcredit.credit.gear.TURN_HEAD_TOKENS`,
+measured on kb-multihop training questions (:data:`agentcredit.credit.methods.gear.maths.TURN_HEAD_TOKENS`,
 docs/results/gear-segments). Segments still run across observations, as the paper's scan over the policy tokens does
 (``break_at_observation`` is ours and off: it separated the deviating turn less in the same measurement).
 
@@ -27,8 +27,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentcredit.credit import Episode, EpisodeBatch, Step, gear_details, gear_reweight_stats
-from agentcredit.credit.gear import TURN_HEAD_TOKENS
 from agentcredit.credit.methods.gear import GearSettings
+from agentcredit.credit.methods.gear.maths import TURN_HEAD_TOKENS
 
 OBS = None  # an observation token (masked)
 TOKENS = [

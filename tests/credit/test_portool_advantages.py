@@ -143,7 +143,7 @@ def test_root_is_not_a_fork_by_default():
     assert default.advantages[2][1] == pytest.approx(
         default.trajectory_terms[2][1] + 4.5 * 0.70710678, abs=1e-5
     )
-    from agentcredit.config import PortoolConfig
+    from agentcredit.credit.methods.portool import PortoolNativeSettings as PortoolConfig
 
     assert PortoolConfig().root_is_fork is False
 

@@ -656,7 +656,7 @@ def test_verl_gear_defaults_to_the_reference_trajectory_as_the_native_trainer():
     """issue 36 (after issue 31): verl's agent loop builds tau* with the native trainer's function, so verl's GEAR
     settings are the native section's: reference trajectory by default (GEAR §3.3, seed line 72), answer a variant."""
     from agentcredit.credit.methods.gear import GearSettings as NativeGearSettings
-    from agentcredit.integrations.verl.settings import GearSettings
+    from agentcredit.credit.methods.gear import GearVerlSettings as GearSettings
 
     assert GearSettings().reference == "trajectory" == NativeGearSettings().reference
     assert GearSettings(reference="answer").reference == "answer"

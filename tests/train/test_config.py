@@ -120,7 +120,7 @@ def test_tips_potential_is_one_option_spelt_the_same_in_both_trainers():
     option; both blocks now take `potential` from the shared TipsSettings, and verl's old keys are refused."""
     from pydantic import ValidationError
 
-    from agentcredit.integrations.verl.settings import TipsSettings as VerlTips
+    from agentcredit.credit.methods.tips import TipsVerlSettings as VerlTips
 
     native = type(load_config("tips-arith-tools").algorithm.tips)
     for settings in (native, VerlTips):

@@ -135,7 +135,9 @@ def test_the_spy_catches_a_tensor_made_without_a_device():
     assert spy.calls == Counter({("train/probe.py", "<module>", "zeros"): 1})
     assert not host_side(("train/probe.py", "<module>"))
     # before issue 50, sampling's nucleus fallback made its holders without the logits' device
-    assert not host_side(("rollout/sampling.py", "_truncate")) and host_side(("credit/gae.py", "anything"))
+    assert not host_side(("rollout/sampling.py", "_truncate")) and host_side(
+        ("credit/methods/ppo.py", "anything")
+    )
 
 
 # ----------------------------------------------------------------------------------------------- source

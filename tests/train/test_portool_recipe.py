@@ -82,7 +82,7 @@ def test_presets_follow_the_paper():
         0.95,
         1.0,
     )
-    from agentcredit.integrations.verl.settings import PortoolSettings  # verl's block: the same default
+    from agentcredit.credit.methods.portool import PortoolVerlSettings as PortoolSettings  # verl's block
 
     assert PortoolSettings().root_is_fork is False
 

@@ -17,8 +17,8 @@ from train_helpers import EXAMPLES, SMALL
 
 from agentcredit.config import load_config
 from agentcredit.credit import tips_batch_alpha
+from agentcredit.credit.methods.tips import tips_stats
 from agentcredit.models.loading import load_base_model
-from agentcredit.train.advantages import tips_stats
 from agentcredit.train.trainer import Trainer
 
 TIPS_PRESETS = ["tips-arith-tools", "tips-gsm8k", "tips-hotpotqa", "tips-kb-multihop"]

@@ -1,7 +1,8 @@
 """The credit methods, one module each: settings, needs, the estimate or modifier, and optional hooks.
 
 ``METHODS[name]`` is what both trainers call (:class:`~agentcredit.credit.methods.base.Method`); a method from
-your own package joins them with :func:`register_method` (``docs/adding-a-method.md``).
+your own package joins them with :func:`register_method` (``docs/adding-a-method.md``), and a signal it reads
+that no built-in method does with :func:`register_signal`.
 
 The built-in methods are found, not listed: every module of this package other than ``base`` (and ``_private``
 helpers) is a method file and must define ``METHOD``; importing the package registers each one, in module-name
@@ -14,6 +15,7 @@ import pkgutil
 
 from agentcredit.credit.methods.base import (
     METHODS,
+    SIGNALS,
     Method,
     Needs,
     NoSettings,
@@ -22,8 +24,10 @@ from agentcredit.credit.methods.base import (
     get_method,
     modifier_names,
     register_method,
+    register_signal,
     resolve_method,
     unregister_method,
+    unregister_signal,
 )
 
 
@@ -46,6 +50,7 @@ BUILT_IN: tuple[str, ...] = _discover()
 __all__ = [
     "BUILT_IN",
     "METHODS",
+    "SIGNALS",
     "Method",
     "Needs",
     "NoSettings",
@@ -54,6 +59,8 @@ __all__ = [
     "get_method",
     "modifier_names",
     "register_method",
+    "register_signal",
     "resolve_method",
     "unregister_method",
+    "unregister_signal",
 ]

@@ -15,7 +15,9 @@ A method either *estimates* (``estimate``: the layout to an :class:`~agentcredit
 multiplies the estimate's advantages afterwards (GEAR). A modifier names the method it is published with
 (``base``: TIPS is PPO's GAE on shaped rewards) and composes with others the maths allows (:func:`compose`).
 
-Register your own with :func:`register_method` (``docs/adding-a-method.md``).
+Register your own with :func:`register_method` (``docs/adding-a-method.md``); a method that reads a signal no
+built-in method reads names it with :func:`register_signal` first (the native trainer computes it with a provider
+registered under the same name, :func:`agentcredit.train.providers.register_provider`).
 """
 
 from __future__ import annotations
@@ -31,14 +33,17 @@ from agentcredit.credit.estimators import EpisodeBatch, Estimate
 
 __all__ = [
     "METHODS",
+    "SIGNALS",
     "Method",
     "Needs",
     "Settings",
     "compose",
     "get_method",
     "register_method",
+    "register_signal",
     "resolve_method",
     "unregister_method",
+    "unregister_signal",
 ]
 
 
@@ -59,6 +64,35 @@ _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789")
 #: The per-step inputs both layout builders fill when a method needs them (a Step's node, anchor, format_reward).
 STEP_INPUTS = frozenset({"tree", "anchors", "format_reward"})
 
+_SIGNALS: dict[str, str] = {
+    # the trainers' own scoring pass computes these for any method that names them
+    "values": "the critic: V of the state before each token, [N, L]",
+    "student_logp": "the policy's log-probs of its own tokens (the batch's old log-probs), [N, L]",
+    "entropy": "the policy's entropy at each of its tokens, [N, L]",
+}
+#: The signals a method's :class:`Needs` may name, each with what it holds (read-only; a method file or user code
+#: adds one with :func:`register_signal`).
+SIGNALS: Mapping[str, str] = MappingProxyType(_SIGNALS)
+
+
+def register_signal(name: str, description: str) -> str:
+    """Make ``name`` a signal a method's :class:`Needs` may name; ``description`` says what it holds (a per-token
+    ``[N, L]`` tensor, one entry per episode, or one value per batch). Registering a name again with the same
+    description is a no-op (two methods may read one signal); another description is an error. Returns the name."""
+    if not name or not name.replace("_", "a").isalnum() or not name[0].isalpha():
+        raise ValueError(f"signal name {name!r}: letters, digits and '_', starting with a letter")
+    if _SIGNALS.get(name, description) != description:
+        raise ValueError(f"a signal called {name!r} is already registered: {_SIGNALS[name]}")
+    _SIGNALS[name] = description
+    return name
+
+
+def unregister_signal(name: str) -> str:
+    """Forget the signal ``name`` (one registered for a test or a notebook session); returns its description."""
+    if name not in _SIGNALS:
+        raise ValueError(f"no signal called {name!r} is registered")
+    return _SIGNALS.pop(name)
+
 
 @dataclass(frozen=True)
 class Needs:
@@ -70,9 +104,9 @@ class Needs:
     * ``rollout``: the ``rollout.strategy`` it needs (``None``: any).
     * ``step_inputs``: per-step fields of the layout it reads: ``tree`` (the group's decision tree), ``anchors``
       (the tokens before each step), ``format_reward`` (the protocol's formatting reward R_fm per step).
-    * ``signals``: per-batch signals the trainer computes for it: ``values`` (the critic), ``potentials`` (teacher
-      potentials per tool turn), ``alpha`` (the shaping scale of the batch), ``teacher_logp``, ``student_logp``,
-      ``entropy`` (per token).
+    * ``signals``: per-batch signals the trainer computes for it, each a name of :data:`SIGNALS`: ``values`` (the
+      critic), ``student_logp`` and ``entropy`` (per token), and those a method registers with
+      :func:`register_signal` (TIPS's ``potentials`` and ``alpha``, GEAR's ``teacher_logp``).
     * ``reward``: how the environment scores an episode: ``outcome`` (the task's metric and format bonus) or
       ``judge`` (the method's own outcome judge, built from its settings' ``judge`` fields).
     * ``loss_agg``: the ``policy_loss`` aggregation the method trains with.
@@ -92,6 +126,12 @@ class Needs:
         if unknown:  # both layout builders fill exactly these; another name would be silently empty
             raise ValueError(
                 f"unknown step input(s) {sorted(unknown)}; the layouts provide {sorted(STEP_INPUTS)}"
+            )
+        unknown = set(self.signals) - set(_SIGNALS)
+        if unknown:  # a typo would otherwise only surface when no provider computes it
+            raise ValueError(
+                f"unknown signal(s) {sorted(unknown)}; registered signals: {', '.join(sorted(_SIGNALS))} "
+                "(name a new one with agentcredit.credit.register_signal first)"
             )
 
     def __or__(self, other: Needs) -> Needs:
@@ -139,6 +179,13 @@ class Method:
     report_settings: tuple[str, ...] = ()
     #: the saved settings section (a dict) -> a label when those settings make the run not the paper's method
     variant: Callable[[dict[str, Any]], str | None] | None = None
+    #: the layout (after the estimate) -> statistics of the method's signals the native trainer logs each step
+    #: (TIPS: the scale of its potentials); None for none
+    stats: Callable[[EpisodeBatch], dict[str, float]] | None = None
+    #: (trainer, class) pairs: the settings class a trainer's block reads for this method where that trainer has
+    #: fields of its own ("native": the agentcredit trainer, "verl": verl's agentcredit block), a subclass of
+    #: ``settings``; a trainer not named reads ``settings``
+    trainer_settings: tuple[tuple[str, type[Settings]], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.composed_of:
@@ -152,6 +199,15 @@ class Method:
                 raise ValueError(f"method {self.name!r} must either estimate or modify (shape / reweight)")
             if self.modifier is not None and (self.shape is None) == (self.reweight is None):
                 raise ValueError(f"modifier {self.name!r} must set exactly one of shape and reweight")
+            for trainer, cls in self.trainer_settings:
+                if not issubclass(cls, self.settings):
+                    raise ValueError(
+                        f"method {self.name!r}: the {trainer} settings {cls.__name__} must extend {self.settings.__name__}"
+                    )
+
+    def settings_class(self, trainer: str) -> type[Settings]:
+        """The settings class ``trainer``'s config block reads (``settings``, or its extension for that trainer)."""
+        return dict(self.trainer_settings).get(trainer, self.settings)
 
     @property
     def section(self) -> str:

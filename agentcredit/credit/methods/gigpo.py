@@ -15,14 +15,14 @@ outcome reward R_i at its last step::
 One difference from verl-agent's code, on purpose: its episode level (``episode_norm_reward`` with
 ``compute_mean_std_cross_steps=True``) takes the mean and std over step rows, so a longer episode weighs more,
 and keeps the raw score of an episode group of one. Here the episode level is GRPO per episode, as written in the
-paper, and a group of one gets 0 (as every group estimator here, see :mod:`agentcredit.credit.grpo`).
+paper, and a group of one gets 0 (as every group estimator here, see :mod:`agentcredit.credit.methods.grpo`).
 
 where s_{i,t} is the *anchor state* before step t: steps taken from the same state by episodes of one group form
 a step group. The caller chooses what a state is; the trainer uses the whole context before the step (see
 ``agentcredit.train.advantages``: the ``anchors`` step input), which one episode never visits twice.
 ``scale=False`` is verl-agent's ``mode=mean_norm`` (the mean is subtracted, nothing is divided), on both levels.
 
-Both levels are :func:`~agentcredit.credit.grpo.grpo_advantages`, so a group of one, or a group whose returns are
+Both levels are :func:`~agentcredit.credit.methods.grpo.grpo_advantages`, so a group of one, or a group whose returns are
 all equal, contributes 0, as in verl-agent (a singleton step group there has mean = its own return).
 The per-step returns only need R_i and T_i because every task here pays its reward at the end of an episode.
 """
@@ -38,8 +38,8 @@ from torch import Tensor
 
 from agentcredit.credit._validate import finite_float, float_list
 from agentcredit.credit.estimators import EpisodeBatch, Estimate
-from agentcredit.credit.grpo import grpo_advantages
 from agentcredit.credit.methods.base import Method, Needs, Settings
+from agentcredit.credit.methods.grpo import grpo_advantages
 
 __all__ = ["METHOD", "GigpoSettings", "gigpo_advantages"]
 

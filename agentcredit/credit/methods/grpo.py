@@ -1,17 +1,93 @@
-"""GRPO: the group-normalised outcome advantage on every step (Shao et al. 2024, Eq. 3).
+"""GRPO and Dr.GRPO: group-normalised outcome advantages on every step (preset ``grpo``; the base of ``gear``).
 
-The maths is :func:`agentcredit.credit.grpo.grpo_advantages`; this file is the method: settings, needs and the
-estimate on the neutral layout.
+For each episode i of group g (the episodes sampled for one prompt)::
+
+    A_i = (R_i - mean_g R) / (std_g R + eps)        GRPO (Shao et al. 2024, Eq. 3; carl-critical Eq. 4;
+                                                    GEAR Sec. 3.2; PORTool's A_trj, spec Sec. 3.4)
+    A_i =  R_i - mean_g R                            Dr.GRPO (Liu et al. 2025): ``scale=False``
+
+``std_g`` is the unbiased sample standard deviation (``torch.std``, n - 1 in the denominator), as in verl's
+``compute_grpo_outcome_advantage``. A group of one episode, or a group whose rewards are all equal, gets 0:
+there is nothing to compare with (verl's singleton rule of mean 0 / std 1 would instead return the raw reward,
+which the specs reject, portool.md Sec. 3.5). The method broadcasts the advantage to every step of the episode.
+
+The maths is :func:`grpo_advantages`; the method is its settings, needs and the estimate on the neutral layout.
 """
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Sequence
+
 import torch
 from pydantic import Field
+from torch import Tensor
 
+from agentcredit.credit._validate import finite_float, finite_where, float_list
 from agentcredit.credit.estimators import EpisodeBatch, Estimate
-from agentcredit.credit.grpo import grpo_advantages
 from agentcredit.credit.methods.base import Method, Needs, Settings
+
+__all__ = ["METHOD", "GrpoSettings", "grpo_advantages"]
+
+
+def grpo_advantages(
+    rewards: Tensor | Sequence[float],
+    group_ids: Sequence[Hashable] | Tensor,
+    *,
+    eps: float = 1e-6,
+    scale: bool = True,
+) -> Tensor:
+    """Group-normalised advantages, one per episode.
+
+    Args:
+        rewards: ``[B]`` outcome reward per episode (float32 or float64; a list becomes the default dtype).
+        group_ids: ``B`` hashable labels; episodes with equal labels form one group (one prompt). Any order.
+        eps: added to the std (verl's ``epsilon = 1e-6``).
+        scale: divide by the group std (GRPO, True) or only subtract the group mean (Dr.GRPO, False).
+
+    Returns:
+        ``[B]`` advantages in the dtype of ``rewards``.
+    """
+    if isinstance(rewards, Tensor):
+        if not rewards.is_floating_point():
+            raise ValueError(f"rewards must be a floating-point tensor, got dtype {rewards.dtype}")
+        if rewards.dim() != 1:
+            raise ValueError(f"rewards must be 1-D [B], got shape {tuple(rewards.shape)}")
+        finite_where(rewards, "rewards")
+    else:
+        rewards = torch.tensor(float_list(rewards, "rewards"), dtype=torch.get_default_dtype())
+    eps = finite_float(eps, "eps")
+    if eps < 0:
+        raise ValueError(f"eps must be >= 0, got {eps}")
+    labels = group_ids.tolist() if isinstance(group_ids, Tensor) else group_ids
+    if isinstance(labels, str | bytes) or not isinstance(labels, Sequence):
+        raise ValueError(
+            f"group_ids must be a sequence with one label per episode, got {type(labels).__name__}"
+        )
+    if len(labels) != rewards.shape[0]:
+        raise ValueError(f"group_ids has {len(labels)} labels but rewards has {rewards.shape[0]} entries")
+    if rewards.shape[0] == 0:
+        return rewards.clone()
+
+    index: dict[Hashable, int] = {}
+    try:
+        inverse = [index.setdefault(label, len(index)) for label in labels]
+    except TypeError as err:
+        raise ValueError(f"group_ids must hold hashable labels: {err}") from None
+    inv = torch.tensor(inverse, dtype=torch.long, device=rewards.device)
+    n_groups = len(index)
+
+    zeros = rewards.new_zeros(n_groups)
+    counts = zeros.index_add(0, inv, torch.ones_like(rewards))
+    mean = zeros.index_add(0, inv, rewards) / counts
+    centred = rewards - mean[inv]
+    # Unbiased variance; groups of one are zeroed below, the clamp only avoids 0/0 on them.
+    var = zeros.index_add(0, inv, centred * centred) / (counts - 1).clamp(min=1)
+    high = zeros.scatter_reduce(0, inv, rewards, reduce="amax", include_self=False)
+    low = zeros.scatter_reduce(0, inv, rewards, reduce="amin", include_self=False)
+    degenerate = (counts < 2) | (high == low)
+
+    adv = centred / (var.sqrt()[inv] + eps) if scale else centred
+    return torch.where(degenerate[inv], torch.zeros_like(adv), adv)
 
 
 class GrpoSettings(Settings):

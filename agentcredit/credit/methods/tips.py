@@ -3,18 +3,219 @@
 A shaping method: :func:`tips_step_rewards` puts the turn rewards ``alpha [Phi(S_k) - Phi(S_{k-1})]`` (and the
 outcome minus ``alpha Phi(S_M)``) on the steps; the estimate (PPO's GAE as published, or carl-segment) reads them.
 The potentials and the batch's alpha are signals the trainer computes with a lagged teacher. The maths is
-:func:`agentcredit.credit.tips.tips_turn_rewards`.
+:func:`tips_turn_rewards`: turn rewards from a teacher's information potential (potential-based shaping).
+
+Paper: "TIPS: Turn-level Information-Potential reward Shaping" (spec ``tips.md`` Sec. 3). S_0 is the prompt and
+S_k the context after the k-th tool observation (k = 1..M). The potential is the teacher's log-likelihood of
+any gold answer, Phi(S) = log sum_a p_teach(a | S) (Eq. 15-16; :func:`tips_potential`). The reward of the
+assistant message that ends turn k is (Eqs. 17-18)::
+
+    r_k     = alpha * (Phi(S_k) - Phi(S_{k-1}))          k = 1..M (tool turns)
+    r_{M+1} = outcome - alpha * Phi(S_M)                 final message: outcome plus the terminal correction,
+                                                         since Phi(S_K) = 0 on the terminal state (Eq. 20)
+
+so the rewards telescope to outcome - alpha * Phi(S_0), a per-prompt constant (Eq. 21-25): the optimal policy
+is unchanged, and TIPS helps through the learned critic. Put r_k on the last policy token of assistant message
+k (:func:`tips_token_rewards`) and run :func:`agentcredit.credit.methods.ppo.gae_advantages` with gamma = lam = 1
+(Table 10). Under GRPO the shaping cancels (spec Sec. 3.9), so TIPS needs a token-level estimator.
+
+Released-code options (spec Sec. 8, reference-compatible presets): ``no_tool_shaping="none"`` reproduces the
+code's M = 0 quirk (no -alpha * Phi(S_0) when there was no tool call); ``terminal_potential="hold"`` is the
+ablation Phi(S_K) = Phi(S_{K-1}) (no terminal correction, not strictly potential-based).
+:func:`tips_batch_alpha` is the code's per-batch scale control ("immediate scale control").
+The teacher forward pass itself (log-probs of ``<answer>a</answer>``) belongs to the models layer.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from typing import Literal
 
+import torch
 from pydantic import Field
+from torch import Tensor
 
+from agentcredit.credit._validate import as_int, as_mask, choice, finite_float, float_list
 from agentcredit.credit.estimators import EpisodeBatch, outcome_part
-from agentcredit.credit.methods.base import Method, Needs, Settings
-from agentcredit.credit.tips import tips_turn_rewards
+from agentcredit.credit.methods.base import Method, Needs, Settings, register_signal
+
+
+def tips_turn_rewards(
+    potentials: Sequence[float] | Tensor,
+    outcome: float,
+    *,
+    alpha: float,
+    no_tool_shaping: Literal["paper", "none"] = "paper",
+    terminal_potential: Literal["zero", "hold"] = "zero",
+) -> list[float]:
+    """Turn rewards of one episode with M tool turns.
+
+    Args:
+        potentials: ``[Phi(S_0), ..., Phi(S_M)]`` (M + 1 values, at least one).
+        outcome: the outcome reward (EM, plus the 0.2 format bonus in the released training code).
+        alpha: shaping scale (>= 0; the paper picks it so that E|alpha * dPhi| ~ 0.2, or per batch with
+            :func:`tips_batch_alpha`).
+        no_tool_shaping: ``"paper"`` (default: the answer of an M = 0 episode still gets -alpha * Phi(S_0)) or
+            ``"none"`` (released code: no shaping at all when M = 0).
+        terminal_potential: ``"zero"`` (default, Eq. 20: Phi(S_K) = 0) or ``"hold"`` (ablation: the final
+            message gets the bare outcome).
+
+    Returns:
+        M + 1 rewards, one per assistant message, the final answer message last.
+    """
+    phi = float_list(potentials, "potentials", min_len=1)
+    outcome = finite_float(outcome, "outcome")
+    alpha = finite_float(alpha, "alpha")
+    if alpha < 0:
+        raise ValueError(
+            f"alpha must be >= 0 (the paper requires alpha > 0; 0 disables shaping), got {alpha}"
+        )
+    choice(no_tool_shaping, "no_tool_shaping", ("paper", "none"))
+    choice(terminal_potential, "terminal_potential", ("zero", "hold"))
+    turns = [alpha * (phi[k] - phi[k - 1]) for k in range(1, len(phi))]
+    no_correction = terminal_potential == "hold" or (len(phi) == 1 and no_tool_shaping == "none")
+    final = outcome if no_correction else outcome - alpha * phi[-1]
+    return turns + [final]
+
+
+def tips_potential(
+    answer_logprobs: Sequence[Sequence[float] | Tensor],
+    *,
+    reduce: Literal["sum", "mean"] = "sum",
+    aggregate: Literal["lse", "mean", "max"] = "lse",
+) -> float:
+    """Phi(S) from the teacher's token log-probs of each gold-answer continuation given S.
+
+    ``answer_logprobs[a]`` holds log p_teach(z_j | S, z_<j) for the tokens of alias a (de-duplicate aliases
+    before scoring). Per alias, ``reduce`` sums them (the paper's sequence log-prob, Eq. 16) or averages them
+    (the released code's ``length_norm``); across aliases, ``aggregate`` takes logsumexp (Eq. 15, paper and
+    code), the arithmetic mean (App. H.1 pseudo-code) or the max. Defaults are the paper's ``sum`` + ``lse``;
+    the released-code preset is ``reduce="mean"``.
+    """
+    choice(reduce, "reduce", ("sum", "mean"))
+    choice(aggregate, "aggregate", ("lse", "mean", "max"))
+    if isinstance(answer_logprobs, str | bytes) or not isinstance(answer_logprobs, Sequence):
+        raise ValueError("answer_logprobs must be a sequence with one list of token log-probs per alias")
+    if not answer_logprobs:
+        raise ValueError("answer_logprobs is empty: give at least one gold-answer alias")
+    scores = []
+    for a, logprobs in enumerate(answer_logprobs):
+        values = float_list(logprobs, f"answer_logprobs[{a}]", min_len=1)
+        for j, v in enumerate(values):
+            if v > 0.0:
+                raise ValueError(f"answer_logprobs[{a}][{j}] = {v} is not a log-probability (must be <= 0)")
+        total = math.fsum(values)
+        scores.append(total if reduce == "sum" else total / len(values))
+    if aggregate == "max":
+        return max(scores)
+    if aggregate == "mean":
+        return math.fsum(scores) / len(scores)
+    top = max(scores)
+    return top + math.log(math.fsum(math.exp(s - top) for s in scores))
+
+
+def tips_batch_alpha(
+    delta_potentials: Sequence[float] | Tensor,
+    *,
+    target_mean_abs: float = 0.11,
+    min_abs: float = 1e-8,
+) -> float | None:
+    """Per-batch alpha of the released code's scale control: target / mean |dPhi| over non-zero deltas.
+
+    ``delta_potentials`` are the raw Phi(S_k) - Phi(S_{k-1}) of every tool turn in the batch (terminal
+    corrections excluded). The code's default target is 0.11 (the midpoint of its [0.02, 0.2] band); the
+    paper's fixed-alpha rule corresponds to 0.2. Returns None when no delta exceeds ``min_abs`` (keep the
+    previous alpha); alpha must stay constant within the batch for the shaping to be potential-based.
+    """
+    deltas = float_list(delta_potentials, "delta_potentials")
+    target = finite_float(target_mean_abs, "target_mean_abs")
+    floor = finite_float(min_abs, "min_abs")
+    if target <= 0:
+        raise ValueError(f"target_mean_abs must be > 0, got {target}")
+    big = [abs(d) for d in deltas if abs(d) > floor]
+    if not big:
+        return None
+    return target / (math.fsum(big) / len(big))
+
+
+def tips_step_alpha(
+    potentials: Sequence[Sequence[float]],
+    *,
+    mode: str,
+    alpha: float,
+    target_mean_abs: float,
+    previous: float | None = None,
+) -> float:
+    """The alpha one batch is shaped with, in either trainer.
+
+    ``mode="fixed"``: ``alpha`` (the paper). ``mode="batch_target"``: :func:`tips_batch_alpha` over the batch's
+    turn deltas Phi(S_k) - Phi(S_{k-1}) (``potentials`` holds Phi at each policy segment's start, per
+    trajectory); a batch without a non-zero delta keeps ``previous``, or ``alpha`` when there is none yet (the
+    released code's start value).
+    """
+    if mode == "fixed":
+        return float(alpha)
+    if mode != "batch_target":
+        raise ValueError(f"tips alpha mode must be 'fixed' or 'batch_target', got {mode!r}")
+    deltas = [p[k] - p[k - 1] for p in potentials for k in range(1, len(p))]
+    batch = tips_batch_alpha(deltas, target_mean_abs=target_mean_abs)
+    if batch is not None:
+        return batch
+    return float(previous) if previous is not None else float(alpha)
+
+
+def tips_token_rewards(
+    turn_rewards: Sequence[float],
+    positions: Sequence[int],
+    mask: Tensor,
+    *,
+    dtype: torch.dtype | None = None,
+) -> Tensor:
+    """Place turn rewards on tokens of one response: ``out[positions[k]] += turn_rewards[k]``.
+
+    ``positions[k]`` must be a policy token (``mask == 1``): the last policy token of assistant message k
+    (the reward of the transition landing in S_k, Eq. 17), and for the final reward the last policy token of
+    the response. Masked GAE discards rewards on observation tokens (spec Sec. 8 item 13), so a position off
+    the mask is an error here rather than a silent loss. Returns a ``[T]`` tensor (default float dtype unless
+    ``dtype``), for one row of :func:`agentcredit.credit.methods.ppo.gae_advantages`'s ``token_rewards``.
+    """
+    if not isinstance(mask, Tensor) or mask.dim() != 1:
+        raise ValueError("mask must be a 1-D tensor [T] (bool or 0/1)")
+    keep = as_mask(mask, "mask", mask.shape)
+    rewards = float_list(turn_rewards, "turn_rewards")
+    if isinstance(positions, Tensor):
+        positions = positions.tolist()
+    if len(positions) != len(rewards):
+        raise ValueError(f"positions has {len(positions)} entries but turn_rewards has {len(rewards)}")
+    length = keep.shape[0]
+    out = torch.zeros(length, dtype=dtype or torch.get_default_dtype(), device=mask.device)
+    for k, (pos, r) in enumerate(zip(positions, rewards, strict=True)):
+        pos = as_int(pos, f"positions[{k}]")
+        if not 0 <= pos < length:
+            raise ValueError(f"positions[{k}] = {pos} is not a token index in 0..{length - 1}")
+        if not bool(keep[pos]):
+            raise ValueError(
+                f"positions[{k}] = {pos} is not a policy token (mask == 0); GAE would drop its reward"
+            )
+        out[pos] += r
+    return out
+
+
+def tips_teacher_refresh_due(updates_done: int, refresh_every: int) -> bool:
+    """Whether the teacher becomes a copy of the policy after the ``updates_done``-th update (both trainers).
+
+    The teacher starts as the initial policy and is replaced after every ``refresh_every``-th update, between
+    batches only (tips.md Sec. 4.2: a lagged snapshot, N = 200 in the paper), so a batch's potentials all come
+    from one teacher. ``refresh_every = 1`` makes the teacher the policy that sampled the batch.
+    """
+    updates_done = as_int(updates_done, "updates_done")
+    refresh_every = as_int(refresh_every, "refresh_every")
+    if updates_done < 1 or refresh_every < 1:
+        raise ValueError(
+            f"updates_done and refresh_every must be >= 1, got {updates_done} and {refresh_every}"
+        )
+    return updates_done % refresh_every == 0
 
 
 class TipsSettings(Settings):
@@ -67,7 +268,7 @@ class TipsSettings(Settings):
 
     @property
     def reduce(self) -> Literal["sum", "mean"]:
-        """How one alias's token log-probs are pooled (:func:`agentcredit.credit.tips.tips_potential`)."""
+        """How one alias's token log-probs are pooled (:func:`tips_potential`)."""
         return "sum" if self.potential == "paper" else "mean"
 
 
@@ -118,9 +319,68 @@ def shape(batch: EpisodeBatch, settings: TipsSettings) -> list[list[float]]:
     )
 
 
+def tips_stats(potentials: list[list[float]], alpha: float) -> dict[str, float]:
+    """The scale of a batch's TIPS potentials, logged every step (tips.md §9.1 logging, a subset).
+
+    ``potentials[j]`` is ``[Phi(S_0), ..., Phi(S_M)]`` of trajectory j. Summed answer log-probs are tens of nats
+    on a small model, so these show whether the shaping (alpha |dPhi|, the paper's target ~0.2) or the terminal
+    correction (-alpha Phi(S_M), added to the outcome reward of the final turn) dominates the outcome reward.
+    ``mean_abs_dphi`` is over every tool turn (0.0 with ``dphi_count`` 0 when no episode called a tool).
+    """
+    phi_0 = [p[0] for p in potentials]
+    phi_last = [p[-1] for p in potentials]
+    deltas = [abs(p[k] - p[k - 1]) for p in potentials for k in range(1, len(p))]
+    mean_abs = math.fsum(deltas) / len(deltas) if deltas else 0.0
+    n = max(len(potentials), 1)
+    return {
+        "tips/phi_0": math.fsum(phi_0) / n,
+        "tips/phi_last": math.fsum(phi_last) / n,
+        "tips/mean_abs_dphi": mean_abs,
+        "tips/dphi_count": float(len(deltas)),
+        "tips/mean_abs_shaping": alpha * mean_abs,
+        "tips/terminal_correction": -alpha * math.fsum(phi_last) / n,
+    }
+
+
+def stats(batch: EpisodeBatch) -> dict[str, float]:
+    """:func:`tips_stats` of the batch's potentials and alpha (the native trainer logs them every step)."""
+    potentials = [list(p) for p in batch.per_episode("potentials", "tips")]
+    return tips_stats(potentials, batch.signal("alpha", "tips"))
+
+
+POTENTIALS = register_signal(
+    "potentials", "per episode, the teacher's potentials Phi(S_0), ..., Phi(S_M) at each tool turn's state"
+)
+ALPHA = register_signal("alpha", "the shaping scale alpha of the batch (one float)")
+
+
+class TipsVerlSettings(TipsSettings):
+    """verl's ``agentcredit.tips``: the shaping settings of the native ``algorithm.tips`` (:class:`TipsSettings`:
+    alpha, its per-batch rule, the two edge-case options and the teacher's refresh interval), plus how the teacher
+    scores the potential and where it runs (:mod:`agentcredit.integrations.verl.teacher`). verl's
+    ``config/tips.yaml`` sets the Search-R1 run's values (batch_target alpha with the paper's 0.2 target)."""
+
+    answer_template: str = Field(
+        "<answer>{answer}</answer>",
+        description="continuation scored at each boundary (code: tags, no spaces).",
+    )
+    max_aliases: int = Field(
+        16, ge=1, description="cap on de-duplicated gold aliases per question (tips.md §8.11)."
+    )
+    teacher_replicas: int = Field(
+        1,
+        ge=1,
+        description=(
+            "refresh_every > 1: inference replicas of the lagged teacher (each with the rollout's parallelism, on "
+            "GPUs of their own outside the trainer's pool); refresh_every = 1 scores on the rollout server instead."
+        ),
+    )
+
+
 METHOD = Method(
     name="tips",
     settings=TipsSettings,
+    trainer_settings=(("verl", TipsVerlSettings),),
     needs=Needs(
         critic_base=True,
         signals=frozenset({"potentials", "alpha"}),
@@ -128,6 +388,7 @@ METHOD = Method(
     ),
     source="TIPS Eqs. 17-20, Table 10",
     shape=shape,
+    stats=stats,
     modifier="shaping",
     base="ppo",
     report_settings=("algorithm.tips.potential_scope",),

@@ -28,7 +28,8 @@ from agentcredit.config import (
     method_sections,
     registered_sections,
 )
-from agentcredit.credit.methods import Needs, Settings, carl_segment, gear, get_method, portool, ppo, tips
+from agentcredit.credit.methods import Needs, Settings, get_method
+from agentcredit.plugins import import_user_modules, load_entry_points
 
 __all__ = ["AgentCreditSettings", "NEEDS_RESOLVER", "load_settings", "register_needs_resolver", "verl_keys"]
 
@@ -81,79 +82,8 @@ class ToolSettings(UserToolsConfig):
     max_workers: int = Field(8, ge=1, description="concurrent tool calls per agent-loop worker.")
 
 
-class GaeSettings(ppo.GaeSettings):
-    """PPO's settings (:class:`agentcredit.credit.methods.ppo.GaeSettings`, the native ``algorithm.ppo``), plus
-    verl's whitening."""
-
-    whiten: bool = Field(
-        True, description="masked whitening of the advantages over the batch (verl's GAE does it)."
-    )
-
-
-class CarlSegmentSettings(carl_segment.CarlSegmentSettings):
-    """carl-segment's settings (the native ``algorithm.carl_segment``), plus how verl expresses Eq. 3."""
-
-    segment_mean_loss: bool = Field(
-        False,
-        description=(
-            "divide each segment's advantage by its token count (times rows/episodes) so that verl's "
-            "loss_agg_mode=seq-mean-token-sum equals the paper's segment-mean (Eq. 3), and weigh the actor's entropy "
-            "and KL terms the same way (agentcredit's actor loss); off = plain token advantages."
-        ),
-    )
-
-
-class TipsSettings(tips.TipsSettings):
-    """The shaping settings of the native ``algorithm.tips`` section (:class:`agentcredit.credit.methods.tips.TipsSettings`:
-    alpha, its per-batch rule, the two edge-case options and the teacher's refresh interval), plus how the teacher
-    scores the potential and where it runs (:mod:`.teacher`).
-    ``config/tips.yaml`` sets the Search-R1 run's values (batch_target alpha with the paper's 0.2 target)."""
-
-    answer_template: str = Field(
-        "<answer>{answer}</answer>",
-        description="continuation scored at each boundary (code: tags, no spaces).",
-    )
-    max_aliases: int = Field(
-        16, ge=1, description="cap on de-duplicated gold aliases per question (tips.md §8.11)."
-    )
-    teacher_replicas: int = Field(
-        1,
-        ge=1,
-        description=(
-            "refresh_every > 1: inference replicas of the lagged teacher (each with the rollout's parallelism, on "
-            "GPUs of their own outside the trainer's pool); refresh_every = 1 scores on the rollout server instead."
-        ),
-    )
-
-
-class GearSettings(gear.GearSettings):
-    """The native ``algorithm.gear`` section (GEAR's settings and teacher template are defined once, in
-    :class:`agentcredit.credit.methods.gear.GearSettings`: ``reference: trajectory``, the paper's tau*, by default,
-    built on the worker as on the native trainer), plus where verl reads the student's log-probs."""
-
-    student_logprobs: Literal["rollout", "old"] = Field(
-        "rollout",
-        description=(
-            "student log-probs: 'rollout' (the inference engine, the same engine that scores the teacher, so the "
-            "rKL has no precision mismatch; needs rollout.calculate_log_probs=True) or 'old' (training engine)."
-        ),
-    )
-
-
-class PortoolSettings(portool.PortoolSettings):
-    """The native section's settings (:class:`agentcredit.credit.methods.portool.PortoolSettings`), plus where
-    the agent loop finds the formatting reward."""
-
-    # verl's actor loss takes one advantage per token, so verl runs the single min on Eq. 3 (portool.md 8.9); the
-    # paper's split min (App. B) is the native trainer's algorithm.portool.combine
-    combine: Literal["single_min"] = Field(
-        "single_min", description="single_min only: verl's actor loss takes one advantage per token."
-    )
-
-    format_reward_key: str = Field(
-        "format_reward",
-        description="turn.info key holding the rescaled formatting reward R_fm in [-0.25, 0.25].",
-    )
+#: The turn.info key the agent loop writes a step's formatting reward under (a method's settings may name another).
+FORMAT_REWARD_KEY = "format_reward"
 
 
 class _AgentCreditBlock(UserRewardConfig):
@@ -161,9 +91,15 @@ class _AgentCreditBlock(UserRewardConfig):
 
     model_config = ConfigDict(extra="allow")
 
+    imports: list[str] = Field(
+        default_factory=list,
+        description="your own modules, imported (in every process that reads this block) before the method is "
+        "read: importable module names or paths of .py files, as the native config's top-level imports "
+        "(agentcredit.plugins); entry points of the group agentcredit.plugins are imported too.",
+    )
     method: str = Field(
         description="which credit method the trainer runs: a name of agentcredit.credit.METHODS (the eight, or "
-        "one registered with agentcredit.credit.register_method)."
+        "one registered with agentcredit.credit.register_method, from a module of agentcredit.imports)."
     )
     protocol: str = Field(
         "tags", description="agentcredit protocol: tags (Search-R1), codefence (CARL), jsoncall, chat."
@@ -185,6 +121,14 @@ class _AgentCreditBlock(UserRewardConfig):
         "(verl's rollout.n sessions), or portool / entropy_guided grown by one agent-loop session with one output per "
         "leaf; then actor_rollout_ref.rollout.n must equal its leaves (n, or n0 + n).",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _user_modules(cls, data: Any) -> Any:
+        load_entry_points()  # before `method` is read: it may name a method a user module registers
+        if isinstance(data, Mapping) and data.get("imports") is not None:
+            import_user_modules(data["imports"], where="imports")
+        return data
 
     @field_validator("method")
     @classmethod
@@ -220,12 +164,12 @@ class _AgentCreditBlock(UserRewardConfig):
         """The turn.info key of the protocol's formatting reward: the setting of the part that needs
         ``format_reward`` (PORTool's), else that setting's default (the rows carry no formatting reward then)."""
         if "format_reward" in self.needs.step_inputs:
-            return self.settings_for("format_reward").format_reward_key
-        return PortoolSettings.model_fields["format_reward_key"].default
+            return getattr(self.settings_for("format_reward"), "format_reward_key", FORMAT_REWARD_KEY)
+        return FORMAT_REWARD_KEY
 
 
-# one section per built-in method, of its method file's settings class (the native trainer's, one schema for both)
-# or the extension above with verl-only fields; never written per method here (issue 37)
+# one section per built-in method, of the class its home gives verl (Method.settings_class("verl"): the native
+# trainer's, one schema for both, or its extension with verl-only fields); never written per method here (issue 37)
 AgentCreditSettings = create_model(
     "AgentCreditSettings",
     __base__=_AgentCreditBlock,
@@ -233,7 +177,7 @@ AgentCreditSettings = create_model(
     __doc__="The ``agentcredit`` block; ``reward`` (your own outcome reward) is the native ``task.reward``'s "
     "definition. Every built-in method has its settings section (``agentcredit.<section>``); a method registered "
     "from user code keeps its settings under ``agentcredit.<its section>`` too.",
-    **method_sections(GaeSettings, CarlSegmentSettings, TipsSettings, GearSettings, PortoolSettings),
+    **method_sections("verl"),
 )
 
 
@@ -300,6 +244,10 @@ def load_settings(config: Any, *, where: str = "agentcredit") -> AgentCreditSett
     except ValidationError as err:
         problems = []
         for e in err.errors():
+            text = str(e["msg"]).removeprefix("Value error, ")
+            if not e["loc"] and text.startswith("imports"):  # a user module: the message names the entry
+                problems.append(f"{where}.{text}")
+                continue
             key = ".".join([where, *(str(p) for p in e["loc"])])
             problems.append(f"{key}: {e['msg']}")
         raise ValueError("invalid agentcredit config:\n  " + "\n  ".join(problems)) from None

@@ -97,7 +97,7 @@ def score_question(ctx: dict, spec: GearProbe, example: Any) -> list[dict]:
     """The question's scripted failing episodes, scored by the student and the teacher: per-token records."""
     import torch
 
-    from agentcredit.credit.gear import gear_details
+    from agentcredit.credit import gear_details
     from agentcredit.rollout.replay import replay
     from agentcredit.train import signals
     from agentcredit.train.batch import build_batch

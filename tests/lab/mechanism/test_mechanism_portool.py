@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agentcredit.credit.portool import portool_advantage_terms
+from agentcredit.credit import portool_advantage_terms
 from agentcredit.lab.mechanism import load_spec
 from agentcredit.lab.mechanism.core import planned_questions
 from agentcredit.lab.mechanism.portool import fork_statistics, questions, summarise

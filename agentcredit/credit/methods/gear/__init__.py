@@ -1,7 +1,7 @@
 """GEAR: a per-token weight from the teacher-student divergence on top of the base advantage (Eqs. 2-6).
 
 A reweighting method: :func:`reweight` multiplies any estimate's advantages by GEAR's weight W_t, read off
-:func:`agentcredit.credit.gear.gear_details`. The teacher's log-probs (the same tokens under the
+:func:`~agentcredit.credit.methods.gear.maths.gear_details` (``maths.py``). The teacher's log-probs (the same tokens under the
 ground-truth-conditioned context), the student's and its entropies are signals the trainer computes.
 """
 
@@ -15,8 +15,8 @@ from pydantic import Field
 from torch import Tensor
 
 from agentcredit.credit.estimators import EpisodeBatch, Estimate
-from agentcredit.credit.gear import TURN_HEAD_TOKENS, gear_details
-from agentcredit.credit.methods.base import Method, Needs, Settings
+from agentcredit.credit.methods.base import Method, Needs, Settings, register_signal
+from agentcredit.credit.methods.gear.maths import TURN_HEAD_TOKENS, gear_details
 
 
 class GearSettings(Settings):
@@ -200,9 +200,30 @@ def reweight(batch: EpisodeBatch, estimate: Estimate, settings: GearSettings) ->
     return estimate
 
 
+TEACHER_LOGP = register_signal(
+    "teacher_logp",
+    "the ground-truth-conditioned teacher's log-probs of the student's own tokens, [N, L] (gear.md §2.2)",
+)
+
+
+class GearVerlSettings(GearSettings):
+    """verl's ``agentcredit.gear``: the native ``algorithm.gear`` section (GEAR's settings and teacher template,
+    ``reference: trajectory``, the paper's tau*, by default, built on the worker as on the native trainer), plus
+    where verl reads the student's log-probs."""
+
+    student_logprobs: Literal["rollout", "old"] = Field(
+        "rollout",
+        description=(
+            "student log-probs: 'rollout' (the inference engine, the same engine that scores the teacher, so the "
+            "rKL has no precision mismatch; needs rollout.calculate_log_probs=True) or 'old' (training engine)."
+        ),
+    )
+
+
 METHOD = Method(
     name="gear",
     settings=GearSettings,
+    trainer_settings=(("verl", GearVerlSettings),),
     # loss: paper Eq. 1 / 6 (seed lines 66, 315), 1/|tau| per trajectory (gear.md A12)
     needs=Needs(
         signals=frozenset({"teacher_logp", "student_logp", "entropy"}), loss_agg="seq-mean-token-mean"

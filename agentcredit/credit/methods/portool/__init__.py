@@ -1,6 +1,6 @@
 """PORTool: step rewards on a tree of tool-call steps, trajectory plus fork advantages (Eqs. 1-3, Thm 3.1).
 
-The maths is :func:`agentcredit.credit.portool.portool_advantage_terms`. PORTool scores outcomes with its own
+The maths is :func:`~agentcredit.credit.methods.portool.maths.portool_advantage_terms` (``maths.py``). PORTool scores outcomes with its own
 judge (``needs.reward = "judge"``) and reads the protocol's formatting reward of every step.
 """
 
@@ -19,7 +19,7 @@ from agentcredit.credit.estimators import (
     outcome_part,
 )
 from agentcredit.credit.methods.base import Method, Needs, Settings
-from agentcredit.credit.portool import PortoolTerms, portool_advantage_terms
+from agentcredit.credit.methods.portool.maths import PortoolTerms, portool_advantage_terms
 
 
 class PortoolSettings(Settings):
@@ -53,6 +53,30 @@ class PortoolSettings(Settings):
         "split_min",
         description="split_min (paper, App. B): trajectory and fork terms each get their own clipped min; "
         "single_min: one min on their sum (Eq. 1 with Eq. 3, portool.md 8.9).",
+    )
+
+
+class PortoolNativeSettings(PortoolSettings):
+    """The native trainer's ``algorithm.portool``: PORTool's settings plus its outcome judge."""
+
+    judge: Literal["rule", "llm"] = Field(
+        "rule", description="Outcome judge: rule-based EM/F1 (default) or a local LLM."
+    )
+    judge_model: str | None = Field(None, description="Local model path for the LLM judge.")
+
+
+class PortoolVerlSettings(PortoolSettings):
+    """verl's ``agentcredit.portool``: PORTool's settings plus where the agent loop finds the formatting reward."""
+
+    # verl's actor loss takes one advantage per token, so verl runs the single min on Eq. 3 (portool.md 8.9); the
+    # paper's split min (App. B) is the native trainer's algorithm.portool.combine
+    combine: Literal["single_min"] = Field(
+        "single_min", description="single_min only: verl's actor loss takes one advantage per token."
+    )
+
+    format_reward_key: str = Field(
+        "format_reward",
+        description="turn.info key holding the rescaled formatting reward R_fm in [-0.25, 0.25].",
     )
 
 
@@ -125,6 +149,7 @@ def estimate(batch: EpisodeBatch, settings: PortoolSettings) -> Estimate:
 METHOD = Method(
     name="portool",
     settings=PortoolSettings,
+    trainer_settings=(("native", PortoolNativeSettings), ("verl", PortoolVerlSettings)),
     needs=Needs(
         rollout="portool",
         step_inputs=frozenset({"tree", "format_reward"}),

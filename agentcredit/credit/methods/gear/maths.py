@@ -260,7 +260,7 @@ def gear_advantages(
     """GEAR token advantages of one trajectory.
 
     Args:
-        advantage: the trajectory's GRPO advantage A (see :func:`agentcredit.credit.grpo.grpo_advantages`).
+        advantage: the trajectory's GRPO advantage A (see :func:`agentcredit.credit.methods.grpo.grpo_advantages`).
         student_logp: ``[T]`` log pi_old(a_t | s_t) of the sampled tokens.
         teacher_logp: ``[T]`` log pi_old(a_t | s_t*) of the same tokens under the ground-truth context.
         entropy: ``[T]`` full-vocabulary entropy H_t of the student (nats).

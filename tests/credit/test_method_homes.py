@@ -1,0 +1,180 @@
+"""A built-in method is one home (issue 53): in the package's code its name appears only in its home
+(``agentcredit/credit/methods/<section>.py``, or the package ``credit/methods/<section>/``), its presets and the
+registry (``credit/methods/__init__.py`` and ``base.py``).
+
+"Names it in code" reads the module's syntax tree, not its text: an identifier (``tips_stats``, ``TipsSettings``,
+``carl_segment``), an imported module path, or a string constant (``"carl-segment"``), split into words, holds the
+method's words in a row. Comments, docstrings and descriptions (``Field(description=...)``, a command's ``help``:
+they cite the paper a default comes from) are prose and do not count.
+
+The goal is no file outside the home; until the other parts of issue 53 land (the lab's move out of the package,
+verl's episode code) the test records the counts as a ratchet: a method may only lose files, never gain one, and
+the goal test is an expected failure that turns into a failure the day it passes (remove its mark then).
+Run ``python tests/credit/test_method_homes.py`` for the table of files per method.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "agentcredit"
+#: the registry: it finds the methods (``__init__``) and defines what a method is (``base``)
+REGISTRY = {"agentcredit/credit/methods/__init__.py", "agentcredit/credit/methods/base.py"}
+#: the lab is apart from the library: a study or a probe chooses the methods it compares, which is not part of a
+#: method (as tests/test_method_files.py leaves studies/ out)
+LAB = "agentcredit/lab/"
+BUILT_IN = ("grpo", "ppo", "gigpo", "carl-segment", "carl-critical", "portool", "tips", "gear")
+
+#: files outside its home that name each method today (the ratchet: counts only ever go down)
+RATCHET = {
+    "grpo": 12,
+    "ppo": 6,
+    "gigpo": 1,
+    "carl-segment": 12,
+    "carl-critical": 4,
+    "portool": 13,
+    "tips": 17,
+    "gear": 14,
+}
+
+_CAMEL = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+")
+
+
+def words(text: str) -> list[str]:
+    """``TipsSettings`` -> tips, settings; ``carl_segment`` / ``"carl-segment"`` -> carl, segment."""
+    return [w.lower() for part in re.split(r"[^A-Za-z0-9]+", text) for w in _CAMEL.findall(part)]
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    ids = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                ids.add(id(body[0].value))
+    return ids
+
+
+#: keyword arguments whose strings are documentation (a setting's or a command option's description, which cites
+#: the paper a default comes from: "carl-segment §2.4"), not code
+PROSE_KEYWORDS = {"description", "help"}
+
+
+def code_terms(source: str) -> list[str]:
+    """The identifiers, module paths and string constants of a module, docstrings and descriptions left out."""
+    tree = ast.parse(source)
+    skip = _docstrings(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.keyword) and node.arg in PROSE_KEYWORDS:
+            skip |= {id(n) for n in ast.walk(node.value) if isinstance(n, ast.Constant)}
+    out: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            out.append(node.id)
+        elif isinstance(node, ast.Attribute):
+            out.append(node.attr)
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            out.append(node.name)
+        elif isinstance(node, ast.arg):
+            out.append(node.arg)
+        elif isinstance(node, ast.alias):
+            out.extend([node.name, node.asname or ""])
+        elif isinstance(node, ast.ImportFrom):
+            out.append(node.module or "")
+        elif isinstance(node, ast.keyword) and node.arg:
+            out.append(node.arg)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip:
+            out.append(node.value)
+    return out
+
+
+def names_method(terms: list[str], method: str) -> bool:
+    target = method.split("-")
+    n = len(target)
+    for term in terms:
+        w = words(term)
+        if any(w[i : i + n] == target for i in range(len(w) - n + 1)):
+            return True
+    return False
+
+
+def home(method: str) -> tuple[str, str]:
+    section = method.replace("-", "_")
+    return f"agentcredit/credit/methods/{section}.py", f"agentcredit/credit/methods/{section}/"
+
+
+def outside_home() -> dict[str, list[str]]:
+    """For each built-in method, the package's .py files outside its home and the registry that name it in code."""
+    terms = {
+        path.relative_to(ROOT).as_posix(): code_terms(path.read_text(encoding="utf-8"))
+        for path in sorted(PACKAGE.rglob("*.py"))
+    }
+    out: dict[str, list[str]] = {}
+    for method in BUILT_IN:
+        own_file, own_dir = home(method)
+        out[method] = [
+            rel
+            for rel, t in terms.items()
+            if rel != own_file
+            and not rel.startswith(own_dir)
+            and rel not in REGISTRY
+            and not rel.startswith(LAB)
+            and names_method(t, method)
+        ]
+    return out
+
+
+def presets() -> dict[str, list[str]]:
+    """The YAML presets that name each method (allowed: a method's presets are part of it)."""
+    files = sorted(PACKAGE.rglob("*.yaml"))
+    out: dict[str, list[str]] = {}
+    for method in BUILT_IN:
+        section = method.replace("-", "_")
+        pattern = re.compile(rf"(?<![a-z0-9_-])({re.escape(method)}|{re.escape(section)})(?![a-z0-9_])")
+        out[method] = [f.relative_to(ROOT).as_posix() for f in files if pattern.search(f.read_text().lower())]
+    return out
+
+
+def test_the_reading_finds_names_in_code_not_in_prose():
+    source = '''"""TIPS and gear in a docstring do not count."""
+# carl-segment in a comment does not count
+from agentcredit.credit.methods.portool import PortoolSettings
+x = {"algorithm.method": "carl-critical"}
+def f(settings):
+    """ppo here neither."""
+    return settings.grpo_scale
+y = Field(0.1, description="gigpo in a description neither")
+'''
+    terms = code_terms(source)
+    assert {m for m in BUILT_IN if names_method(terms, m)} == {"portool", "carl-critical", "grpo"}
+    assert words("TipsSettings.gear_reweight") == ["tips", "settings", "gear", "reweight"]
+    assert not names_method(["segment_advantages", "carl"], "carl-segment")  # the words in a row
+
+
+def test_no_method_gains_a_file_outside_its_home():
+    found = outside_home()
+    grown = {m: (len(files), RATCHET[m], files) for m, files in found.items() if len(files) > RATCHET[m]}
+    assert not grown, f"a method's name spread to more files outside its home: {grown}"
+
+
+@pytest.mark.xfail(
+    strict=True, reason="issue 53 in progress: the lab, verl's episode code and the stats still name methods"
+)
+def test_each_method_is_named_only_in_its_home_its_presets_and_the_registry():
+    found = outside_home()
+    assert not any(found.values()), {m: files for m, files in found.items() if files}
+
+
+if __name__ == "__main__":  # the table for a report
+    found, yaml = outside_home(), presets()
+    for method in BUILT_IN:
+        print(f"{method:14s} {len(found[method]):3d} files outside its home, {len(yaml[method]):3d} presets")
+        if "-v" in sys.argv:
+            for rel in found[method]:
+                print(f"    {rel}")
