@@ -229,6 +229,26 @@ class Strategy(ABC):
         """The generator of job batches for one prompt (see the module docstring)."""
 
 
+@dataclass(frozen=True)
+class PlanStep:
+    """A plan's next round: its jobs, or (``jobs`` empty) the end, with the tree it returned (None: the one it grew)."""
+
+    jobs: list[Job]
+    final: RolloutTree | None = None
+
+
+def advance_plan(plan: Plan, results: list[JobResult] | None, where: str) -> PlanStep:
+    """Give ``plan`` the results of its last round (None: start it) and read its next jobs, or its end. Every
+    driver of a strategy (the native engine, verl's agent loop) steps it here; ``where`` names it in the error."""
+    try:
+        jobs = next(plan) if results is None else plan.send(results)
+    except StopIteration as stop:
+        return PlanStep([], stop.value)
+    if not jobs:
+        raise ValueError(f"strategy yielded an empty job list for {where}")
+    return PlanStep(list(jobs))
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Internal bookkeeping
 
@@ -557,11 +577,10 @@ class RolloutEngine:
 
     def _advance(self, run: _TreeRun, results: list[JobResult] | None) -> None:
         """Give the plan its results and queue its next jobs (or finish the tree)."""
-        try:
-            jobs = next(run.plan) if results is None else run.plan.send(results)
-        except StopIteration as stop:
+        step = advance_plan(run.plan, results, f"prompt {run.index}")
+        if not step.jobs:
             run.done = True
-            run.final = stop.value
+            run.final = step.final
             if self._on_tree_done is not None:
                 self._on_tree_done()
             for eps in run.parked.values():
@@ -570,11 +589,9 @@ class RolloutEngine:
             run.parked.clear()
             run.blocks.clear()
             return
-        if not jobs:
-            raise ValueError(f"strategy yielded an empty job list for prompt {run.index}")
-        run.batch = list(jobs)
-        run.results = [None] * len(jobs)
-        run.outstanding = len(jobs)
+        run.batch = step.jobs
+        run.results = [None] * len(step.jobs)
+        run.outstanding = len(step.jobs)
         self._start_jobs(run)
 
     def _job_done(self, ep: _JobRun, finished: bool) -> None:

@@ -345,3 +345,30 @@ def test_generate_segment_reports_eos_length_and_an_empty_answer():
     assert got == ([97, 98], [-1.0, -1.0], "length")
     got = asyncio.run(generate_segment(toy, state, tok, server(Generation([], [])), [1], 2, eos))
     assert got == ([], [], "length")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# stepping a strategy's plan (both drivers)
+
+
+def test_advance_plan_gives_the_jobs_then_the_plans_own_tree_and_refuses_an_empty_round():
+    from agentcredit.rollout.engine import Job, JobResult, advance_plan
+
+    pruned = RolloutTree(Segment([1], role="prompt"))
+
+    def plan():
+        results = yield [Job(0), Job(0, max_steps=1)]
+        assert [r.end for r in results] == [3, 5]
+        return pruned
+
+    p = plan()
+    step = advance_plan(p, None, "prompt 0")
+    assert step.jobs == [Job(0), Job(0, max_steps=1)] and step.final is None
+    done = advance_plan(p, [JobResult(Job(0), [3], 3, True), JobResult(Job(0), [5], 5, False)], "prompt 0")
+    assert done.jobs == [] and done.final is pruned
+
+    def empty():
+        yield []
+
+    with pytest.raises(ValueError, match="strategy yielded an empty job list for prompt 7"):
+        advance_plan(empty(), None, "prompt 7")

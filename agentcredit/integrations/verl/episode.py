@@ -26,7 +26,7 @@ from typing import Any
 from agentcredit.credit import tips_potential
 from agentcredit.integrations.verl.fields import RowRecord, Span
 from agentcredit.protocols.base import EpisodeState, Protocol
-from agentcredit.rollout.engine import Job, JobResult, PlanContext, Strategy
+from agentcredit.rollout.engine import Job, JobResult, PlanContext, Strategy, advance_plan
 from agentcredit.rollout.episode import (
     FINISHED,
     EpisodeLimits,
@@ -104,16 +104,11 @@ async def run_tree(
     request of the tree carries the caller's routing id, so one replica's prefix cache serves all its branches.
     """
     plan = strategy.plan(PlanContext(runner.tree, rng, max_turns))
-    results: list[JobResult] | None = None
-    while True:
-        try:
-            jobs = next(plan) if results is None else plan.send(results)
-        except StopIteration as stop:
-            final = stop.value if stop.value is not None else runner.tree
-            break
-        if not jobs:
-            raise ValueError(f"strategy {strategy.name} yielded an empty job list")
-        results = list(await asyncio.gather(*(runner.run_job(job) for job in jobs)))
+    step = advance_plan(plan, None, f"strategy {strategy.name}")
+    while step.jobs:
+        results = list(await asyncio.gather(*(runner.run_job(job) for job in step.jobs)))
+        step = advance_plan(plan, results, f"strategy {strategy.name}")
+    final = step.final if step.final is not None else runner.tree
     return [runner.episode(final, leaf) for leaf in final.leaves()]
 
 
