@@ -23,6 +23,8 @@ _LAZY = {
     "SegmentOutput": "backend",
     "SegmentRequest": "backend",
     "VLLMBackend": "vllm_backend",
+    "EpisodeLimits": "episode",
+    "EpisodeMachine": "episode",
     "EngineConfig": "engine",
     "EngineStats": "engine",
     "Job": "engine",

@@ -16,6 +16,10 @@ The loop, per iteration:
 5. an ended segment is read by the protocol; its tool calls go to the tool pool (``ToolRuntime.submit``) and
    the episode waits there while the others keep decoding; the observation is tokenised alone and appended.
 
+Every decision of an episode (the segment's budget and end, the caps, tool failures, the replacement of a transient
+observation, pauses) is its :class:`~agentcredit.rollout.episode.EpisodeMachine`'s, the state machine verl's agent
+loop drives too; the engine keeps the sequences, their cache columns and the batching.
+
 Contexts only ever grow by appending token ids: the prompt is rendered once with the chat template, generated
 ids are kept as sampled, and observations are tokenised on their own (carl-segment A27, portool 2.9).
 
@@ -50,7 +54,6 @@ fork tokens); ``decode_tokens`` are sampled tokens fed back.
 from __future__ import annotations
 
 import contextlib
-import copy
 import hashlib
 import random
 import threading
@@ -64,11 +67,19 @@ from typing import Any
 
 import torch
 
-from agentcredit.protocols.base import EpisodeState, Protocol, Turn
+from agentcredit.protocols.base import Protocol
 from agentcredit.rollout.backend import Backend, SegmentBackend, SegmentRequest
+from agentcredit.rollout.episode import (
+    EpisodeLimits,
+    EpisodeMachine,
+    Next,
+    NodeState,
+    token_finish,
+    visible_nodes,
+)
 from agentcredit.rollout.sampling import SamplingParams, draw_uniforms, sample_tokens
 from agentcredit.rollout.tree import RolloutTree, Segment
-from agentcredit.tools.base import ToolCall, ToolResult, ToolRuntime
+from agentcredit.tools.base import ToolCall, ToolRuntime
 from agentcredit.tools.episodes import StepOutcome
 
 RewardFn = Callable[[Any, "str | None"], float]
@@ -218,16 +229,28 @@ class Strategy(ABC):
         """The generator of job batches for one prompt (see the module docstring)."""
 
 
+@dataclass(frozen=True)
+class PlanStep:
+    """A plan's next round: its jobs, or (``jobs`` empty) the end, with the tree it returned (None: the one it grew)."""
+
+    jobs: list[Job]
+    final: RolloutTree | None = None
+
+
+def advance_plan(plan: Plan, results: list[JobResult] | None, where: str) -> PlanStep:
+    """Give ``plan`` the results of its last round (None: start it) and read its next jobs, or its end. Every
+    driver of a strategy (the native engine, verl's agent loop) steps it here; ``where`` names it in the error."""
+    try:
+        jobs = next(plan) if results is None else plan.send(results)
+    except StopIteration as stop:
+        return PlanStep([], stop.value)
+    if not jobs:
+        raise ValueError(f"strategy yielded an empty job list for {where}")
+    return PlanStep(list(jobs))
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Internal bookkeeping
-
-
-@dataclass
-class _NodeState:
-    """The episode state right after a node: what a job starting there needs."""
-
-    state: EpisodeState
-    generated: int  # policy tokens on the path from the root
 
 
 @dataclass
@@ -237,7 +260,7 @@ class _TreeRun:
     example: Any
     tree: RolloutTree
     plan: Plan
-    states: dict[int, _NodeState] = field(default_factory=dict)
+    states: dict[int, NodeState] = field(default_factory=dict)
     blocks: dict[int, Any] = field(default_factory=dict)  # node -> cache block (prefix store)
     parked: dict[int, list[_JobRun]] = field(default_factory=lambda: defaultdict(list))
     batch: list[Job] = field(default_factory=list)
@@ -251,16 +274,15 @@ class _TreeRun:
 @dataclass
 class _JobRun:
     """One job in flight (an episode being generated from its start node): its sequence, the segment it is
-    sampling, and its tool step; the engine's bookkeeping, finished into its tree's :class:`RolloutTree`."""
+    sampling, and its tool step. Its episode's decisions are its :class:`~agentcredit.rollout.episode.
+    EpisodeMachine`'s (which grows the tree); this is the engine's bookkeeping of sequences and columns."""
 
     run: _TreeRun
     job: Job
     slot: int  # index of the job in its batch
     seq: int
-    state: EpisodeState
+    machine: EpisodeMachine
     rng: torch.Generator | None
-    node: int  # last node of the context
-    generated: int
     layout: list[tuple[int, int, int]]  # (node, start, end) of the visible context, in order
     pending: list[int] = field(default_factory=list)
     pending_prefill: int = 0
@@ -270,14 +292,20 @@ class _JobRun:
     seg_logprobs: list[float] = field(default_factory=list)
     seg_entropies: list[float | None] = field(default_factory=list)  # None: a SegmentBackend (no entropy)
     seg_budget: int = 0
-    transient_start: int | None = None  # column where a not-yet-replaced transient observation starts
     future: Future | None = None
-    turn: Turn | None = None
-    steps: int = 0
     pause: bool = False
-    added: list[int] = field(default_factory=list)
     env: Any = None  # its per-episode environment (EpisodeSession), opened at its first tool step
     seed: int = 0  # the job's seed (its rng's); a SegmentBackend's requests derive theirs from it
+
+    @property
+    def node(self) -> int:
+        """The last node of the context (the machine's)."""
+        return self.machine.node
+
+    @property
+    def generated(self) -> int:
+        """Policy tokens on the path from the root, the segment being sampled included."""
+        return self.machine.generated + (len(self.seg_ids) if self.seg_budget else 0)
 
 
 def _seed(*parts: object) -> int:
@@ -402,6 +430,12 @@ class RolloutEngine:
         self.stop_ids = frozenset(int(t) for t in stop_token_ids)
         self.max_turns = self.config.max_turns or protocol.max_segments
         self.max_context = min(self.config.max_context or backend.max_positions, backend.max_positions)
+        self.limits = EpisodeLimits(
+            max_segment_tokens=self.config.max_segment_tokens,
+            max_context=self.max_context,
+            max_turns=self.max_turns,
+            max_episode_tokens=self.config.max_episode_tokens,
+        )
         self.stats = EngineStats()
         self._tool_lock = threading.Lock()
         self._calls = 0
@@ -538,16 +572,15 @@ class RolloutEngine:
         rng = random.Random(_seed(self._seed, "plan", prompt_id))
         plan = strategy.plan(PlanContext(tree, rng, self.max_turns))
         run = _TreeRun(index=index, prompt_id=prompt_id, example=item, tree=tree, plan=plan)
-        run.states[0] = _NodeState(state, 0)
+        run.states[0] = NodeState(state, 0)
         return run
 
     def _advance(self, run: _TreeRun, results: list[JobResult] | None) -> None:
         """Give the plan its results and queue its next jobs (or finish the tree)."""
-        try:
-            jobs = next(run.plan) if results is None else run.plan.send(results)
-        except StopIteration as stop:
+        step = advance_plan(run.plan, results, f"prompt {run.index}")
+        if not step.jobs:
             run.done = True
-            run.final = stop.value
+            run.final = step.final
             if self._on_tree_done is not None:
                 self._on_tree_done()
             for eps in run.parked.values():
@@ -556,36 +589,19 @@ class RolloutEngine:
             run.parked.clear()
             run.blocks.clear()
             return
-        if not jobs:
-            raise ValueError(f"strategy yielded an empty job list for prompt {run.index}")
-        run.batch = list(jobs)
-        run.results = [None] * len(jobs)
-        run.outstanding = len(jobs)
+        run.batch = step.jobs
+        run.results = [None] * len(step.jobs)
+        run.outstanding = len(step.jobs)
         self._start_jobs(run)
 
     def _job_done(self, ep: _JobRun, finished: bool) -> None:
         run = ep.run
-        run.results[ep.slot] = JobResult(ep.job, list(ep.added), ep.node, finished)
+        run.results[ep.slot] = JobResult(ep.job, list(ep.machine.added), ep.node, finished)
         run.outstanding -= 1
         if run.outstanding == 0:
             self._advance(run, list(run.results))  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------ starting jobs
-    def _visible(self, tree: RolloutTree, node: int) -> list[int]:
-        """Nodes of the context at ``node``: the path minus transient observations a policy segment followed."""
-        path = tree.path(node)
-        out: list[int] = []
-        pending: int | None = None
-        for i in path:
-            seg = tree.segment(i)
-            if seg.role == "policy" and pending is not None:
-                out.remove(pending)
-                pending = None
-            out.append(i)
-            if seg.transient:
-                pending = i
-        return out
-
     def _start_jobs(self, run: _TreeRun) -> None:
         groups: dict[int, list[int]] = defaultdict(list)
         for slot, job in enumerate(run.batch):
@@ -618,7 +634,6 @@ class RolloutEngine:
 
     def _new_episode(self, run: _TreeRun, slot: int) -> _JobRun:
         job = run.batch[slot]
-        snap = run.states[job.node]
         rng = None
         seed = _seed(self._seed, "job", run.prompt_id, run.jobs_started)
         if not self.config.sampling.greedy:
@@ -630,10 +645,18 @@ class RolloutEngine:
             job=job,
             slot=slot,
             seq=-1,
-            state=copy.deepcopy(snap.state),
+            machine=EpisodeMachine(
+                self.protocol,
+                run.tree,
+                job.node,
+                run.states[job.node],
+                self.limits,
+                encode=lambda text: self.tokenizer(text, add_special_tokens=False)["input_ids"],
+                max_turns=job.max_turns,
+                max_steps=job.max_steps,
+                states=run.states,
+            ),
             rng=rng,
-            node=job.node,
-            generated=snap.generated,
             layout=[],
             seed=seed,
         )
@@ -641,7 +664,6 @@ class RolloutEngine:
     def _take_over(self, ep: _JobRun, parked: _JobRun) -> None:
         """``ep`` continues a paused episode's sequence (same context, logits ready)."""
         ep.seq, ep.layout, ep.logits = parked.seq, list(parked.layout), parked.logits
-        ep.transient_start = parked.transient_start
         ep.env, parked.env = parked.env, None  # the environment is in the paused state: it continues too
         self._live.remove(parked)
         self._live.append(ep)
@@ -649,7 +671,6 @@ class RolloutEngine:
     def _clone(self, leader: _JobRun, ep: _JobRun) -> None:
         ep.seq = self.backend.fork(leader.seq)
         ep.layout, ep.logits = list(leader.layout), leader.logits
-        ep.transient_start = leader.transient_start
         self.stats.forks += 1
         self._live.append(ep)
 
@@ -680,7 +701,7 @@ class RolloutEngine:
     def _build_sequence(self, ep: _JobRun) -> None:
         """A sequence holding the context of ``ep.node``, from stored node caches where possible."""
         tree = ep.run.tree
-        nodes = self._visible(tree, ep.node)
+        nodes = visible_nodes(tree, ep.node)
         reuse = 0
         if self._store:
             while reuse < len(nodes) and nodes[reuse] in ep.run.blocks:
@@ -707,9 +728,6 @@ class RolloutEngine:
             last = tree.segment(nodes[-1]).token_ids[-1]
             self.backend.truncate(ep.seq, length - 1)
             feed = [last]
-        last_node, last_start, _ = ep.layout[-1]
-        if tree.segment(last_node).transient:
-            ep.transient_start = last_start
         ep.pending, ep.pending_prefill = feed, len(feed)
 
     # ------------------------------------------------------------------ the loop
@@ -789,7 +807,7 @@ class RolloutEngine:
         for ep in eps:
             length = backend.length(ep.seq)
             budget = min(ep.seg_budget - len(ep.seg_ids), self.max_context - length)
-            stops = tuple(self.protocol.stop_strings(ep.state))
+            stops = tuple(self.protocol.stop_strings(ep.machine.state))
             seed = _seed(ep.seed, "segment", ep.generated) & 0x7FFFFFFF
             requests.append(SegmentRequest(backend.tokens(ep.seq), max(1, budget), stops, seed))
         outputs = backend.generate(requests, self.config.sampling, sorted(self.stop_ids))
@@ -812,95 +830,69 @@ class RolloutEngine:
     # ------------------------------------------------------------------ segments
     def _begin_segment(self, ep: _JobRun) -> None:
         """Set the token budget of the next policy segment (the logits for its first token are ready)."""
-        ep.turn = None
-        budget = self.protocol.max_new_tokens(ep.state, self.config.max_segment_tokens)
-        if budget < 1:
-            raise ValueError(
-                f"{self.protocol.name}.max_new_tokens returned {budget}; a segment needs >= 1 token"
-            )
-        # _episode_end stops an episode whose token budget is spent, so this is >= 1
-        budget = min(budget, self.config.max_episode_tokens - ep.generated)
-        ep.seg_budget = budget
+        step = ep.machine.next_segment()
+        # the machine ends an episode whose tokens or context are spent after its segment or observation, so a
+        # job always starts with room for one token
+        assert step.action == "generate", step
+        ep.seg_budget = step.budget
         ep.seg_ids, ep.seg_logprobs, ep.seg_entropies = [], [], []
 
     def _on_token(self, ep: _JobRun, token: int, logprob: float, entropy: float | None) -> None:
         ep.seg_ids.append(token)
         ep.seg_logprobs.append(logprob)
         ep.seg_entropies.append(entropy)
-        ep.generated += 1
         self.stats.generated_tokens += 1
         text = self.tokenizer.decode(ep.seg_ids, skip_special_tokens=False)
-        context = self.backend.length(ep.seq) + 1
-        if token in self.stop_ids:
-            finish = "eos"
-        elif self.protocol.segment_ends(ep.state, text):
-            finish = "stop"
-        elif len(ep.seg_ids) >= ep.seg_budget or context >= self.max_context:
-            finish = "length"
-        else:
+        machine = ep.machine
+        finish = token_finish(
+            self.protocol, machine.state, token, text, len(ep.seg_ids), ep.seg_budget, self.stop_ids
+        )
+        if finish is None:
             ep.pending, ep.pending_prefill = [token], 0
             return
         self._end_segment(ep, text, finish)
 
     def _end_segment(self, ep: _JobRun, text: str, finish: str) -> None:
-        protocol, tree = self.protocol, ep.run.tree
-        turn = protocol.read_segment(ep.state, text, finish)  # type: ignore[arg-type]
-        protocol.record(ep.state, turn, text)
-        segment = Segment(
-            ep.seg_ids,
-            text,
-            role="policy",
-            kind=turn.kind,
-            logprobs=ep.seg_logprobs,
-            entropies=None if self._segments is not None else ep.seg_entropies,
-            info={"finish": finish, "calls": [c.to_dict() for c in turn.calls]},
-        )
-        node = tree.add(segment, ep.node)
+        machine = ep.machine
         start = self.backend.length(ep.seq) - (len(ep.seg_ids) - 1)
-        ep.layout.append((node, start, start + len(ep.seg_ids)))
-        ep.node, ep.turn, ep.seg_budget = node, turn, 0
-        ep.added.append(node)
-        ep.steps += 1
+        first_new = len(machine.added)
+        step = machine.end_segment(
+            list(ep.seg_ids),
+            text,
+            finish,  # type: ignore[arg-type]
+            list(ep.seg_logprobs),
+            None if self._segments is not None else list(ep.seg_entropies),
+        )
+        node = machine.added[first_new]  # the policy segment (an observation may follow it)
+        ep.seg_budget = 0
         self.stats.segments += 1
-
-        end = self._episode_end(ep, turn)
-        if end is not None:
-            segment.info.update(turn.info)
-            self._finish_episode(ep, end)
+        if step.action == "end":
+            ep.layout.append((node, start, start + len(ep.seg_ids)))
+            self._finish_episode(ep, step.reason)  # type: ignore[arg-type]
             return
         feed = [ep.seg_ids[-1]]
-        if ep.transient_start is not None:  # replacement: drop the raw output, re-feed the extraction
-            self.backend.truncate(ep.seq, ep.transient_start)
-            ep.layout = [entry for entry in ep.layout if entry[1] < ep.transient_start]
-            ep.layout.append((node, ep.transient_start, ep.transient_start + len(ep.seg_ids)))
+        if machine.spliced is not None:  # replacement: drop the raw output, re-feed the extraction
+            cut = next(begin for n, begin, _ in ep.layout if n == machine.spliced)
+            self.backend.truncate(ep.seq, cut)
+            ep.layout = [entry for entry in ep.layout if entry[1] < cut]
+            start = cut
             feed = list(ep.seg_ids)
-            ep.transient_start = None
-            segment.info["spliced"] = True
             self.stats.splices += 1
+        ep.layout.append((node, start, start + len(ep.seg_ids)))
         ep.pending, ep.pending_prefill = feed, len(feed) - 1
-        if turn.calls:
-            self.stats.tool_calls += len(turn.calls)
+        if step.action == "tools":
+            calls = list(step.calls)
+            self.stats.tool_calls += len(calls)
             self.stats.tool_turns += 1
             if self.tools.episodes is None:
-                ep.future = self.tools.submit_step(self._timed_step, self.tools.run, list(turn.calls))
+                ep.future = self.tools.submit_step(self._timed_step, self.tools.run, calls)
             else:
-                replay = recorded_steps(tree, ep.job.node) if ep.env is None else None
-                step = (self._environment_step, ep, list(turn.calls), replay)
-                ep.future = self.tools.submit_step(self._timed_step, *step)
+                replay = recorded_steps(machine.tree, ep.job.node) if ep.env is None else None
+                ep.future = self.tools.submit_step(
+                    self._timed_step, self._environment_step, ep, calls, replay
+                )
         else:
-            self._observe(ep, [])
-
-    def _episode_end(self, ep: _JobRun, turn: Turn) -> str | None:
-        max_turns = min(self.max_turns, ep.job.max_turns or self.max_turns)
-        if turn.done:
-            return "done"
-        if ep.state.n_turns >= max_turns:
-            return "max_turns"
-        if ep.generated >= self.config.max_episode_tokens:
-            return "max_tokens"
-        if self.backend.length(ep.seq) + 1 >= self.max_context:
-            return "context"
-        return None
+            self._after_step(ep, node, step)
 
     def _collect_tools(self, *, block: bool) -> None:
         waiting = [ep for ep in self._live if ep.future is not None]
@@ -912,18 +904,8 @@ class RolloutEngine:
             if ep.future.done():  # type: ignore[union-attr]
                 results = ep.future.result()  # type: ignore[union-attr]  (a UserEnvironmentError stops the run)
                 ep.future = None
-                if isinstance(results, StepOutcome):
-                    info = ep.run.tree.nodes[ep.node].segment.info
-                    info["env_reward"] = results.reward
-                    if results.done:  # the environment ended the episode: its results are recorded, not shown
-                        # observation() still completes turn.info (chat's formatting reward counts failed calls)
-                        self.protocol.observation(ep.state, ep.turn, results.results)  # type: ignore[arg-type]
-                        info.update(ep.turn.info)  # type: ignore[union-attr]
-                        info["results"] = [r.to_dict() for r in results.results]
-                        self._finish_episode(ep, "env_done")
-                        continue
-                    results = results.results
-                self._observe(ep, results)
+                before = ep.node
+                self._after_step(ep, before, ep.machine.tool_results(results))
 
     def _timed_step(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run one tool step on a tool thread and add its wall seconds to ``stats.tool_seconds``."""
@@ -944,38 +926,19 @@ class RolloutEngine:
             ep.env.replay(replay or [])
         return ep.env.step(calls)
 
-    def _observe(self, ep: _JobRun, results: list[ToolResult]) -> None:
-        turn, tree = ep.turn, ep.run.tree
-        assert turn is not None
-        observation = self.protocol.observation(ep.state, turn, results)
-        info = tree.nodes[ep.node].segment.info
-        info.update(turn.info)  # final only now (protocols may complete it from the results)
-        if results:
-            info["results"] = [r.to_dict() for r in results]
-        if observation is not None and observation.text:
-            ids = self.tokenizer(observation.text, add_special_tokens=False)["input_ids"]
-            if self.backend.length(ep.seq) + len(ep.pending) + len(ids) + 1 > self.max_context:
-                info["context_overflow"] = len(ids)
-                self._finish_episode(ep, "context")
-                return
-            obs = Segment(
-                ids,
-                observation.text,
-                role="observation",
-                kind=observation.kind,
-                transient=observation.transient,
-            )
-            node = tree.add(obs, ep.node)
+    def _after_step(self, ep: _JobRun, before: int, step: Next) -> None:
+        """The machine read the step's results (``before``: the policy node of the step): feed the observation it
+        appended, and pause or end the episode as it says."""
+        if step.action == "end":
+            self._finish_episode(ep, step.reason)  # type: ignore[arg-type]
+            return
+        if ep.node != before:  # an observation was appended: its tokens are fed after the pending ones
+            ids = ep.machine.tree.segment(ep.node).token_ids
             start = self.backend.length(ep.seq) + len(ep.pending)
-            ep.layout.append((node, start, start + len(ids)))
-            if observation.transient:
-                ep.transient_start = start
-            ep.pending = ep.pending + ids
+            ep.layout.append((ep.node, start, start + len(ids)))
+            ep.pending = ep.pending + list(ids)
             ep.pending_prefill += len(ids)
-            ep.node = node
-            ep.added.append(node)
-        ep.run.states[ep.node] = _NodeState(copy.deepcopy(ep.state), ep.generated)
-        if ep.job.max_steps is not None and ep.steps >= ep.job.max_steps:
+        if step.action == "pause":
             ep.pause = True  # parked once the pending tokens are in (its logits ready for whoever continues)
 
     def _park(self, ep: _JobRun) -> None:
@@ -984,22 +947,14 @@ class RolloutEngine:
         self._job_done(ep, finished=False)
 
     def _finish_episode(self, ep: _JobRun, reason: str) -> None:
-        tree, turn = ep.run.tree, ep.turn
-        answer = turn.answer if (turn is not None and turn.done) else None
-        reward = episode_reward(self._reward_fn, ep.run.example, answer, tree, ep.node, self.tokenizer)
+        """The machine ended the episode (``reason``, recorded on the leaf): score it and free its sequence."""
+        tree, leaf = ep.run.tree, ep.node
+        answer = tree.nodes[leaf].info["answer"]
+        reward = episode_reward(self._reward_fn, ep.run.example, answer, tree, leaf, self.tokenizer)
         if self.tools.episodes is not None:  # the return: the outcome plus the environment's step rewards
-            tree.nodes[ep.node].info["outcome_reward"] = reward
-            reward += sum(tree.segment(n).info.get("env_reward", 0.0) for n in tree.path(ep.node))
-        tree.set_reward(ep.node, reward)
-        tree.nodes[ep.node].info.update(
-            {
-                "answer": answer,
-                "finish": reason,
-                "n_tool_calls": ep.state.n_tool_calls,
-                "n_turns": ep.state.n_turns,
-                "generated_tokens": ep.generated,
-            }
-        )
+            tree.nodes[leaf].info["outcome_reward"] = reward
+            reward += sum(tree.segment(n).info.get("env_reward", 0.0) for n in tree.path(leaf))
+        tree.set_reward(leaf, reward)
         self.stats.episodes += 1
         self._release(ep)
         self._job_done(ep, finished=True)

@@ -1,17 +1,13 @@
 """One episode of an agentcredit protocol against a token-in/token-out generation server.
 
-This is the engine-independent half of the verl agent loop: it drives a :class:`~agentcredit.protocols.base.
-Protocol` and a :class:`~agentcredit.tools.base.ToolRuntime` through the loop of the protocol's docstring,
-building contexts by appending token ids (never re-rendering a chat template), and returns the episode as a
-one-path :class:`~agentcredit.rollout.tree.RolloutTree`. :func:`episode_rows` then lays it out as verl rows
-(one per training view) with the :class:`~agentcredit.integrations.verl.fields.RowRecord` the trainer reads.
-
-Segment ends. A server with native stop strings (vLLM, SGLang) stops at ``protocol.stop_strings(state)``;
-every stop is only a candidate, confirmed by ``protocol.segment_ends`` on the exact decoded text, and an
-unconfirmed one (a closing fence that closes no python block) just continues the segment. Without stop
-strings the server may also run past the end: the tokens after the first confirmed end are dropped. Dropping
-them is exact, not an approximation: each kept token was sampled from the same conditional distribution it
-would have been sampled from had generation stopped there.
+This is the server half of the verl agent loop: :class:`TreeRunner` generates each policy segment on the server
+(:func:`agentcredit.rollout.episode.generate_segment`: the server's stop strings are candidates the protocol
+confirms, tokens past the first confirmed end are dropped) and runs the tools, while the episode's decisions (segment
+ends, caps, tool failures, the transient replacement, pauses) are the shared state machine's
+(:class:`agentcredit.rollout.episode.EpisodeMachine`). Contexts are built by appending token ids (never re-rendering
+a chat template), and the episode comes back as a :class:`~agentcredit.rollout.tree.RolloutTree`.
+:func:`episode_rows` then lays it out as verl rows (one per training view) with the
+:class:`~agentcredit.integrations.verl.fields.RowRecord` the trainer reads.
 
 Teacher scores. :func:`answer_potentials` (TIPS) and :func:`teacher_logprobs` (GEAR) ask a scorer for the
 log-probs of a continuation after a context (:mod:`agentcredit.integrations.verl.scoring`: verl's inference
@@ -21,7 +17,6 @@ server, reading the context from its prefix cache).
 from __future__ import annotations
 
 import asyncio
-import copy
 import random
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -31,7 +26,16 @@ from typing import Any
 from agentcredit.credit import tips_potential
 from agentcredit.integrations.verl.fields import RowRecord, Span
 from agentcredit.protocols.base import EpisodeState, Protocol
-from agentcredit.rollout.engine import Job, JobResult, PlanContext, Strategy
+from agentcredit.rollout.engine import Job, JobResult, PlanContext, Strategy, advance_plan
+from agentcredit.rollout.episode import (
+    FINISHED,
+    EpisodeLimits,
+    EpisodeMachine,
+    Generation,
+    NodeState,
+    boundaries,
+    generate_segment,
+)
 from agentcredit.rollout.tree import FlatSequence, RolloutTree, Segment
 from agentcredit.tools.base import ToolCall, ToolResult, ToolUnavailableError
 from agentcredit.tools.episodes import StepOutcome
@@ -47,14 +51,6 @@ __all__ = [
     "run_tree",
     "teacher_logprobs",
 ]
-
-
-@dataclass
-class Generation:
-    """What the server returned for one request: sampled tokens and (optionally) their log-probs."""
-
-    token_ids: list[int]
-    log_probs: list[float] | None = None
 
 
 #: ``generate(context_ids, sampling_params, branch) -> Generation``; ``branch`` is the index of the job in its tree
@@ -98,78 +94,6 @@ class EpisodeResult:
         return out
 
 
-def _candidate_ends(
-    protocol: Protocol, state: EpisodeState, tokenizer: Any, prefix: list[int], new: list[int]
-):
-    """Positions i (1-based over ``new``) where the segment prefix + new[:i] may end, cheapest check first.
-
-    The per-token pieces (one batch decode) approximate the text; every hit is confirmed on the exact decoding
-    of the whole prefix, so the approximation only decides where to look.
-    """
-    text = tokenizer.decode(prefix, skip_special_tokens=True) if prefix else ""
-    pieces = tokenizer.batch_decode([[t] for t in new], skip_special_tokens=True)
-    for i, piece in enumerate(pieces, start=1):
-        text += piece
-        if protocol.segment_ends(state, text):
-            yield i
-
-
-def _first_end(
-    protocol: Protocol, state: EpisodeState, tokenizer: Any, prefix: list[int], new: list[int]
-) -> int | None:
-    for i in _candidate_ends(protocol, state, tokenizer, prefix, new):
-        if protocol.segment_ends(state, tokenizer.decode(prefix + new[:i], skip_special_tokens=True)):
-            return i
-    # The exact text may end a segment where the pieces did not (multi-byte characters): check the full text.
-    if new and protocol.segment_ends(state, tokenizer.decode(prefix + new, skip_special_tokens=True)):
-        for i in range(1, len(new) + 1):
-            if protocol.segment_ends(state, tokenizer.decode(prefix + new[:i], skip_special_tokens=True)):
-                return i
-    return None
-
-
-async def _generate_segment(
-    protocol: Protocol,
-    state: EpisodeState,
-    tokenizer: Any,
-    generate: GenerateFn,
-    context: list[int],
-    budget: int,
-    sampling_params: dict[str, Any],
-    eos_token_ids: frozenset[int],
-    branch: int | None = None,
-) -> tuple[list[int], list[float] | None, str]:
-    """Sample one policy segment: its tokens, their log-probs (if the server gives them) and the finish reason."""
-    ids: list[int] = []
-    logprobs: list[float] | None = []
-    stops = protocol.stop_strings(state)
-    while True:
-        params = dict(sampling_params, max_new_tokens=budget - len(ids))
-        if stops:
-            params["stop"] = list(stops)
-        out = await generate(context + ids, params, branch)
-        new = list(out.token_ids)
-        if out.log_probs is None:
-            logprobs = None
-        elif logprobs is not None:
-            if len(out.log_probs) != len(new):
-                raise ValueError(f"the server returned {len(out.log_probs)} log-probs for {len(new)} tokens")
-        if not new:
-            return ids, logprobs, "length"  # aborted or empty: nothing more will come
-        cut = _first_end(protocol, state, tokenizer, ids, new)
-        keep = new if cut is None else new[:cut]
-        ids.extend(keep)
-        if logprobs is not None:
-            logprobs.extend(out.log_probs[: len(keep)])
-        if cut is not None:
-            return ids, logprobs, "stop"
-        if new[-1] in eos_token_ids:
-            return ids, logprobs, "eos"
-        if len(ids) >= budget or not stops:
-            return ids, logprobs, "length"
-        # stopped at a stop string the protocol did not confirm: the segment goes on from here
-
-
 async def run_tree(
     runner: TreeRunner, strategy: Strategy, rng: random.Random, max_turns: int
 ) -> list[EpisodeResult]:
@@ -180,16 +104,11 @@ async def run_tree(
     request of the tree carries the caller's routing id, so one replica's prefix cache serves all its branches.
     """
     plan = strategy.plan(PlanContext(runner.tree, rng, max_turns))
-    results: list[JobResult] | None = None
-    while True:
-        try:
-            jobs = next(plan) if results is None else plan.send(results)
-        except StopIteration as stop:
-            final = stop.value if stop.value is not None else runner.tree
-            break
-        if not jobs:
-            raise ValueError(f"strategy {strategy.name} yielded an empty job list")
-        results = list(await asyncio.gather(*(runner.run_job(job) for job in jobs)))
+    step = advance_plan(plan, None, f"strategy {strategy.name}")
+    while step.jobs:
+        results = list(await asyncio.gather(*(runner.run_job(job) for job in step.jobs)))
+        step = advance_plan(plan, results, f"strategy {strategy.name}")
+    final = step.final if step.final is not None else runner.tree
     return [runner.episode(final, leaf) for leaf in final.leaves()]
 
 
@@ -205,23 +124,13 @@ def fork_counts(tree: RolloutTree) -> dict[int, int]:
     return out
 
 
-@dataclass
-class _Snapshot:
-    """What a job continuing from a node needs: the protocol state and the context right after the node."""
-
-    state: EpisodeState
-    visible: list[int]  # node ids whose tokens form the context
-    pending_transient: int | None
-    boundaries: list[list[int]]  # contexts S_0, S_1, ... after each observation so far
-    policy_segments: int  # on the path from the root
-
-
 class TreeRunner:
     """Grows one rollout tree against the server: :meth:`run_job` continues the episode at a node.
 
     A single episode is one job from the root (:meth:`run_episode`); a tree strategy runs many
-    (:func:`run_tree`). A job ends the episode (the protocol's answer, a turn cap, the response budget) or pauses
-    after ``max_steps`` policy segments and their observation, where later jobs may continue or fork it.
+    (:func:`run_tree`). The episode's decisions (segment ends, caps, tool failures, the transient replacement,
+    pauses) are :class:`~agentcredit.rollout.episode.EpisodeMachine`'s; this runner generates the segments on the
+    server and runs the tools. The response budget is the machine's context cap at prompt + ``max_response_tokens``.
     """
 
     def __init__(
@@ -248,11 +157,15 @@ class TreeRunner:
             run_tools,
         )
         self.sampling_params = sampling_params
-        self.max_segment_tokens, self.max_response_tokens = max_segment_tokens, max_response_tokens
+        self.limits = EpisodeLimits(
+            max_segment_tokens=max_segment_tokens,
+            max_context=len(prompt_ids) + max_response_tokens,
+            max_turns=protocol.max_segments,
+        )
         self.eos = frozenset(int(t) for t in eos_token_ids)
         self.prompt_length = len(prompt_ids)
         self.tree = RolloutTree(Segment(list(prompt_ids), role="prompt", kind="prompt"))
-        self.snapshots = {0: _Snapshot(state, [0], None, [list(prompt_ids)], 0)}
+        self.states = {0: NodeState(state, 0)}
         self.branching = (
             branching  # keep every state for later jobs (a tree strategy); one episode needs none
         )
@@ -270,136 +183,64 @@ class TreeRunner:
             leaf,
             info.get("answer"),
             self.prompt_length,
-            info.get("boundaries", []),
-            info.get("finished", False),
+            boundaries(tree, leaf),
+            info.get("finish") in FINISHED,
             list(info.get("infra_failures", [])),
         )
 
     async def run_job(self, job: Job) -> JobResult:
-        protocol, tree, tokenizer = self.protocol, self.tree, self.tokenizer
-        if job.node not in self.snapshots:
+        if job.node not in self.states:
             raise ValueError(
                 f"job starts at node {job.node}, which is not a state an episode can continue from"
             )
-        snap = self.snapshots[job.node]
         branch = self.jobs if self.branching else None
         self.jobs += 1
-        state = copy.deepcopy(snap.state)
-        visible, pending_transient = list(snap.visible), snap.pending_transient
-        boundaries, policy_segments = [list(b) for b in snap.boundaries], snap.policy_segments
-        node, added, steps = job.node, [], 0
-        answer, finished, infra = None, False, []
+        tokenizer = self.tokenizer
+        machine = EpisodeMachine(
+            self.protocol,
+            self.tree,
+            job.node,
+            self.states[job.node],
+            self.limits,
+            encode=lambda text: tokenizer.encode(text, add_special_tokens=False),
+            max_turns=job.max_turns,
+            max_steps=job.max_steps,
+            states=self.states if self.branching else None,
+        )
 
-        def context() -> list[int]:
-            return [t for i in visible for t in tree.segment(i).token_ids]
+        async def chunk(context: list[int], max_new_tokens: int, stops: list[str]) -> Generation:
+            params = dict(self.sampling_params, max_new_tokens=max_new_tokens)
+            if stops:
+                params["stop"] = list(stops)
+            return await self.generate(context, params, branch)
 
+        step = machine.next_segment()
         while True:
-            ctx = context()
-            room = self.max_response_tokens - (len(ctx) - self.prompt_length)
-            budget = min(protocol.max_new_tokens(state, self.max_segment_tokens), room)
-            if budget <= 0:
+            if step.action == "generate":
+                ids, logprobs, finish = await generate_segment(
+                    self.protocol,
+                    machine.state,
+                    tokenizer,
+                    chunk,
+                    machine.context_ids(),
+                    step.budget,
+                    self.eos,
+                )
+                text = tokenizer.decode(ids, skip_special_tokens=True)
+                step = machine.end_segment(ids, text, finish, logprobs)
+            elif step.action == "tools":
+                step = machine.tool_results(await self.run_tools(list(step.calls)))
+            elif step.action == "pause":
+                return JobResult(job, machine.added, machine.node, False)
+            else:
                 break
-            ids, logprobs, finish = await _generate_segment(
-                protocol,
-                state,
-                tokenizer,
-                self.generate,
-                ctx,
-                budget,
-                self.sampling_params,
-                self.eos,
-                branch,
+        if step.reason == "infra" and self.branching:  # a tree's credit needs every leaf: the session fails
+            infra = self.tree.nodes[machine.node].info["infra_failures"]
+            raise ToolUnavailableError(
+                "infrastructure failure in a tree rollout, so the prompt's session is dropped: "
+                + "; ".join(infra)
             )
-            if not ids:
-                break
-            text = tokenizer.decode(ids, skip_special_tokens=True)
-            turn = protocol.read_segment(state, text, finish)
-            protocol.record(state, turn, text)
-            policy_segments += 1
-            capped = job.max_turns is not None and policy_segments >= job.max_turns and not turn.done
-            observation, step = None, None
-            if not turn.done and not capped:  # at the turn cap the episode ends before its calls run
-                results = await self.run_tools(list(turn.calls)) if turn.calls else []
-                if isinstance(results, StepOutcome):  # a per-episode environment's step (tools.environment)
-                    step, results = results, results.results
-                infra = [f"{r.name}: {r.output[:500]}" for r in results if r.infra]
-            if infra:
-                # a tool could not run (the machine's failure, not the model's): the model never reads the error,
-                # and the episode ends here, marked, to be left out of the credit and the loss (episode_rows)
-                if self.branching:  # a tree's credit needs every leaf: the whole session fails (verl pads)
-                    raise ToolUnavailableError(
-                        "infrastructure failure in a tree rollout, so the prompt's session is dropped: "
-                        + "; ".join(infra)
-                    )
-                seg = Segment(
-                    ids, text, role="policy", kind=turn.kind, logprobs=logprobs, info=dict(turn.info)
-                )
-                node = tree.add(seg, node)
-                added.append(node)
-                break
-            if not turn.done and not capped:
-                observation = protocol.observation(state, turn, results)
-                if (
-                    step is not None and step.done
-                ):  # it completed turn.info; the environment ended the episode
-                    observation = None
-            # turn.info is final only now (observation() may complete it), so the segment is built after it.
-            seg = Segment(ids, text, role="policy", kind=turn.kind, logprobs=logprobs, info=dict(turn.info))
-            if step is not None:
-                seg.info["env_reward"] = step.reward
-            node = tree.add(seg, node)
-            added.append(node)
-            visible.append(node)
-            if pending_transient is not None and turn.drop_transient:
-                visible.remove(pending_transient)
-                pending_transient = None
-            if turn.done:
-                answer, finished = turn.answer, True
-                break
-            if capped:
-                break
-            if (
-                step is not None and step.done
-            ):  # the environment ended it: its results are recorded, not shown
-                seg.info["results"] = [r.to_dict() for r in step.results]
-                finished = True
-                break
-            if observation is not None:
-                obs_ids = tokenizer.encode(observation.text, add_special_tokens=False)
-                room = self.max_response_tokens - (len(context()) - self.prompt_length)
-                if len(obs_ids) >= room:
-                    break  # the observation does not fit and leave room to answer: the episode is cut here
-                node = tree.add(
-                    Segment(
-                        obs_ids,
-                        observation.text,
-                        role="observation",
-                        kind=observation.kind,
-                        transient=observation.transient,
-                    ),
-                    node,
-                )
-                added.append(node)
-                visible.append(node)
-                if observation.transient:
-                    pending_transient = node
-                boundaries.append(context())
-            steps += 1
-            # every state is one a later job may fork from (entropy-guided forking picks any of them)
-            if self.branching:
-                self.snapshots[node] = _Snapshot(
-                    copy.deepcopy(state),
-                    list(visible),
-                    pending_transient,
-                    [list(b) for b in boundaries],
-                    policy_segments,
-                )
-            if job.max_steps is not None and steps >= job.max_steps:
-                return JobResult(job, added, node, False)
-        tree.nodes[node].info.update({"answer": answer, "finished": finished, "boundaries": boundaries})
-        if infra:
-            tree.nodes[node].info["infra_failures"] = infra
-        return JobResult(job, added, node, True)
+        return JobResult(job, machine.added, machine.node, True)
 
 
 def _spans(
