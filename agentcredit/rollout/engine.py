@@ -367,7 +367,7 @@ def episode_reward(
     ``reward_fn.score_episode(example, answer, transcript, token_ids)`` with what the episode appended after its
     prompt (policy segments and observations): its token ids, and their text decoded by ``tokenizer`` with
     ``skip_special_tokens=True``, as verl's reward manager and TRL decode a response (without a tokenizer, the
-    segments' own text). A reward with ``score_parts`` (a weighted list, :class:`~agentcredit.environment.
+    segments' own text). A reward with ``score_parts`` (a weighted list, :class:`~agentcredit.rewards.
     WeightedReward`) also records each function's value in the leaf's ``info["reward_parts"]``."""
     actions = getattr(reward_fn, "score_actions", None)
     if (
