@@ -111,6 +111,7 @@ $(VLLM_VENV)/.installed: pyproject.toml | $(VLLM_VENV)/bin/python
 test-vllm: $(VLLM_VENV)/.installed
 	OMP_NUM_THREADS=1 $(VLLM_PY) -m pytest -m vllm tests/rollout/test_vllm_backend.py
 
+# Everything but the `slow` tests (the embedded model, whole runs); its time: docs/results/README.md#test-time.
 test-fast: setup-dev
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 

@@ -223,6 +223,7 @@ def run_sh(folder: Path, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(["./run.sh"], cwd=folder, env=environ, capture_output=True, text=True)
 
 
+@pytest.mark.slow
 def test_run_sh_runs_to_its_end_and_says_carl_segment_started_on_a_failed_gate(tmp_path):
     """./run.sh as a user runs it, in a copy of the example folder. No shop question is answered without the tool,
     so carl-segment's gate cannot pass (AUC undefined): carl-segment runs on it by the script's explicit choice,

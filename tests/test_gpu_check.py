@@ -18,6 +18,7 @@ def load_script():
     return module
 
 
+@pytest.mark.slow
 def test_the_dry_run_prints_one_line_per_check_and_passes(capsys):
     script = load_script()
     status = script.main(["--device", "cpu", "--methods", "grpo", "--compare", "grpo", "--sft-epochs", "40"])

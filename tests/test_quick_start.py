@@ -16,6 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 SETUP = "make setup && source .venv/bin/activate"
 ROLLOUT = [
@@ -45,6 +47,7 @@ def quick_start() -> list[str]:
     return [line for line in lines if line]
 
 
+@pytest.mark.slow
 def test_the_readme_quick_start_runs_as_written(tmp_path):
     commands = quick_start()
     assert commands[0] == SETUP, "the Quick start no longer opens with the setup line this test replaces"

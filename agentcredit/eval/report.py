@@ -48,7 +48,7 @@ TABLE = (
     ("critic/explained_variance", "critic EV"),
 )
 
-# A method's training-time diagnostics (issue 31), shown as mean over the training steps (last step): whether its
+# A method's training-time diagnostics, shown as mean over the training steps (last step): whether its
 # mechanism acts. GEAR: the share of policy tokens whose normalised rKL triggers a segment, the share inside a
 # segment, and the share of episodes normalised with clamp_max (gear.md §12.4, A3; the paper describes spikes as
 # sparse). PORTool: trees with no correct trajectory and their share of |A| (the regime where Eq. 2's decay on -1
@@ -70,9 +70,8 @@ DIAGNOSTICS = (
 
 
 def method_parts(algorithm: dict[str, Any]) -> tuple[Method, ...]:
-    """The parts (estimating method, then modifiers) of a saved config's method: from ``algorithm.method``, or, in a
-    config written before issue 37, from its ``estimator`` / ``shaping`` / ``reweight`` parts (old runs stay
-    readable)."""
+    """The parts (estimating method, then modifiers) of a saved config's method: from ``algorithm.method``, or, in an
+    older config, from its ``estimator`` / ``shaping`` / ``reweight`` parts (old runs stay readable)."""
     name = algorithm.get("method")
     if name is None:
         parts = [algorithm.get("estimator"), algorithm.get("shaping"), algorithm.get("reweight")]
@@ -349,7 +348,7 @@ def metrics_table(runs: list[RunData]) -> tuple[list[str], list[list[str]]]:
     tiers = sorted({k.split("/")[0] for run in runs for k in run.final if k.endswith("/tool_call_rate")})
     critics = any(_has_critic(run) for run in runs)
     header = ["run", "method", "task", "steps", "s/step", *[label for _, label in keys]]
-    # when a PPO / TIPS critic starts to explain the returns (issue 31): before it, advantages are REINFORCE's
+    # when a PPO / TIPS critic starts to explain the returns: before it, advantages are REINFORCE's
     header += ["critic EV > 0 from step"] if critics else []
     header += [f"{t} tool rate" for t in tiers] + ["final metrics from"]
     rows = []

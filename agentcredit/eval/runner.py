@@ -118,7 +118,7 @@ def run_eval(
     start = time.perf_counter()
     loaded = load_for_eval(model, seed=options.seed)
     cfg = eval_config(config, list(overrides or []), loaded.run_config, options.task)
-    loaded.to(config_device(cfg))  # model.device of the evaluation's config (issue 50)
+    loaded.to(config_device(cfg))  # model.device of the evaluation's config
     split = options.split or cfg.task.eval_split
     limit = options.limit or cfg.task.eval_limit
     examples = load_examples(cfg, split=split, limit=limit)

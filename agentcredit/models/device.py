@@ -1,4 +1,4 @@
-"""The one device setting of the native path (``model.device``) and the precision it implies (issue 50).
+"""The one device setting of the native path (``model.device``) and the precision it implies.
 
 Training, rollouts, teacher scoring, the critic, SFT, warm-up, evaluation, benchmarks and studies all put the model
 where :func:`resolve_device` says and read every other tensor's device from the model's parameters, so no code

@@ -139,7 +139,7 @@ def score_tokens(
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0 for scoring, got {temperature}")
     # every tensor follows the model's device (the batch's bookkeeping stays on the host): the scores come back
-    # there too, and callers that keep them on the host move them (issue 50)
+    # there too, and callers that keep them on the host move them
     device = model_device(model)
     input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
     if value_mask is not None:

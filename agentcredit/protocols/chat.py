@@ -1,7 +1,7 @@
 """Chat-turn markers as plain text, for protocols whose observations are new chat turns (tips, jsoncall, chat).
 
 The engine builds contexts by appending token ids and never re-renders the chat template mid-episode
-(issue 4; portool.md section 2.9; carl-segment.md A27). An observation that is a new user turn therefore
+(portool.md section 2.9; carl-segment.md A27). An observation that is a new user turn therefore
 carries the template's role markers as plain text: tokenised alone, ``<|im_start|>`` still becomes the special
 token id. :meth:`ChatMarkers.from_tokenizer` reads the markers off a tokenizer's own chat template, so the same
 protocol works for ChatML models (Qwen, SmolLM2) and others (Llama 3).

@@ -54,7 +54,7 @@ TOOL_FAILURE_MODES = ("empty", "garbled", "off_by_one")
 
 
 def _easy(rng: random.Random, max_operand: int = EASY_MAX_OPERAND) -> Problem:
-    # ``max_operand`` below 30 narrows the tier to what a small start knows alone (issue 32: the embedded 135M
+    # ``max_operand`` below 30 narrows the tier to what a small start knows alone (the embedded 135M
     # model answers sums and differences of one-digit operands far better than two-digit ones); at 30 the draws
     # are the ones every earlier run made, so their questions and fingerprints do not change.
     kind = rng.choice(("add", "sub", "mul"))
@@ -69,8 +69,8 @@ def _easy(rng: random.Random, max_operand: int = EASY_MAX_OPERAND) -> Problem:
     return kind, (a, b), f"{a}*{b}", a * b
 
 
-#: How the easy tier is drawn: ``small`` (sums and differences of small operands, one-digit products; every run
-#: before issue 49) or ``identity`` (n + 0, n - 0, n x 1, 1 x n over n in 100-99,999).
+#: How the easy tier is drawn: ``small`` (sums and differences of small operands, one-digit products; the
+#: original draw) or ``identity`` (n + 0, n - 0, n x 1, 1 x n over n in 100-99,999).
 EASY_KINDS = ("small", "identity")
 IDENTITY_RANGE = (100, 99_999)
 

@@ -641,7 +641,7 @@ def default_size(
     """How many questions a split has when no ``limit`` is asked for: :data:`DEFAULT_SIZE`, or on the train split
     the most a ``train_hop_fractions`` mix can fill from the world when that is fewer. World 0's train region has
     648 1-hop questions, so an 80% 1-hop mix gets 810 questions, not an error about 1,200 that nobody asked for
-    (issue 32: that error stopped a study's timed steps after its 80-minute precondition). An explicit ``n`` the
+    (that error once stopped a study's timed steps after its long precondition). An explicit ``n`` the
     world cannot fill stays an error (:func:`generate`)."""
     size = DEFAULT_SIZE[split]
     if split != "train" or train_hop_fractions is None:

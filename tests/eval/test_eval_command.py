@@ -82,6 +82,7 @@ def test_model_dir_with_value_head_gets_critic_metrics_and_tiers(tiny, tiny_over
     assert len(json.loads((tmp_path / "out" / "summary.json").read_text())["reliability"]) == 10
 
 
+@pytest.mark.slow
 def test_run_and_checkpoint_directories_load_the_trained_weights(tiny, tiny_overrides, tmp_path):
     from agentcredit.config import load_config
     from agentcredit.train.trainer import Trainer

@@ -247,6 +247,7 @@ print(json.dumps({
 """
 
 
+@pytest.mark.slow
 def test_wheel_runs_from_its_own_files(wheel, tmp_path):
     proc = _from_the_wheel(wheel, tmp_path, RUN_FROM_WHEEL)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -60,6 +60,7 @@ def preregistered(**changes):
     return spec
 
 
+@pytest.mark.slow
 def test_an_unmet_regime_stops_before_the_warm_up_with_the_measured_values(tmp_path):
     # the untrained tiny model answers nothing: every precondition on the policy fails
     path = write(tmp_path / "s.yaml", preregistered())
@@ -85,6 +86,7 @@ def test_an_unmet_regime_stops_before_the_warm_up_with_the_measured_values(tmp_p
     assert "per hop / tier: " in report and " trees, 0/" in report and "'groups'" not in report
 
 
+@pytest.mark.slow
 def test_the_override_measures_power_and_budget_and_stamps_every_verdict(tmp_path):
     path = write(tmp_path / "s.yaml", preregistered())
     out = tmp_path / "study"

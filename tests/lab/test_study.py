@@ -260,6 +260,7 @@ def test_a_claim_is_exclusive_across_processes(tmp_path):
         assert again  # released on exit; a holder that died releases it too (the kernel drops its flock)
 
 
+@pytest.mark.slow
 def test_study_runs_resumes_and_reports(tmp_path):
     config = write(tmp_path / "study.yaml", tiny_study())
     out = tmp_path / "study"
@@ -370,6 +371,7 @@ def test_study_runs_resumes_and_reports(tmp_path):
         Study(load_study(config), out).prepare(resume=True)
 
 
+@pytest.mark.slow
 def test_a_published_study_continues_on_a_machine_that_never_held_it(tmp_path):
     """A fresh clone has the published folder, not the study directory (models are never published): the ended
     runs are restored, the start is rebuilt, and it must be the published start bit for bit."""
@@ -408,6 +410,7 @@ def test_a_published_study_continues_on_a_machine_that_never_held_it(tmp_path):
         Study(load_study(config), tmp_path / "none").restore(tmp_path)
 
 
+@pytest.mark.slow
 def test_a_start_rebuilt_with_other_rounding_goes_on_only_with_the_published_held_out_results(tmp_path):
     """Another CPU's SIMD kernels round SFT's fp32 sums differently (the kb-multihop start, rebuilt on an AVX-512
     Xeon, came out with other bits): the rebuild is accepted where its held-out results are the published start's

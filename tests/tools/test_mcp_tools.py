@@ -163,6 +163,7 @@ def test_a_program_that_is_no_mcp_server_is_named():
         mcp_tools([not_mcp])
 
 
+@pytest.mark.slow
 def test_duplicate_tool_names_across_servers_stop_both_servers(tmp_path):
     first, first_pid = _server(tmp_path, "first")
     second, second_pid = _server(tmp_path, "second")
@@ -221,6 +222,7 @@ def test_without_the_mcp_package_the_error_says_what_to_install(monkeypatch):
         mcp_tools([McpServer("any-server")])
 
 
+@pytest.mark.slow
 def test_config_tools_mcp_builds_a_chat_environment_that_stops_its_server(tmp_path):
     """``tools.mcp`` in a config: the server's tools are shown in the chat protocol, run, and stop with the
     environment; a build that fails after the server started stops it too."""
@@ -325,6 +327,7 @@ def test_a_tool_that_raises_reaches_the_model_with_its_reason(tmp_path, mode, ca
         assert failed.output == as_function.output == "ERROR: tool 'stock' failed: KeyError: 'washer'"
 
 
+@pytest.mark.slow
 def test_the_schema_difference_of_an_mcp_tool_and_a_function(tmp_path):
     """What docs/bring-your-own-agent.md says: FastMCP puts the whole docstring, Args block included, in the
     description and gives no per-argument description; a function tool splits them (transformers' parser)."""

@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
+
 from agentcredit.run import DEMO_FAILED_GATE, DEMO_ROWS, run_demo
 
 
+@pytest.mark.slow
 def test_demo_runs_every_stage_and_writes_its_report(tmp_path):
     lines: list[str] = []
     result = run_demo(

@@ -307,6 +307,7 @@ def test_every_method_of_an_environment_runs_on_one_thread_of_its_own():
     assert len(session.env.threads) == 1 and threading.get_ident() not in session.env.threads
 
 
+@pytest.mark.slow
 def test_portool_in_its_own_format_with_an_environment(fitted_jsoncall):
     """jsoncall (PORTool's format) with an environment: the model sees its tools and response_gen, which the
     protocol keeps (it ends the episode and never reaches the environment). The scripted demonstrations show the

@@ -57,6 +57,7 @@ SETTINGS = [
 ]
 
 
+@pytest.mark.slow
 def test_piped_train_streams_one_line_per_step(tmp_path):
     go = tmp_path / "go"
     args = ["train", "--config", "grpo-arith-tools", "--run-dir", str(tmp_path / "run")]

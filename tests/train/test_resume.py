@@ -20,6 +20,7 @@ from agentcredit.train.trainer import Trainer
 
 
 @pytest.mark.parametrize("preset", ["grpo-arith-tools", "carl-segment-arith-tools"])
+@pytest.mark.slow
 def test_resume_continues_exactly(preset, fitted_codefence, tmp_path):
     model, tokenizer = fitted_codefence
     config = load_config(preset, [*SMALL, "optim.epochs=1"])

@@ -140,6 +140,7 @@ def test_portool_credits_the_searching_branch_over_the_answer_when_all_fail():
             assert by_node[quick] < 0 < by_node[search]
 
 
+@pytest.mark.slow
 def test_probe_credit_runs_every_estimator_on_the_same_rollouts(fitted_jsoncall):
     from train_helpers import EXAMPLES, SMALL
 

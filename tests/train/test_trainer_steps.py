@@ -24,18 +24,26 @@ def make_trainer(name, model, tokenizer, extra=()):
     return Trainer(config, model=model, tokenizer=tokenizer, examples=list(EXAMPLES), log=False)
 
 
-def fitted(name, fitted_codefence, fitted_jsoncall):
-    model, tokenizer = fitted_jsoncall if name.startswith("portool") else fitted_codefence
+def fitted(name, request):
+    # asked for by name, so a run of codefence methods only never fits the jsoncall model
+    model, tokenizer = request.getfixturevalue(
+        "fitted_jsoncall" if name.startswith("portool") else "fitted_codefence"
+    )
     return copy.deepcopy(model), tokenizer
+
+
+# PORTool's steps need the second fitted model (jsoncall), so `make test-fast` leaves them to `make test`; its
+# learning step stays pinned in test_pinned_step.py
+STEP_METHODS = [pytest.param(n, marks=pytest.mark.slow) if n.startswith("portool") else n for n in METHODS]
 
 
 def snapshot(module):
     return {n: p.detach().clone() for n, p in module.named_parameters()}
 
 
-@pytest.mark.parametrize("name", list(METHODS))
-def test_one_training_step(name, fitted_codefence, fitted_jsoncall):
-    model, tokenizer = fitted(name, fitted_codefence, fitted_jsoncall)
+@pytest.mark.parametrize("name", STEP_METHODS)
+def test_one_training_step(name, request):
+    model, tokenizer = fitted(name, request)
     trainer = make_trainer(name, model, tokenizer)
     frozen = trainer.frozen_models()
     frozen_before = [snapshot(m) for m in frozen]
@@ -62,9 +70,9 @@ def _update_with_garbage_off_policy(trainer, result, garbage: bool):
 
 
 @pytest.mark.parametrize("name", ["grpo", "carl-segment", "carl-critical"])
-def test_only_loss_tokens_carry_gradient(name, fitted_codefence, fitted_jsoncall):
+def test_only_loss_tokens_carry_gradient(name, request):
     """The same update with garbage advantages / log-probs on every non-trained token gives the same weights."""
-    model, tokenizer = fitted(name, fitted_codefence, fitted_jsoncall)
+    model, tokenizer = fitted(name, request)
     trainer = make_trainer(name, model, tokenizer)
     # bit-exact only on one thread: with two, CPU reductions such as the embedding's backward sum in an order that
     # varies between runs (carl-segment, make test 2026-11-29: 157 of 3.1M embedding weights off by <= 1.5e-8, and
@@ -82,11 +90,11 @@ def test_only_loss_tokens_carry_gradient(name, fitted_codefence, fitted_jsoncall
         torch.testing.assert_close(dirty[n], clean[n], rtol=0, atol=0)
 
 
-def test_carl_critical_trains_only_selected_actions_once(fitted_codefence, fitted_jsoncall):
+def test_carl_critical_trains_only_selected_actions_once(request):
     from agentcredit.credit import critical_action_advantages
     from agentcredit.train.advantages import decision_tree
 
-    model, tokenizer = fitted("carl-critical", fitted_codefence, fitted_jsoncall)
+    model, tokenizer = fitted("carl-critical", request)
     trainer = make_trainer("carl-critical", model, tokenizer)
     try:
         result = trainer.train_step()
@@ -109,8 +117,8 @@ def test_carl_critical_trains_only_selected_actions_once(fitted_codefence, fitte
     assert result.metrics["critical/actions_updated"] <= result.metrics["critical/actions_rolled"]
 
 
-def test_tips_teacher_refresh_copies_the_policy(fitted_codefence, fitted_jsoncall):
-    model, tokenizer = fitted("tips", fitted_codefence, fitted_jsoncall)
+def test_tips_teacher_refresh_copies_the_policy(request):
+    model, tokenizer = fitted("tips", request)
     trainer = make_trainer("tips", model, tokenizer, ["algorithm.tips.refresh_every=1"])
     teacher_model = trainer.signal_provider("potentials").teacher
     initial = snapshot(teacher_model)
@@ -126,10 +134,10 @@ def test_tips_teacher_refresh_copies_the_policy(fitted_codefence, fitted_jsoncal
     assert all(p.grad is None for p in teacher_model.parameters())
 
 
-def test_non_finite_loss_skips_the_update_and_stops_after_a_streak(fitted_codefence, fitted_jsoncall):
+def test_non_finite_loss_skips_the_update_and_stops_after_a_streak(request):
     from agentcredit.train.trainer import NonFiniteLoss
 
-    model, tokenizer = fitted("grpo", fitted_codefence, fitted_jsoncall)
+    model, tokenizer = fitted("grpo", request)
     trainer = make_trainer("grpo", model, tokenizer, ["train.max_nonfinite=2"])
     try:
         batch = trainer.train_step().batch

@@ -1,8 +1,8 @@
 """One tmpfs per sandboxed call, capped in bytes *and* inodes, that holds everything the code can write.
 
 bubblewrap's ``--tmpfs`` takes a size (``--size``) but no inode count, and a tmpfs's default inode limit is half
-the machine's RAM pages: 180,000 empty files in a 64 MiB ``/tmp`` cost the host 180 MiB of kernel memory
-(issue 34), because ``size=`` counts file bytes only. A host that runs as root mounts the tmpfs itself, with
+the machine's RAM pages: 180,000 empty files in a 64 MiB ``/tmp`` cost the host 180 MiB of kernel memory,
+because ``size=`` counts file bytes only. A host that runs as root mounts the tmpfs itself, with
 ``size=`` and ``nr_inodes=``, and bubblewrap binds three directories of it into the sandbox: ``/tmp``,
 ``/dev/shm`` and the working directory. One file system for the three also makes ``tmp_bytes`` and
 ``tmp_inodes`` one budget for the whole call, not one per mount.

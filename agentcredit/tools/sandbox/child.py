@@ -169,7 +169,7 @@ def _fresh_keyrings(clear_user_keyrings: bool) -> None:
 
     Keyrings are not namespaced. A new anonymous session keyring replaces the inherited one, and, with a leased
     uid, that uid's user and user-session keyrings are emptied (as the uid: root may not clear them), so a key
-    that the previous call on this uid left there is gone before this call's code runs (issue 34). Without a
+    that the previous call on this uid left there is gone before this call's code runs. Without a
     leased uid the user keyring is the host user's own, and it is left alone.
     """
     _syscall_keyctl(1, None)  # KEYCTL_JOIN_SESSION_KEYRING, NULL: a new anonymous session keyring

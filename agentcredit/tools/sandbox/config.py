@@ -41,7 +41,7 @@ class SandboxLimits:
     memory). Without root each of the three is its own tmpfs capped at this size."""
     tmp_inodes: int = 16_384
     """Files and directories the code may create there (bwrap mode with a root host). Each costs the host about
-    1 KiB of kernel memory whatever its size (issue 34 measured 180 MiB for 180k empty files); 16k is ~16 MiB."""
+    1 KiB of kernel memory whatever its size (180k empty files held 180 MiB); 16k is ~16 MiB."""
     open_files: int = 256
     """RLIMIT_NOFILE."""
     traceback_lines: int = 8

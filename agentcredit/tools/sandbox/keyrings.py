@@ -2,7 +2,7 @@
 
 Keyrings are not covered by any namespace bubblewrap makes. A process inherits its parent's session keyring, and
 possessing a keyring grants the "possessor" permissions on the keys in it, so sandboxed code could read a key the
-host had put in its session keyring (issue 34). Three layers keep keys apart:
+host had put in its session keyring. Three layers keep keys apart:
 
 1. here, on the host: the call's process tree is started from a thread that first joined a new, empty anonymous
    session keyring (``keyctl(KEYCTL_JOIN_SESSION_KEYRING, NULL)``), so it inherits that one and never the

@@ -2,7 +2,7 @@
 
 Namespaces do not cover the whole kernel. Inside a nested user namespace, code that is an unprivileged uid
 outside becomes uid 0 with every capability, and from there it can mount file systems, open packet and netfilter
-sockets and set up io_uring: the starting point of most recent container escapes (issue 34). Docker's default
+sockets and set up io_uring: the starting point of most recent container escapes. Docker's default
 profile (moby ``profiles/seccomp/default.json``) closes that door, and this filter follows its semantics:
 
 - no keyring calls (``keyctl``, ``add_key``, ``request_key``): keyrings are not namespaced;
@@ -18,7 +18,7 @@ profile (moby ``profiles/seccomp/default.json``) closes that door, and this filt
 - sockets: only the families ordinary code needs, ``AF_UNIX``, ``AF_INET`` and ``AF_INET6`` (``socket`` and
   ``socketpair``), and no ``SOCK_RAW`` / ``SOCK_PACKET`` type. Docker denies ``AF_ALG`` and ``AF_VSOCK`` and
   relies on dropping ``CAP_NET_RAW`` for the rest; here a netlink socket needs no capability, a network
-  namespace does not cover vsock (the code bound a port of the VM's host side, issue 52), and the other
+  namespace does not cover vsock (code could bind a port of the VM's host side), and the other
   families (TIPC, RDS, CAN, ...) are kernel surface nobody's Python needs, so it is an allow-list. The family
   is compared as a 64-bit register while the kernel reads an ``int``, so the rule is "above ``AF_INET6``", which
   also catches a family with junk in the high half (Docker's "below 38 or above 40" lets ``(1 << 32) | 40``
@@ -27,7 +27,7 @@ profile (moby ``profiles/seccomp/default.json``) closes that door, and this filt
   no ``ADDR_NO_RANDOMIZE`` or ``READ_IMPLIES_EXEC``;
 - ``memfd_create``, ``memfd_secret``, ``shmget``, ``msgget``, ``semget`` (``ENOSYS``): Docker allows them, but
   their memory is in no process's address-space limit, so one call could hold memory the sandbox does not
-  bound (issue 52); POSIX shared memory stays, as files of the call's capped ``/dev/shm``;
+  bound; POSIX shared memory stays, as files of the call's capped ``/dev/shm``;
 
 Docker writes its profile as an allow-list; this filter is a deny-list of the calls above (default: allow), so an
 ordinary Python program (threads, ``subprocess``, files, ``mmap``) is never refused by a call we forgot to list.
@@ -49,7 +49,7 @@ from agentcredit.tools.base import ToolUnavailableError
 
 # Denied with EPERM (Docker's defaultErrnoRet) whatever their arguments.
 DENIED: tuple[str, ...] = (
-    # keyrings: not namespaced, so a key could pass between the host and a call, or between calls (issue 34)
+    # keyrings: not namespaced, so a key could pass between the host and a call, or between calls
     "keyctl", "add_key", "request_key",
     # namespaces
     "unshare", "setns",
@@ -72,7 +72,7 @@ DENIED: tuple[str, ...] = (
 # Denied with ENOSYS, as Docker does: callers treat the call as absent and fall back.
 ABSENT: tuple[str, ...] = (
     "io_uring_setup", "io_uring_enter", "io_uring_register", "clone3",
-    # memory outside every address-space limit (issue 52): one process capped at 512 MiB held 1.5 GiB through
+    # memory outside every address-space limit: one process capped at 512 MiB held 1.5 GiB through
     # memfd and as much again through SysV shared memory, pages no RLIMIT_AS counts. Without them a call's
     # memory is its processes' address spaces plus its capped tmpfs (POSIX shared memory is a file there).
     # Docker allows them; ENOSYS reads as a kernel built without memfd / SysV IPC, which libraries handle.

@@ -119,7 +119,7 @@ _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", 
 # The code's working directory (and HOME) under bubblewrap: a tmpfs of its own that is never the parent of a bind.
 # /tmp cannot be it: an interpreter or venv that lives under /tmp (a clone in /tmp/nc/...) is bound at its own
 # path, so bubblewrap creates its parent directories inside the fresh /tmp, and ``os.listdir('.')`` of a "fresh"
-# working directory showed the host's path (issue 39, item 1). The first candidate that holds no bind is used.
+# working directory showed the host's path. The first candidate that holds no bind is used.
 _WORKDIR_CANDIDATES = ("/home/sandbox", "/var/sandbox", "/sandbox")
 _MOUNTED_DIRS = ("/proc", "/dev", "/tmp", "/dev/shm")  # fresh mounts inside the sandbox (see _bwrap_argv)
 

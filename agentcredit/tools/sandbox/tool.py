@@ -120,7 +120,7 @@ def sandbox_mode(isolation: Isolation = "bwrap") -> SandboxMode:
     if isolation == "auto":
         raise ValueError(
             "isolation 'auto' no longer exists: it dropped model-written code to the unsafe rlimits fallback "
-            "whenever bubblewrap failed (issue 52); use 'bwrap' (the default) or ask for 'rlimits' by name"
+            "whenever bubblewrap failed; use 'bwrap' (the default) or ask for 'rlimits' by name"
         )
     if isolation not in ("bwrap", "rlimits"):
         raise ValueError(f"isolation must be 'bwrap' or 'rlimits', got {isolation!r}")

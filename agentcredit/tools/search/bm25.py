@@ -197,7 +197,7 @@ class BM25Search(RetrieverBase):
 
 
 def _weighted_scores(index: dict[str, Any], counts: Counter[int]) -> np.ndarray:
-    """sum over distinct terms t of count(t) x score(t, d), reading each term's postings once (issue 52).
+    """sum over distinct terms t of count(t) x score(t, d), reading each term's postings once.
 
     bm25s scores a term once per occurrence, so a query's cost grew with its length (a 1 MiB query of one word
     read that word's postings 200,000 times); this is at most one pass over the index whatever the query. The

@@ -50,7 +50,7 @@ MAX_BODY_BYTES = 1 << 20  # 1 MiB: thousands of queries; anything bigger is a cl
 MAX_QUERIES = 4096
 MAX_TOPK = 1000
 # queries x topk per request. Each bounded alone, their product was not: 512 queries x topk 1,000 with scores made
-# a 626 MB answer and 2.7 GiB of server memory (issue 34). 16,384 covers Search-R1's batched calls (a 512-prompt
+# a 626 MB answer and 2.7 GiB of server memory. 16,384 covers Search-R1's batched calls (a 512-prompt
 # batch at its topk 3 is 1,536 results) with a wide margin and keeps an answer near 20 MB of JSON.
 MAX_RESULTS = 16384
 LISTEN_BACKLOG = (
@@ -59,7 +59,7 @@ LISTEN_BACKLOG = (
 # uvicorn's limit_concurrency: a request that finds this many connections open (its own included) or requests
 # in flight gets a 503. Each connection holds at most its body (MAX_BODY_BYTES), the answer being written and
 # the next pipelined one (12-16 MiB each at MAX_RESULTS), for at most request_timeout once its writes stall:
-# under 1 GiB in all. Uncapped, 32 clients asking for the largest answer held 659 MiB, more clients more (issue 52).
+# under 1 GiB in all. Uncapped, 32 clients asking for the largest answer held 659 MiB, more clients more.
 MAX_CONCURRENCY = 32
 
 
@@ -126,9 +126,7 @@ def decode_json_body(raw: bytes) -> Any:
         ) from None
     except RecursionError:  # e.g. 100,000 nested '[': the decoder's recursion guard, not a server fault
         raise RequestError(HTTPStatus.BAD_REQUEST, "request body is JSON nested too deeply") from None
-    except (
-        ValueError
-    ):  # an integer past Python's 4,300-digit conversion limit: not a JSONDecodeError (issue 52)
+    except ValueError:  # an integer past Python's 4,300-digit conversion limit: not a JSONDecodeError
         raise RequestError(
             HTTPStatus.BAD_REQUEST,
             f"request body holds an integer of more than {sys.get_int_max_str_digits()} digits",
@@ -253,7 +251,7 @@ class _HeaderDeadlineH11(H11Protocol):
 
     Writes: an answer goes to the transport's buffer whole. A client that never reads kept it there past every
     deadline (a keep-alive ``close`` waits for the buffer to drain), with the next pipelined answer waiting
-    behind it (issue 52). When the buffer passes its high-water mark (asyncio calls ``pause_writing``), the
+    behind it. When the buffer passes its high-water mark (asyncio calls ``pause_writing``), the
     client has ``header_timeout`` to take it below the low-water mark again; otherwise the connection is aborted
     and both answers are freed.
     """

@@ -7,9 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "bench_memory.py"
 
 
+@pytest.mark.slow
 def test_bench_memory_on_the_tiny_model():
     out = subprocess.run(
         [sys.executable, str(SCRIPT), "--model", "tiny", "--examples", "12", "--steps", "1", "--batch", "2"]
@@ -27,6 +30,7 @@ def test_bench_memory_on_the_tiny_model():
     assert len(result["load_before"]) == 3
 
 
+@pytest.mark.slow
 def test_too_few_demonstrations_is_an_error_naming_the_option():
     out = subprocess.run(
         [sys.executable, str(SCRIPT), "--model", "tiny", "--examples", "2", "--steps", "4", "--batch", "2"]

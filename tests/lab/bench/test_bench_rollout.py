@@ -16,6 +16,7 @@ SMALL = BenchSettings(
 )
 
 
+@pytest.mark.slow
 def test_bench_rollout_reports_both_loops_and_tree_reuse():
     result = bench_rollout("tiny", settings=SMALL, threads=1, log=lambda _msg: None)
     assert result["engine"]["episodes"] == 2 * 2 and result["naive"]["episodes"] == 2
@@ -49,6 +50,7 @@ def test_bench_rollout_cli_rejects_an_unknown_task():
     assert "task must be one of" in out.output
 
 
+@pytest.mark.slow
 def test_bench_rollout_cli_skip_naive_prints_json_last():
     args = ["bench", "rollout", "--model", "tiny", "--prompts", "2", "--episodes", "2", "--tree-prompts", "1"]
     args += [
@@ -104,6 +106,7 @@ def test_build_task_builds_what_training_builds_and_takes_overrides():
         env.close()
 
 
+@pytest.mark.slow
 def test_bench_rollout_closes_the_whole_environment(monkeypatch):
     """Regression: bench rollout closed only the tools, so the MCP servers a ``--set tools.mcp=...`` started stayed
     up until the process exited. It now closes the environment, which stops them too."""
@@ -135,6 +138,7 @@ def test_bench_rollout_cli_passes_set_and_names_a_bad_key():
     assert "protocol.nope" in out.output
 
 
+@pytest.mark.slow
 def test_bench_compare_runs_both_engine_paths_at_each_size_and_the_naive_loop():
     """Issue 33's comparison end to end on the tiny model, jsoncall (a long shared system prompt): both paths at
     both sizes on the same prompts and seed, the shared prefix prefilled once, the ratios printed."""
@@ -270,6 +274,7 @@ def test_build_task_passes_the_task_options():
         env.close()
 
 
+@pytest.mark.slow
 def test_bench_compare_refuses_unknown_or_missing_paths():
     from agentcredit.lab.bench.rollout import bench_compare
     from agentcredit.rollout.vllm_backend import vllm_available
