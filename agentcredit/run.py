@@ -379,7 +379,7 @@ def run_sft(
             trainer_like = Trainer(
                 config, model=model, tokenizer=tokenizer, environment=env, examples=data, log=False
             )
-            engine = trainer_like.make_engine()
+            engine = trainer_like.rollouts.engine(env, trainer_like.step)
             trees = rejection_sample(engine, independent(rejection_samples), env, data)
             source = f"rejection sampling ({rejection_samples} samples per question)"
         elif prompts:
