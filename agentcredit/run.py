@@ -148,6 +148,19 @@ class HeldoutEvaluation:
         self.log(f"step {trainer.step}: held-out " + ", ".join(f"{k}={metrics[k]:.3f}" for k in shown))
 
 
+def heldout_evaluation(config: Config, log: Log = print) -> HeldoutEvaluation | None:
+    """``train.eval_every``: a run's greedy evaluation on its config's eval split every that many steps."""
+    if not config.train.eval_every:
+        return None
+    split = config.task.eval_split
+    return HeldoutEvaluation(
+        {split: load_examples(config, split=split, limit=config.task.eval_limit)},
+        every=config.train.eval_every,
+        last_step=-1,
+        log=log,
+    )
+
+
 def write_episodes(path: Path, records: list[dict[str, Any]]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as fh:
@@ -205,6 +218,8 @@ def _train_in(config: Config, run_dir: Path, *, resume: bool, progress: bool, lo
     from agentcredit.train.checkpoint import latest_checkpoint
     from agentcredit.train.warmup import gate_line, require_warmup, start_gate
 
+    # the held-out sets load before the model: a split that cannot be read stops the run here
+    on_step = heldout_evaluation(config, log)
     # before the run directory is written, so the same --run-dir works once the critic is warmed up
     require_warmup(start_gate(config), config)
     trainer = Trainer(config, run_dir=run_dir)
@@ -223,12 +238,6 @@ def _train_in(config: Config, run_dir: Path, *, resume: bool, progress: bool, lo
             trainer.resume(run_dir)
             log(f"resumed {run_dir} at step {trainer.step}")
         log(f"run directory: {run_dir}; rollout backend: {config.rollout.backend}")
-        on_step = None
-        if config.train.eval_every:
-            heldout = load_examples(config, split=config.task.eval_split, limit=config.task.eval_limit)
-            on_step = HeldoutEvaluation(
-                {config.task.eval_split: heldout}, every=config.train.eval_every, last_step=-1, log=log
-            )
         trainer.train(progress=progress, on_step=on_step)
         start = time.perf_counter()
         summary, records = evaluate_model(
@@ -379,7 +388,7 @@ def run_sft(
             trainer_like = Trainer(
                 config, model=model, tokenizer=tokenizer, environment=env, examples=data, log=False
             )
-            engine = trainer_like.make_engine()
+            engine = trainer_like.rollouts.engine(env, trainer_like.step)
             trees = rejection_sample(engine, independent(rejection_samples), env, data)
             source = f"rejection sampling ({rejection_samples} samples per question)"
         elif prompts:

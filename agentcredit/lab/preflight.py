@@ -295,9 +295,11 @@ def measure_policy(spec: StudySpec, pre: PreconditionSpec, model_dir: Path) -> d
             successes = []
             per_question: dict[str, list[Any]] = {}  # id -> [part (hops / tier), correct, trajectories]
             for i in range(0, len(examples), per):
-                engine = trainer.make_engine(seed=spec.seeds[0] * 1_000_003 + i)
+                engine = trainer.rollouts.engine(
+                    trainer.env, trainer.step, seed=spec.seeds[0] * 1_000_003 + i
+                )
                 batch = examples[i : i + per]
-                trees = engine.run(batch, trainer.strategy(), trainer.env.reward)
+                trees = engine.run(batch, trainer.rollouts.strategy, trainer.env.reward)
                 raise_on_infra_failures(trees, f"precondition {pre.name!r}")
                 for tree, example in zip(trees, batch, strict=True):
                     outcomes = list(tree.outcomes().values())

@@ -2,7 +2,7 @@
 
 One step::
 
-    trees   = engine.run(prompts, strategy, reward)           # rollout (strategy from rollout.strategy)
+    trees   = rollouts.trees(prompts, reward, step)           # rollout (rollout.driver: strategy, engine, vLLM)
     batch   = build_batch(trees)                             # trajectories -> rows, masks, segment ids
     signals = old log-probs, entropies, critic values, reference log-probs, + the method's providers'
     adv     = compute_advantages(algorithm config, ...)      # METHODS[...].advantages(layout, settings)
@@ -38,6 +38,7 @@ from agentcredit.models.heads import initial_value_head
 from agentcredit.models.loading import frozen_copy, load_policy
 from agentcredit.models.scoring import TokenScores, score_tokens
 from agentcredit.progress import Progress
+from agentcredit.rollout.driver import RolloutDriver
 from agentcredit.rollout.tree import RolloutTree
 from agentcredit.tasks import Example, load_examples
 from agentcredit.train.advantages import compute_advantages
@@ -119,6 +120,15 @@ class Trainer:
             self.optimizer,
             lambda s: min(1.0, (s + 1) / config.optim.warmup_steps) if config.optim.warmup_steps else 1.0,
         )
+        # the rollout side, built once: strategy, the model it generates with, vLLM under rollout.backend=vllm
+        self.rollouts = RolloutDriver(
+            config.rollout,
+            self.model,
+            self.tokenizer,
+            precision=self.precision,
+            seed=config.train.seed,
+            lora=self.lora,
+        )
         self.env = environment or build_environment(config)
         # what the method reads besides rewards (agentcredit.credit.methods): a provider computes each signal its
         # needs name that the trainer's own scoring does not (agentcredit.train.providers)
@@ -131,9 +141,6 @@ class Trainer:
         self.sampler = PromptSampler(self.examples, config.train.seed)
         self.step = 0
         self.nonfinite_in_row = 0
-        self._vllm: Any = None  # rollout.backend=vllm: the running engine (vllm_backend)
-        self._vllm_step = 0  # the step whose weights it holds
-        self._backend_stats: dict[str, float] = {}
         self.ev_positive_step: int | None = None  # the first step whose critic explained variance was > 0
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.logger = (
@@ -186,100 +193,9 @@ class Trainer:
         return adamw(groups, betas=tuple(o.betas))
 
     # -------------------------------------------------------------- rollout
-    def rollout_model(self) -> Any:
-        rollout = self.precision.rollout
-        if rollout != self.precision.weights:
-            if getattr(self, "_bf16_copy", None) is None or self._bf16_synced != self.step:
-                self._bf16_copy = copy.deepcopy(self.model).to(rollout).eval()
-                self._bf16_synced = self.step
-            return self._bf16_copy
-        return self.model
-
-    def vllm_backend(self) -> Any:
-        """``rollout.backend: vllm``: the running vLLM engine (started on first use), holding the policy's current
-        weights: they are pushed in after every update (no reload from disk), and the push is timed
-        (``rollout/weight_push_seconds``; the start-up is ``rollout/backend_startup_seconds`` at the first step)."""
-        if self._vllm is None:
-            from agentcredit.rollout.vllm_backend import VLLMBackend, vllm_available
-
-            if not vllm_available():
-                raise RuntimeError(
-                    "rollout.backend=vllm: vllm is not installed here (pip install 'agentcredit[vllm]', the "
-                    "CPU build; on a GPU the CUDA build), or set rollout.backend=hf"
-                )
-            if self.lora:
-                raise ValueError(
-                    "rollout.backend=vllm does not push LoRA adapters (model.lora.enabled); use rollout.backend=hf"
-                )
-            r = self.cfg.rollout
-            self._vllm = VLLMBackend(
-                self.rollout_model(),
-                self.tokenizer,
-                threads=torch.get_num_threads(),
-                temperature=r.temperature,
-                seed=self.cfg.train.seed,
-                gpu_memory_fraction=r.vllm_gpu_memory_fraction,  # colocated on model.device when it is a GPU
-            )
-            self._vllm_step = self.step
-            self._backend_stats = {
-                "rollout/backend_startup_seconds": self._vllm.startup_seconds,
-                "rollout/weight_push_seconds": self._vllm.push_seconds[-1],
-            }
-        elif self._vllm_step != self.step:  # the policy was updated since the last push
-            self._backend_stats = {
-                "rollout/weight_push_seconds": self._vllm.push_weights(self.rollout_model())
-            }
-            self._vllm_step = self.step
-        return self._vllm
-
-    def make_engine(self, *, temperature: float | None = None, seed: int | None = None):
-        from agentcredit.rollout.engine import EngineConfig, RolloutEngine
-        from agentcredit.rollout.sampling import SamplingParams
-
-        r = self.cfg.rollout
-        sampling = SamplingParams(
-            temperature=r.temperature if temperature is None else temperature, top_p=r.top_p, top_k=r.top_k
-        )
-        engine_cfg = EngineConfig(
-            sampling=sampling,
-            max_segment_tokens=r.max_new_tokens,
-            max_episode_tokens=r.max_episode_tokens,
-            max_turns=r.max_turns,
-            seed=self.cfg.train.seed * 1_000_003 + self.step if seed is None else seed,
-            max_batch=r.max_batch,
-        )
-        if (
-            r.backend == "vllm" and temperature is None
-        ):  # training rollouts (evaluation stays on the HF engine)
-            return RolloutEngine(
-                self.vllm_backend(), self.tokenizer, self.env.protocol, self.env.tools, engine_cfg
-            )
-        return RolloutEngine.for_hf_model(
-            self.rollout_model(), self.tokenizer, self.env.protocol, self.env.tools, engine_cfg
-        )
-
-    def strategy(self):
-        from agentcredit.rollout.strategies import from_rollout_config
-
-        return from_rollout_config(self.cfg.rollout)
-
-    @torch.no_grad()
     def rollout(self, examples: list[Example]) -> tuple[list[RolloutTree], dict[str, float]]:
-        """The step's trees. An episode in which a tool could not run (``ToolResult.infra``: sandbox or corpus
-        unavailable) stops training with ToolUnavailableError: its error text is not the tool's answer, and
-        dropping its group would silently change the batch (the environment's preflight makes this rare)."""
-        from agentcredit.rollout.infra import raise_on_infra_failures
-
-        was_training = self.model.training
-        self.model.eval()
-        engine = self.make_engine()
-        trees = engine.run(examples, self.strategy(), self.env.reward)
-        self.model.train(was_training)
-        raise_on_infra_failures(trees, f"training (step {self.step + 1})")
-        stats = {f"rollout/{k}": float(v) for k, v in engine.stats.to_dict().items()}
-        stats.update(self._backend_stats)
-        self._backend_stats = {}
-        return trees, stats
+        """The step's trees and rollout stats (:meth:`agentcredit.rollout.driver.RolloutDriver.trees`)."""
+        return self.rollouts.trees(examples, self.env, self.step)
 
     # -------------------------------------------------------------- signals
     @contextlib.contextmanager
@@ -690,7 +606,5 @@ class Trainer:
     def close(self) -> None:
         if self.logger is not None:
             self.logger.close()
-        if self._vllm is not None:
-            self._vllm.close()
-            self._vllm = None
+        self.rollouts.close()
         self.env.close()

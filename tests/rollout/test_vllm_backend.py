@@ -189,9 +189,9 @@ def test_trainer_pushes_weights_and_logs_the_logprob_gap(fitted, backend):
     try:
         with one_thread():
             first = trainer.train_step().metrics
-            engine = trainer._vllm
+            engine = trainer.rollouts.vllm
             second = trainer.train_step().metrics
-        assert trainer._vllm is engine  # started once
+        assert trainer.rollouts.vllm is engine  # started once
         assert (
             first["rollout/backend_startup_seconds"] > 0 and "rollout/backend_startup_seconds" not in second
         )

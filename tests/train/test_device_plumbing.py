@@ -204,7 +204,7 @@ def test_a_trainer_on_the_cpu_puts_everything_on_the_model_device():
         parts = [trainer.model, trainer.value_head, trainer.critic_model, *trainer.frozen_models()]
         assert {p.device for part in parts if part is not None for p in part.parameters()} == {trainer.device}
         assert trainer.device == torch.device("cpu")
-        assert trainer.precision.autocast is False and trainer.rollout_model() is trainer.model
+        assert trainer.precision.autocast is False and trainer.rollouts.model(trainer.step) is trainer.model
     finally:
         trainer.close()
 

@@ -8,7 +8,7 @@ from train_helpers import SMALL
 
 from agentcredit.config import load_config
 from agentcredit.eval.evaluate import SUMMARY_FIELDS, summary_metrics
-from agentcredit.run import run_train
+from agentcredit.run import heldout_evaluation, run_train
 
 
 def test_eval_every_logs_held_out_metrics_at_those_steps(tmp_path):
@@ -40,3 +40,11 @@ def test_eval_every_logs_held_out_metrics_at_those_steps(tmp_path):
         3,
     )
     assert final["accuracy"] == summary_metrics(final)["accuracy"] and "seconds" not in summary_metrics(final)
+
+
+def test_the_held_out_evaluation_is_built_from_the_eval_split_only_when_asked():
+    assert heldout_evaluation(load_config("grpo-arith-tools", [*SMALL, "train.eval_every=0"])) is None
+    config = load_config("grpo-arith-tools", [*SMALL, "train.eval_every=2", "task.eval_limit=3"])
+    heldout = heldout_evaluation(config)
+    assert list(heldout.sets) == [config.task.eval_split] and len(heldout.sets[config.task.eval_split]) == 3
+    assert heldout.every == 2 and heldout.due(2) and not heldout.due(1)

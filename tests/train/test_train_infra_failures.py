@@ -110,12 +110,12 @@ def test_training_stops_on_an_episode_with_an_unavailable_tool(config, tiny, mon
     trainer = Trainer(config, model=model, tokenizer=tokenizer, environment=env, examples=EXAMPLES, log=False)
     try:
         monkeypatch.setattr(
-            trainer, "make_engine", lambda: _FakeEngine([_engine_tree(tokenizer, infra=False)])
+            trainer.rollouts, "engine", lambda env, step: _FakeEngine([_engine_tree(tokenizer, infra=False)])
         )
         trees, _ = trainer.rollout(EXAMPLES[:1])  # a clean episode trains as before
         assert len(trees) == 1
         monkeypatch.setattr(
-            trainer, "make_engine", lambda: _FakeEngine([_engine_tree(tokenizer, infra=True)])
+            trainer.rollouts, "engine", lambda env, step: _FakeEngine([_engine_tree(tokenizer, infra=True)])
         )
         with pytest.raises(ToolUnavailableError, match=r"training \(step 1\) stopped: a tool could not run"):
             trainer.rollout(EXAMPLES[:1])

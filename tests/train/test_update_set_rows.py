@@ -73,7 +73,7 @@ def test_one_update_on_the_carl_critical_preset(fitted_codefence, overrides):
         config, model=copy.deepcopy(model), tokenizer=tokenizer, examples=list(EXAMPLES), log=False
     )
     one_row_per_microbatch(trainer)
-    assert isinstance(trainer.strategy(), EntropyGuided) and trainer.strategy().t_max == 10
+    assert isinstance(trainer.rollouts.strategy, EntropyGuided) and trainer.rollouts.strategy.t_max == 10
     before = snapshot(trainer.model)
     try:
         result = trainer.train_step()
