@@ -26,7 +26,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
-from agentcredit.credit.methods import BUILT_IN, METHODS, Method, resolve_method
+from agentcredit.credit.methods import BUILT_IN, DEFAULT_METHOD, METHODS, Method, resolve_method
 from agentcredit.models.device import DEVICE_PATTERN
 from agentcredit.plugins import import_user_modules, load_entry_points
 
@@ -353,7 +353,7 @@ class _AlgorithmParts(Section):
     model_config = ConfigDict(extra="allow", validate_assignment=True)
 
     method: str = Field(
-        "grpo",
+        DEFAULT_METHOD,
         description="The credit method: its name ("
         + ", ".join(BUILT_IN)
         + ", or one registered with agentcredit.credit.register_method), +<modifier> to compose a shaping or "

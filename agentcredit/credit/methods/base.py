@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict
 from agentcredit.credit.estimators import EpisodeBatch, Estimate
 
 __all__ = [
+    "DEFAULT_METHOD",
     "METHODS",
     "SIGNALS",
     "Method",
@@ -266,6 +267,9 @@ class Method:
 _METHODS: dict[str, Method] = {}
 #: Every registered method by name (read-only; add with :func:`register_method`).
 METHODS: Mapping[str, Method] = MappingProxyType(_METHODS)
+#: The method a config or command that names none trains with: the group baseline every other method is compared
+#: against (and the ``base:`` a user's YAML most often starts from).
+DEFAULT_METHOD = "grpo"
 
 
 def register_method(method: Method, *, replace_existing: bool = False) -> Method:

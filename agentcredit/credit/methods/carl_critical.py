@@ -44,6 +44,14 @@ from agentcredit.credit._validate import as_int, choice, finite_float
 from agentcredit.credit.estimators import EpisodeBatch, Estimate, episode_groups, leaf_rewards
 from agentcredit.credit.methods.base import Method, Needs, Settings
 
+__all__ = [
+    "METHOD",
+    "CarlCriticalSettings",
+    "UPDATE_RULES",
+    "critical_action_advantages",
+    "critical_action_outcome_advantages",
+]
+
 UpdateRule = Literal["multi_child", "forked_parent", "inherit"]
 UPDATE_RULES: tuple[str, ...] = ("multi_child", "forked_parent", "inherit")
 

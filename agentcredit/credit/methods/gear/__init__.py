@@ -16,7 +16,24 @@ from torch import Tensor
 
 from agentcredit.credit.estimators import EpisodeBatch, Estimate
 from agentcredit.credit.methods.base import Method, Needs, Settings, register_signal
-from agentcredit.credit.methods.gear.maths import TURN_HEAD_TOKENS, gear_details
+from agentcredit.credit.methods.gear.maths import (
+    SEGMENTATIONS,
+    TURN_HEAD_TOKENS,
+    GearDetails,
+    gear_advantages,
+    gear_details,
+)
+
+__all__ = [
+    "METHOD",
+    "GearSettings",
+    "SEGMENTATIONS",
+    "GearDetails",
+    "gear_advantages",
+    "gear_details",
+    "gear_reweight",
+    "gear_reweight_stats",
+]
 
 
 class GearSettings(Settings):

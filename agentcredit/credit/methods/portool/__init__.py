@@ -19,7 +19,23 @@ from agentcredit.credit.estimators import (
     outcome_part,
 )
 from agentcredit.credit.methods.base import Method, Needs, Settings
-from agentcredit.credit.methods.portool.maths import PortoolTerms, portool_advantage_terms
+from agentcredit.credit.methods.portool.maths import (
+    AGGREGATORS,
+    W2_MODES,
+    PortoolTerms,
+    portool_advantage_terms,
+    portool_advantages,
+)
+
+__all__ = [
+    "METHOD",
+    "PortoolSettings",
+    "AGGREGATORS",
+    "W2_MODES",
+    "PortoolTerms",
+    "portool_advantage_terms",
+    "portool_advantages",
+]
 
 
 class PortoolSettings(Settings):
