@@ -233,4 +233,6 @@ METHOD = Method(
     # task.metric: the paper's format gate x set-F1 (set_f1_format, carl-critical-actions.txt l. 513) on the QA
     # presets, the task's numeric match on arith-tools and gsm8k (a labelled deviation, docs/specs/README.md)
     report_settings=("rollout.forks_per_round", "task.metric"),
+    former_keys=(("algorithm.critical", "algorithm.carl_critical"),),
+    former_names=("critical",),
 )

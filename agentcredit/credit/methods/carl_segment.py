@@ -217,4 +217,9 @@ METHOD = Method(
     ),
     source="carl-segment Eqs. 1, 3, 6",
     estimate=estimate,
+    former_keys=(
+        ("algorithm.gamma", "algorithm.carl_segment.gamma"),
+        ("algorithm.lam", "algorithm.carl_segment.lam"),
+    ),
+    former_names=("segment",),
 )

@@ -117,4 +117,8 @@ METHOD = Method(
     needs=Needs(loss_agg="token-mean"),
     source="GRPO, Shao et al. 2024 Eq. 3",
     estimate=estimate,
+    former_keys=(
+        ("algorithm.grpo_eps", "algorithm.grpo.eps"),
+        ("algorithm.grpo_scale", "algorithm.grpo.scale"),
+    ),
 )
