@@ -282,7 +282,8 @@ def _moved_to_sections() -> dict[str, str]:
         "algorithm.estimator": f"algorithm.method, which names the method ({chose}); its critic, shaping, "
         "reweighting and loss aggregation follow from it",
         "algorithm.critic": f"algorithm.method: the critic follows from the method ({critics})",
-        "algorithm.shaping": f"algorithm.method: a shaping method is <method>+<shaping>, or the shaping alone ({shapings})",
+        "algorithm.shaping": "algorithm.method: a shaping method is <method>+<shaping>, or the shaping alone "
+        f"({shapings})",
         "algorithm.reweight": "algorithm.method: a reweighting method is <method>+<reweight>, or the reweighting "
         f"alone ({reweights})",
     }

@@ -192,6 +192,13 @@ class Method:
     former_keys: tuple[tuple[str, str], ...] = ()
     #: the values of the old ``algorithm.estimator`` key that chose this method
     former_names: tuple[str, ...] = ()
+    #: (metric key, label): the training-time diagnostics of this method that a run report shows as "mean over
+    #: the training steps (last step)", whether its mechanism acts (agentcredit.eval.report.diagnostics_table)
+    diagnostics: tuple[tuple[str, str], ...] = ()
+    #: (name, function) pairs: advantages from per-episode outcomes and group ids alone,
+    #: ``f(rewards, group_ids, *, eps) -> Tensor`` (one per episode), for a trainer that passes nothing else:
+    #: verl's ``algorithm.adv_estimator`` registry takes each as ``agentcredit_<name>``
+    outcome_estimators: tuple[tuple[str, Callable[..., Any]], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.composed_of:
@@ -272,8 +279,8 @@ class Method:
 _METHODS: dict[str, Method] = {}
 #: Every registered method by name (read-only; add with :func:`register_method`).
 METHODS: Mapping[str, Method] = MappingProxyType(_METHODS)
-#: The method a config or command that names none trains with: the group baseline every other method is compared
-#: against (and the ``base:`` a user's YAML most often starts from).
+#: The method a config or command that names none trains with: the group baseline every other method is
+#: compared against (and the ``base:`` a user's YAML most often starts from).
 DEFAULT_METHOD = "grpo"
 
 

@@ -121,4 +121,12 @@ METHOD = Method(
         ("algorithm.grpo_eps", "algorithm.grpo.eps"),
         ("algorithm.grpo_scale", "algorithm.grpo.scale"),
     ),
+    # GRPO and Dr.GRPO need only the outcomes and the groups (verl's own trainers call them)
+    outcome_estimators=(
+        ("grpo", lambda rewards, group_ids, *, eps: grpo_advantages(rewards, group_ids, eps=eps, scale=True)),
+        (
+            "drgrpo",
+            lambda rewards, group_ids, *, eps: grpo_advantages(rewards, group_ids, eps=eps, scale=False),
+        ),
+    ),
 )

@@ -404,4 +404,11 @@ METHOD = Method(
     modifier="shaping",
     base="ppo",
     report_settings=("algorithm.tips.potential_scope",),
+    # the potential, split into format and answer tokens
+    diagnostics=(
+        ("tips/phi_0", "Phi(S0)"),
+        ("tips/phi_0_format", "Phi(S0) format"),
+        ("tips/phi_0_answer", "Phi(S0) answer"),
+        ("tips/answer_only", "answer-only Phi"),
+    ),
 )

@@ -249,4 +249,11 @@ METHOD = Method(
     reweight=reweight,
     modifier="reweight",
     base="grpo",
+    # the share of policy tokens whose normalised rKL triggers a segment, the share inside a segment, and the share
+    # of episodes normalised with clamp_max (gear.md §12.4, A3; the paper describes spikes as sparse)
+    diagnostics=(
+        ("gear/trigger_rate", "GEAR trigger rate"),
+        ("gear/frac_in_segments", "GEAR tokens in segments"),
+        ("gear/clamp_max_share", "GEAR clamp_max share"),
+    ),
 )
