@@ -26,7 +26,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
-from agentcredit.credit.methods import BUILT_IN, METHODS, Method, resolve_method
+from agentcredit.credit.methods import BUILT_IN, DEFAULT_METHOD, METHODS, Method, resolve_method
 from agentcredit.models.device import DEVICE_PATTERN
 from agentcredit.plugins import import_user_modules, load_entry_points
 
@@ -271,36 +271,52 @@ class RolloutConfig(TreeStrategyConfig):
 
 
 # --------------------------------------------------------------------------------------------- algorithm
+def _moved_to_sections() -> dict[str, str]:
+    built_in = [METHODS[name] for name in BUILT_IN]
+    chose = ", ".join(f"{old} -> {m.name}" for m in built_in for old in m.former_names)
+    critics = ", ".join(f"{m.name}: {m.needs.critic}" for m in built_in if m.needs.critic != "none")
+    shapings = ", ".join(m.name for m in built_in if m.modifier == "shaping")
+    reweights = ", ".join(m.name for m in built_in if m.modifier == "reweight")
+    moved = {
+        "method": "algorithm.method (the method's name; a variant's label is algorithm.method: <method>-<label>)",
+        "algorithm.estimator": f"algorithm.method, which names the method ({chose}); its critic, shaping, "
+        "reweighting and loss aggregation follow from it",
+        "algorithm.critic": f"algorithm.method: the critic follows from the method ({critics})",
+        "algorithm.shaping": "algorithm.method: a shaping method is <method>+<shaping>, or the shaping alone "
+        f"({shapings})",
+        "algorithm.reweight": "algorithm.method: a reweighting method is <method>+<reweight>, or the reweighting "
+        f"alone ({reweights})",
+    }
+    now: dict[str, list[str]] = {}
+    for m in built_in:
+        for old, new in m.former_keys:
+            whole = new == f"algorithm.{m.section}"
+            now.setdefault(old, []).append(
+                f"{new} (the method's settings are its name's section)" if whole else new
+            )
+    return moved | {old: " or ".join(places) for old, places in now.items()}
+
+
 #: Keys a config written before issue 37 may hold (a run directory's config.yaml, an old preset): where each now
-#: lives. Each is one error line naming the key and this (``old_key_hint``); the study harness maps the ones a
-#: first-round study file names (``RENAMED_KEYS``).
-MOVED_TO_SECTIONS = {
-    "method": "algorithm.method (the method's name; a variant's label is algorithm.method: <method>-<label>)",
-    "algorithm.estimator": "algorithm.method, which names the method (segment -> carl-segment, gae -> ppo, "
-    "critical -> carl-critical); its critic, shaping, reweighting and loss aggregation follow from it",
-    "algorithm.critic": "algorithm.method: the critic follows from the method (carl-segment: boundary, ppo and "
-    "tips: token)",
-    "algorithm.shaping": "algorithm.method: a shaping method is <method>+<shaping> (carl-segment+tips), or tips",
-    "algorithm.reweight": "algorithm.method: a reweighting method is <method>+<reweight> (portool+gear), or gear",
-    "algorithm.gae": "algorithm.ppo (the method's settings are its name's section)",
-    "algorithm.critical": "algorithm.carl_critical (the method's settings are its name's section)",
-    "algorithm.gamma": "algorithm.ppo.gamma (ppo, tips) or algorithm.carl_segment.gamma",
-    "algorithm.lam": "algorithm.ppo.lam (ppo, tips) or algorithm.carl_segment.lam",
-    "algorithm.grpo_eps": "algorithm.grpo.eps (each method's eps is in its own section)",
-    "algorithm.grpo_scale": "algorithm.grpo.scale",
-}
-#: The old keys that name one key now (studies' about / tolerate lists written before issue 37 name them).
+#: lives (a method's old keys are its ``former_keys``). Each is one error line naming the key and this
+#: (``old_key_hint``); the study harness maps the ones a first-round study file names (``RENAMED_KEYS``).
+MOVED_TO_SECTIONS = _moved_to_sections()
+#: The old keys that name one key now (studies' about / tolerate lists written before issue 37 name them): the
+#: method's old parts now name the method, and an old section of a method's settings is that method's section.
 RENAMED_KEYS = {
     "method": "algorithm.method",
     "algorithm.estimator": "algorithm.method",
     "algorithm.critic": "algorithm.method",
     "algorithm.shaping": "algorithm.method",
     "algorithm.reweight": "algorithm.method",
-    "algorithm.gae": "algorithm.ppo",
-    "algorithm.critical": "algorithm.carl_critical",
+} | {
+    old: new
+    for m in (METHODS[name] for name in BUILT_IN)
+    for old, new in m.former_keys
+    if new == f"algorithm.{m.section}"
 }
 #: The method an old ``algorithm.estimator`` value named, where the name differs.
-OLD_ESTIMATORS = {"segment": "carl-segment", "gae": "ppo", "critical": "carl-critical"}
+OLD_ESTIMATORS = {old: name for name in BUILT_IN for old in METHODS[name].former_names}
 
 
 def old_key_hint(key: str) -> str:
@@ -353,7 +369,7 @@ class _AlgorithmParts(Section):
     model_config = ConfigDict(extra="allow", validate_assignment=True)
 
     method: str = Field(
-        "grpo",
+        DEFAULT_METHOD,
         description="The credit method: its name ("
         + ", ".join(BUILT_IN)
         + ", or one registered with agentcredit.credit.register_method), +<modifier> to compose a shaping or "

@@ -29,11 +29,9 @@ GIGPO_FILES = {
     "agentcredit/credit/methods/gigpo.py",
     "agentcredit/configs/methods/gigpo.yaml",
 }
-#: other files that name GiGPO, each with why it stays; the list only ever shrinks
-ALLOWED = {
-    "agentcredit/credit/__init__.py": "re-exports gigpo_advantages, public as agentcredit.credit.gigpo_advantages "
-    "since before issue 37 (a new method's maths is imported from its method module instead)",
-}
+#: other files that name GiGPO, each with why it stays; the list only ever shrinks (agentcredit.credit re-exports
+#: each home's public maths from the registry, without naming the method)
+ALLOWED: dict[str, str] = {}
 
 
 def _method_modules() -> list[str]:

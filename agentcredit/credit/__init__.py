@@ -13,6 +13,9 @@ Example::
     segment_advantages([0.40, 0.70, 0.50], reward=1.0)   # invoke +0.3, assimilate -0.2, commit +0.5
 """
 
+import importlib
+
+from agentcredit.credit import methods
 from agentcredit.credit.estimators import (
     DecisionTree,
     Episode,
@@ -29,6 +32,7 @@ from agentcredit.credit.loss import (
     split_policy_loss,
 )
 from agentcredit.credit.methods import (
+    BUILT_IN,
     METHODS,
     SIGNALS,
     Method,
@@ -40,61 +44,25 @@ from agentcredit.credit.methods import (
     register_signal,
     resolve_method,
 )
-from agentcredit.credit.methods.carl_critical import (
-    UPDATE_RULES,
-    critical_action_advantages,
-    critical_action_outcome_advantages,
-)
-from agentcredit.credit.methods.carl_segment import segment_advantages
-from agentcredit.credit.methods.gear import gear_reweight, gear_reweight_stats
-from agentcredit.credit.methods.gear.maths import SEGMENTATIONS, GearDetails, gear_advantages, gear_details
-from agentcredit.credit.methods.gigpo import gigpo_advantages  # public since before issue 37
-from agentcredit.credit.methods.grpo import grpo_advantages
-from agentcredit.credit.methods.portool.maths import (
-    AGGREGATORS,
-    W2_MODES,
-    PortoolTerms,
-    portool_advantage_terms,
-    portool_advantages,
-)
-from agentcredit.credit.methods.ppo import gae_advantages
-from agentcredit.credit.methods.tips import (
-    tips_batch_alpha,
-    tips_potential,
-    tips_step_alpha,
-    tips_step_rewards,
-    tips_teacher_refresh_due,
-    tips_token_rewards,
-    tips_turn_rewards,
-)
+
+
+def _homes_public() -> dict[str, object]:
+    """What each built-in method's home makes public (its ``__all__``, the ``METHOD`` object aside: that one is
+    ``METHODS[name]``), so a method's maths is importable from here without this file naming it."""
+    public: dict[str, object] = {}
+    for name in BUILT_IN:
+        home = importlib.import_module(f"{methods.__name__}.{name.replace('-', '_')}")
+        for attr in getattr(home, "__all__", ()):
+            if attr != "METHOD":
+                public[attr] = getattr(home, attr)
+    return public
+
+
+_PUBLIC = _homes_public()
+globals().update(_PUBLIC)
 
 __all__ = [
-    # the eight functions of the public contract
-    "grpo_advantages",
-    "gae_advantages",
-    "segment_advantages",
-    "critical_action_advantages",
-    "portool_advantages",
-    "tips_turn_rewards",
-    "gear_advantages",
     "policy_loss",
-    # the step-level baseline of verl-agent
-    "gigpo_advantages",
-    # options, details and helpers
-    "critical_action_outcome_advantages",
-    "UPDATE_RULES",
-    "portool_advantage_terms",
-    "PortoolTerms",
-    "AGGREGATORS",
-    "W2_MODES",
-    "tips_potential",
-    "tips_batch_alpha",
-    "tips_step_alpha",
-    "tips_token_rewards",
-    "tips_teacher_refresh_due",
-    "gear_details",
-    "GearDetails",
-    "SEGMENTATIONS",
     "policy_loss_stats",
     "split_policy_loss",
     "aggregation_weights",
@@ -106,10 +74,8 @@ __all__ = [
     "Step",
     "DecisionTree",
     "chain_trees",
-    "tips_step_rewards",
-    "gear_reweight",
-    "gear_reweight_stats",
     # the methods both trainers call (one object each, agentcredit.credit.methods)
+    "BUILT_IN",
     "METHODS",
     "Method",
     "Needs",
@@ -121,4 +87,6 @@ __all__ = [
     # the signals a method's Needs may name, and how to add one
     "SIGNALS",
     "register_signal",
+    # each built-in method's public maths, options and details (the ``__all__`` of its home)
+    *_PUBLIC,
 ]

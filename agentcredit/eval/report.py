@@ -7,10 +7,11 @@ the final evaluation when there is one: ``eval_summary.json`` / ``eval_episodes.
 * ``report.md`` with the PNG plots beside it (``plots/``), and
 * ``report.html``, self-contained (the same plots embedded as base64, inline CSS), to send or archive as is.
 
-Contents: a table of final metrics, the methods' settings and regime diagnostics (:data:`DIAGNOSTICS`, e.g. the
-share of PORTool trees with no success; a run whose settings make it a variant is marked so), learning curves (reward, accuracy, tool calls and policy tokens per episode
-over steps), a reliability diagram for every run whose evaluation episodes carry critic values V(s_0), and the
-mean seconds per step split into rollout / signals / update as stacked bars.
+Contents: a table of final metrics, the methods' settings and regime diagnostics (:func:`diagnostics`, e.g. the
+share of PORTool trees with no success; a run whose settings make it a variant is marked so), learning curves
+(reward, accuracy, tool calls and policy tokens per episode over steps), a reliability diagram for every run whose
+evaluation episodes carry critic values V(s_0), and the mean seconds per step split into rollout / signals / update
+as stacked bars.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from agentcredit.config import OLD_ESTIMATORS
-from agentcredit.credit.methods import Method, resolve_method
+from agentcredit.credit.methods import METHODS, Method, resolve_method
 
 CURVES = (
     ("reward/mean", "mean reward"),
@@ -48,25 +49,19 @@ TABLE = (
     ("critic/explained_variance", "critic EV"),
 )
 
-# A method's training-time diagnostics, shown as mean over the training steps (last step): whether its
-# mechanism acts. GEAR: the share of policy tokens whose normalised rKL triggers a segment, the share inside a
-# segment, and the share of episodes normalised with clamp_max (gear.md §12.4, A3; the paper describes spikes as
-# sparse). PORTool: trees with no correct trajectory and their share of |A| (the regime where Eq. 2's decay on -1
-# credits searching), merged sibling steps. TIPS: the potential split into format and answer tokens.
-DIAGNOSTICS = (
-    ("gear/trigger_rate", "GEAR trigger rate"),
-    ("gear/frac_in_segments", "GEAR tokens in segments"),
-    ("gear/clamp_max_share", "GEAR clamp_max share"),
-    ("portool/failing_tree_frac", "trees w/o success"),
-    ("portool/failing_abs_adv_share", "|A| share of failing trees"),
-    ("portool/merged_steps", "merged steps/tree"),
-    ("tips/phi_0", "Phi(S0)"),
-    ("tips/phi_0_format", "Phi(S0) format"),
-    ("tips/phi_0_answer", "Phi(S0) answer"),
-    ("tips/answer_only", "answer-only Phi"),
+#: Training-time diagnostics of no one method, after the methods' own (``Method.diagnostics``): the
+#: sequential fork rounds of an entropy-guided rollout, the drift from the reference.
+GENERAL_DIAGNOSTICS = (
     ("critical/rounds", "fork rounds"),
     ("policy/kl_ref", "KL to ref"),
 )
+
+
+def diagnostics() -> list[tuple[str, str]]:
+    """(metric key, label) of every diagnostic a report looks for: each registered method's, then the general
+    ones."""
+    out = [d for method in METHODS.values() for d in method.diagnostics] + list(GENERAL_DIAGNOSTICS)
+    return list(dict.fromkeys(out))
 
 
 def method_parts(algorithm: dict[str, Any]) -> tuple[Method, ...]:
@@ -372,9 +367,9 @@ def metrics_table(runs: list[RunData]) -> tuple[list[str], list[list[str]]]:
 
 
 def diagnostics_table(runs: list[RunData]) -> tuple[list[str], list[list[str]]] | None:
-    """Each run's method settings and, for every :data:`DIAGNOSTICS` metric a run logged, "mean over training
+    """Each run's method settings and, for every :func:`diagnostics` metric a run logged, "mean over training
     steps (last step)"; None when no run has either."""
-    keys = [(k, label) for k, label in DIAGNOSTICS if any(_series(run, k)[1] for run in runs)]
+    keys = [(k, label) for k, label in diagnostics() if any(_series(run, k)[1] for run in runs)]
     if not keys and not any(run.settings for run in runs):
         return None
     header = ["run", "method", "settings", *[label for _, label in keys]]

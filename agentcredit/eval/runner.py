@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from agentcredit.config import Config, ConfigError, load_config
+from agentcredit.credit.methods import DEFAULT_METHOD
 
 Log = Callable[[str], None]
 
@@ -42,8 +43,9 @@ class EvalOptions:
             raise ValueError(f"tier_samples must be >= 1, got {self.tier_samples}")
 
 
-#: The preset ``--task bfcl:...`` evaluates with when neither ``--config`` nor a run's config is given.
-BFCL_PRESET = "grpo-bfcl"
+#: The preset ``--task bfcl:...`` evaluates with when neither ``--config`` nor a run's config is given: the
+#: default method's (evaluation trains nothing, so any method's ``<method>-bfcl`` pair reads the same task).
+BFCL_PRESET = f"{DEFAULT_METHOD}-bfcl"
 
 
 def eval_config(

@@ -14,6 +14,7 @@ import importlib
 import pkgutil
 
 from agentcredit.credit.methods.base import (
+    DEFAULT_METHOD,
     METHODS,
     SIGNALS,
     Method,
@@ -49,6 +50,7 @@ BUILT_IN: tuple[str, ...] = _discover()
 
 __all__ = [
     "BUILT_IN",
+    "DEFAULT_METHOD",
     "METHODS",
     "SIGNALS",
     "Method",

@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict
 from agentcredit.credit.estimators import EpisodeBatch, Estimate
 
 __all__ = [
+    "DEFAULT_METHOD",
     "METHODS",
     "SIGNALS",
     "Method",
@@ -186,6 +187,18 @@ class Method:
     #: fields of its own ("native": the agentcredit trainer, "verl": verl's agentcredit block), a subclass of
     #: ``settings``; a trainer not named reads ``settings``
     trainer_settings: tuple[tuple[str, type[Settings]], ...] = ()
+    #: (old key, its key now) for each key of a config written before issue 37 that now lives in this method's
+    #: section: the config's one-line hint for an old key, and the lab's reading of old study files
+    former_keys: tuple[tuple[str, str], ...] = ()
+    #: the values of the old ``algorithm.estimator`` key that chose this method
+    former_names: tuple[str, ...] = ()
+    #: (metric key, label): the training-time diagnostics of this method that a run report shows as "mean over
+    #: the training steps (last step)", whether its mechanism acts (agentcredit.eval.report.diagnostics_table)
+    diagnostics: tuple[tuple[str, str], ...] = ()
+    #: (name, function) pairs: advantages from per-episode outcomes and group ids alone,
+    #: ``f(rewards, group_ids, *, eps) -> Tensor`` (one per episode), for a trainer that passes nothing else:
+    #: verl's ``algorithm.adv_estimator`` registry takes each as ``agentcredit_<name>``
+    outcome_estimators: tuple[tuple[str, Callable[..., Any]], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.composed_of:
@@ -266,6 +279,9 @@ class Method:
 _METHODS: dict[str, Method] = {}
 #: Every registered method by name (read-only; add with :func:`register_method`).
 METHODS: Mapping[str, Method] = MappingProxyType(_METHODS)
+#: The method a config or command that names none trains with: the group baseline every other method is
+#: compared against (and the ``base:`` a user's YAML most often starts from).
+DEFAULT_METHOD = "grpo"
 
 
 def register_method(method: Method, *, replace_existing: bool = False) -> Method:

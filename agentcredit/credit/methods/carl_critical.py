@@ -44,6 +44,14 @@ from agentcredit.credit._validate import as_int, choice, finite_float
 from agentcredit.credit.estimators import EpisodeBatch, Estimate, episode_groups, leaf_rewards
 from agentcredit.credit.methods.base import Method, Needs, Settings
 
+__all__ = [
+    "METHOD",
+    "CarlCriticalSettings",
+    "UPDATE_RULES",
+    "critical_action_advantages",
+    "critical_action_outcome_advantages",
+]
+
 UpdateRule = Literal["multi_child", "forked_parent", "inherit"]
 UPDATE_RULES: tuple[str, ...] = ("multi_child", "forked_parent", "inherit")
 
@@ -225,4 +233,6 @@ METHOD = Method(
     # task.metric: the paper's format gate x set-F1 (set_f1_format, carl-critical-actions.txt l. 513) on the QA
     # presets, the task's numeric match on arith-tools and gsm8k (a labelled deviation, docs/specs/README.md)
     report_settings=("rollout.forks_per_round", "task.metric"),
+    former_keys=(("algorithm.critical", "algorithm.carl_critical"),),
+    former_names=("critical",),
 )

@@ -38,6 +38,8 @@ from agentcredit.credit.estimators import EpisodeBatch, Estimate
 from agentcredit.credit.methods.base import Method, Needs, Settings
 from agentcredit.credit.metrics import explained_variance
 
+__all__ = ["METHOD", "CarlSegmentSettings", "segment_advantages"]
+
 
 def segment_advantages(
     boundary_values: Sequence[float] | Tensor,
@@ -215,4 +217,9 @@ METHOD = Method(
     ),
     source="carl-segment Eqs. 1, 3, 6",
     estimate=estimate,
+    former_keys=(
+        ("algorithm.gamma", "algorithm.carl_segment.gamma"),
+        ("algorithm.lam", "algorithm.carl_segment.lam"),
+    ),
+    former_names=("segment",),
 )

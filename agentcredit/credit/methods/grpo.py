@@ -117,4 +117,16 @@ METHOD = Method(
     needs=Needs(loss_agg="token-mean"),
     source="GRPO, Shao et al. 2024 Eq. 3",
     estimate=estimate,
+    former_keys=(
+        ("algorithm.grpo_eps", "algorithm.grpo.eps"),
+        ("algorithm.grpo_scale", "algorithm.grpo.scale"),
+    ),
+    # GRPO and Dr.GRPO need only the outcomes and the groups (verl's own trainers call them)
+    outcome_estimators=(
+        ("grpo", lambda rewards, group_ids, *, eps: grpo_advantages(rewards, group_ids, eps=eps, scale=True)),
+        (
+            "drgrpo",
+            lambda rewards, group_ids, *, eps: grpo_advantages(rewards, group_ids, eps=eps, scale=False),
+        ),
+    ),
 )

@@ -129,4 +129,10 @@ METHOD = Method(
     needs=Needs(critic="token", rollout="independent", signals=frozenset({"values"})),
     source="PPO + GAE, verl multi-turn GAE",
     estimate=estimate,
+    former_keys=(
+        ("algorithm.gae", "algorithm.ppo"),
+        ("algorithm.gamma", "algorithm.ppo.gamma"),
+        ("algorithm.lam", "algorithm.ppo.lam"),
+    ),
+    former_names=("gae",),
 )

@@ -40,6 +40,18 @@ from agentcredit.credit._validate import as_int, as_mask, choice, finite_float, 
 from agentcredit.credit.estimators import EpisodeBatch, outcome_part
 from agentcredit.credit.methods.base import Method, Needs, Settings, register_signal
 
+__all__ = [
+    "METHOD",
+    "TipsSettings",
+    "tips_batch_alpha",
+    "tips_potential",
+    "tips_step_alpha",
+    "tips_step_rewards",
+    "tips_teacher_refresh_due",
+    "tips_token_rewards",
+    "tips_turn_rewards",
+]
+
 
 def tips_turn_rewards(
     potentials: Sequence[float] | Tensor,
@@ -392,4 +404,11 @@ METHOD = Method(
     modifier="shaping",
     base="ppo",
     report_settings=("algorithm.tips.potential_scope",),
+    # the potential, split into format and answer tokens
+    diagnostics=(
+        ("tips/phi_0", "Phi(S0)"),
+        ("tips/phi_0_format", "Phi(S0) format"),
+        ("tips/phi_0_answer", "Phi(S0) answer"),
+        ("tips/answer_only", "answer-only Phi"),
+    ),
 )

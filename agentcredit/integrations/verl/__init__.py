@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agentcredit.credit.methods import BUILT_IN
+from agentcredit.credit.methods import BUILT_IN, METHODS
 
 __all__ = [
     "AGENT_LOOP_NAME",
@@ -46,8 +46,9 @@ REGISTER_MODULE = "agentcredit.integrations.verl.register"
 AGENT_LOOP_NAME = "agentcredit_agent"
 #: ``trainer.v1.trainer_mode``.
 TRAINER_NAME = "agentcredit"
-#: ``algorithm.adv_estimator`` names registered in verl's estimator registry.
-ESTIMATOR_NAMES = ("agentcredit_grpo", "agentcredit_drgrpo")
+#: ``algorithm.adv_estimator`` names registered in verl's estimator registry: each built-in method's outcome
+#: estimators (``Method.outcome_estimators``), as ``agentcredit_<name>``.
+ESTIMATOR_NAMES = tuple(f"agentcredit_{name}" for m in BUILT_IN for name, _ in METHODS[m].outcome_estimators)
 #: The key of ``AgentLoopOutput.extra_fields`` that carries agentcredit's per-row record.
 EXTRA_KEY = "agentcredit"
 #: The Hydra config that runs any registered method: ``--config-name agentcredit agentcredit.method=<name>``.

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from agentcredit.credit.methods import DEFAULT_METHOD
 from agentcredit.integrations.verl import config_dir
 
 
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     prep.add_argument(
         "--method",
-        default="grpo",
+        default=DEFAULT_METHOD,
         help="the method the data is for: its config's protocol renders the prompts (the parser that reads the "
         "replies must be the one the prompt asks for; the trainer refuses a mismatch)",
     )

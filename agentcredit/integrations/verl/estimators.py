@@ -17,15 +17,14 @@ of the group; use the agentcredit trainer there).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 from verl.trainer.ppo.core_algos import register_adv_est
 
-from agentcredit.credit import grpo_advantages
-
-__all__ = ["EPSILON", "agentcredit_drgrpo", "agentcredit_grpo"]
+from agentcredit.credit.methods import BUILT_IN, METHODS
 
 #: Added to the group std, as verl's built-in estimators do.
 EPSILON = 1e-6
@@ -35,8 +34,7 @@ def _group_outcome(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
     index: np.ndarray | None,
-    scale: bool,
-    eps: float,
+    estimate: Callable[..., torch.Tensor],
 ) -> tuple[torch.Tensor, torch.Tensor]:
     if index is None:
         raise ValueError(
@@ -48,30 +46,32 @@ def _group_outcome(
             f"{tuple(response_mask.shape)} differ in shape"
         )
     scores = (token_level_rewards * response_mask).sum(dim=-1)
-    per_row = grpo_advantages(scores.float(), list(index), eps=eps, scale=scale)
+    per_row = estimate(scores.float(), list(index), eps=EPSILON)
     advantages = per_row.unsqueeze(-1) * response_mask
     return advantages, advantages
 
 
-@register_adv_est("agentcredit_grpo")
-def agentcredit_grpo(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: np.ndarray | None = None,
-    config: Any = None,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """GRPO advantages from agentcredit (``(R - mean_g R) / (std_g R + eps)``), broadcast to the response."""
-    return _group_outcome(token_level_rewards, response_mask, index, scale=True, eps=EPSILON)
+def _register(name: str, estimate: Callable[..., torch.Tensor], method: str) -> Callable[..., Any]:
+    def estimator(
+        token_level_rewards: torch.Tensor,
+        response_mask: torch.Tensor,
+        index: np.ndarray | None = None,
+        config: Any = None,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return _group_outcome(token_level_rewards, response_mask, index, estimate)
+
+    estimator.__name__ = estimator.__qualname__ = name
+    estimator.__doc__ = f"{method}'s outcome estimator {name!r} from agentcredit, broadcast to the response."
+    return register_adv_est(name)(estimator)
 
 
-@register_adv_est("agentcredit_drgrpo")
-def agentcredit_drgrpo(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: np.ndarray | None = None,
-    config: Any = None,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dr.GRPO advantages from agentcredit (``R - mean_g R``), broadcast to the response."""
-    return _group_outcome(token_level_rewards, response_mask, index, scale=False, eps=EPSILON)
+#: ``agentcredit_<name>`` -> the registered function, for each built-in method's outcome estimators.
+ESTIMATORS = {
+    f"agentcredit_{name}": _register(f"agentcredit_{name}", estimate, method)
+    for method in BUILT_IN
+    for name, estimate in METHODS[method].outcome_estimators
+}
+globals().update(ESTIMATORS)
+
+__all__ = ["EPSILON", "ESTIMATORS", *ESTIMATORS]

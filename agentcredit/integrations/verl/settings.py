@@ -28,7 +28,7 @@ from agentcredit.config import (
     method_sections,
     registered_sections,
 )
-from agentcredit.credit.methods import Needs, Settings, get_method
+from agentcredit.credit.methods import DEFAULT_METHOD, METHODS, Needs, Settings, get_method
 from agentcredit.plugins import import_user_modules, load_entry_points
 
 __all__ = ["AgentCreditSettings", "NEEDS_RESOLVER", "load_settings", "register_needs_resolver", "verl_keys"]
@@ -194,6 +194,11 @@ VERL_LOSS_AGG = {
 NEEDS_RESOLVER = "agentcredit_needs"
 
 
+#: The ``adv_estimator`` verl sees for a method without a critic (verl only needs one that runs no critic; the
+#: advantages are agentcredit's): the default method's first outcome estimator (``Method.outcome_estimators``).
+CRITIC_FREE_ESTIMATOR = f"agentcredit_{METHODS[DEFAULT_METHOD].outcome_estimators[0][0]}"
+
+
 def verl_keys(method: str) -> dict[str, Any]:
     """The verl keys a method's :class:`~agentcredit.credit.Needs` decide, by dotted key: whether verl runs a
     critic, the ``adv_estimator`` verl sees (the advantages themselves are agentcredit's), the actor's
@@ -203,7 +208,7 @@ def verl_keys(method: str) -> dict[str, Any]:
     critic = needs.critic != "none"
     return {
         "critic.enable": critic,
-        "algorithm.adv_estimator": "gae" if critic else "agentcredit_grpo",
+        "algorithm.adv_estimator": "gae" if critic else CRITIC_FREE_ESTIMATOR,
         "actor_rollout_ref.actor.loss_agg_mode": VERL_LOSS_AGG[needs.loss_agg],
         "agentcredit.tree.strategy": needs.rollout or "independent",
     }

@@ -16,7 +16,24 @@ from torch import Tensor
 
 from agentcredit.credit.estimators import EpisodeBatch, Estimate
 from agentcredit.credit.methods.base import Method, Needs, Settings, register_signal
-from agentcredit.credit.methods.gear.maths import TURN_HEAD_TOKENS, gear_details
+from agentcredit.credit.methods.gear.maths import (
+    SEGMENTATIONS,
+    TURN_HEAD_TOKENS,
+    GearDetails,
+    gear_advantages,
+    gear_details,
+)
+
+__all__ = [
+    "METHOD",
+    "GearSettings",
+    "SEGMENTATIONS",
+    "GearDetails",
+    "gear_advantages",
+    "gear_details",
+    "gear_reweight",
+    "gear_reweight_stats",
+]
 
 
 class GearSettings(Settings):
@@ -232,4 +249,11 @@ METHOD = Method(
     reweight=reweight,
     modifier="reweight",
     base="grpo",
+    # the share of policy tokens whose normalised rKL triggers a segment, the share inside a segment, and the share
+    # of episodes normalised with clamp_max (gear.md §12.4, A3; the paper describes spikes as sparse)
+    diagnostics=(
+        ("gear/trigger_rate", "GEAR trigger rate"),
+        ("gear/frac_in_segments", "GEAR tokens in segments"),
+        ("gear/clamp_max_share", "GEAR clamp_max share"),
+    ),
 )

@@ -19,7 +19,23 @@ from agentcredit.credit.estimators import (
     outcome_part,
 )
 from agentcredit.credit.methods.base import Method, Needs, Settings
-from agentcredit.credit.methods.portool.maths import PortoolTerms, portool_advantage_terms
+from agentcredit.credit.methods.portool.maths import (
+    AGGREGATORS,
+    W2_MODES,
+    PortoolTerms,
+    portool_advantage_terms,
+    portool_advantages,
+)
+
+__all__ = [
+    "METHOD",
+    "PortoolSettings",
+    "AGGREGATORS",
+    "W2_MODES",
+    "PortoolTerms",
+    "portool_advantage_terms",
+    "portool_advantages",
+]
 
 
 class PortoolSettings(Settings):
@@ -166,4 +182,11 @@ METHOD = Method(
     ),
     # Eq. 2 decays the outcome as written; shifting it first is agentcredit's variant (portool-shifted-outcome)
     variant=lambda saved: "VARIANT (not PORTool)" if saved.get("outcome_shift") else None,
+    # trees with no correct trajectory and their share of |A| (the regime where Eq. 2's decay on -1 credits
+    # searching), merged sibling steps
+    diagnostics=(
+        ("portool/failing_tree_frac", "trees w/o success"),
+        ("portool/failing_abs_adv_share", "|A| share of failing trees"),
+        ("portool/merged_steps", "merged steps/tree"),
+    ),
 )
