@@ -111,9 +111,11 @@ $(VLLM_VENV)/.installed: pyproject.toml | $(VLLM_VENV)/bin/python
 test-vllm: $(VLLM_VENV)/.installed
 	OMP_NUM_THREADS=1 $(VLLM_PY) -m pytest -m vllm tests/rollout/test_vllm_backend.py
 
-# Everything but the `slow` tests (the embedded model, whole runs); its time: docs/results/README.md#test-time.
+# Everything but the `slow` tests (the embedded model, whole runs), on TEST_WORKERS processes (pytest-xdist: the
+# tests are CPU-bound and single-threaded, so two cores run two at once); its time: docs/results/README.md#test-time.
+TEST_WORKERS ?= 2
 test-fast: setup-dev
-	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -m "not slow" -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 lint: setup-dev
 	$(VENV)/bin/ruff check agentcredit tests benchmarks examples
