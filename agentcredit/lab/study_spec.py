@@ -477,16 +477,30 @@ class StudyLayout:
         }
 
     def arm_start(self, arm: ArmSpec) -> Path:
-        """The model an arm starts from: the warmed-up one for arms with a critic, else the SFT model.
+        """The model an arm starts from: the warmed-up one for arms whose critic is the kind the warm-up trained,
+        else the SFT model.
 
         A warm-up without joint steps trains only the value head, so both hold the same policy weights (the
-        shared start); an arm without a critic then need not wait for, or depend on, the critic warm-up.
+        shared start); an arm without a critic, or with a critic of another kind (PPO's token head beside
+        carl-segment's warmed boundary head), starts from the SFT model with its own fresh head and need not wait
+        for the warm-up. A warm-up with joint steps changed the policy, so such an arm has no start here.
         """
         warm = self.spec.start.warmup
         if warm is None:
             return self.start_dir / "sft-model"
         critic = study_config(arm.preset, [*self.spec.set, *arm.set]).algorithm.critic
-        return self.start_dir / ("sft-model" if critic == "none" and warm.steps == 0 else "model")
+        warmed = study_config(self.spec.start.preset, [*self.spec.set, *self.spec.start.set]).algorithm.critic
+        if critic == "none":
+            return self.start_dir / ("sft-model" if warm.steps == 0 else "model")
+        if critic == warmed:
+            return self.start_dir / "model"
+        if warm.steps == 0:
+            return self.start_dir / "sft-model"
+        raise StudyError(
+            f"arms[{arm.name}]: its {critic!r} critic cannot start from the warmed '{warmed}' start: the warm-up's "
+            f"{warm.steps} joint steps changed the policy (set start.warmup.steps: 0, or give the arm the warmed "
+            "critic's kind)"
+        )
 
     def critic_only_steps(self, arm: ArmSpec) -> int:
         """The arm's critic-only steps (``train.critic_warmup``, the PPO / TIPS presets'), run *before* its
