@@ -8,7 +8,8 @@
    size and the seeds, beside the paper's effect (a non-inferiority claim: beside its margin).
 3. **Budget**: one timed training step per arm (from the start, the first seed) and the start's timed held-out
    evaluation give the planned CPU hours of the arms, or GPU hours when the steps ran on a GPU (``model.device``:
-   ``auto`` picks one where torch sees it; :func:`budget_hours`).
+   ``auto`` picks one where torch sees it; :func:`budget_hours`). Steps timed on a CPU also get a one-GPU
+   *estimate* (a range with its assumptions, :mod:`agentcredit.lab.gpu_estimate`), labelled as one.
 
 An unmet precondition or an MDE above the effect a claim tests refuses the arms (one message with the measured
 values, exit 2) unless the invocation says ``--allow-unmet-regime`` / ``--allow-underpowered``; the report then
@@ -28,6 +29,7 @@ from typing import Any
 
 from agentcredit.lab.arms import study_config
 from agentcredit.lab.common import StudyError
+from agentcredit.lab.gpu_estimate import gpu_estimate_range, study_gpu_estimate
 from agentcredit.lab.power import paired_mde, planned_seconds, question_sd, seeds_needed, seeds_range
 from agentcredit.lab.study_spec import ClaimSpec, PreconditionSpec, StudyLayout, StudySpec
 from agentcredit.locks import claim
@@ -659,6 +661,17 @@ def run_preflight(
                 f"({len(spec.arms)} arms x {len(spec.seeds)} seeds x {spec.steps} steps; one held-out evaluation "
                 f"{eval_seconds:.0f} s)"
             )
+            if unit == "CPU":
+                # no step ran on a GPU: a labelled one-GPU estimate beside the measured CPU hours (a preflight
+                # on a GPU measures GPU hours instead)
+                save()
+                estimate = study_gpu_estimate(layout, record)
+                record["budget"]["gpu_estimate"] = estimate
+                if estimate and "low" in estimate:
+                    log(
+                        f"[preflight] GPU hours (estimate, not measured): {gpu_estimate_range(estimate)} on one "
+                        "GPU (assumptions in preflight.json; the same preflight on a GPU measures them)"
+                    )
         record["load_average"] = _load_average()
         record["seconds"] = record.get("seconds", 0.0) + time.perf_counter() - began
         record["complete"] = True

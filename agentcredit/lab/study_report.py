@@ -48,6 +48,7 @@ from agentcredit.eval.report import (
     phase_means,
     plot_calibration,
 )
+from agentcredit.lab.gpu_estimate import gpu_estimate_range, gpu_estimate_text, study_gpu_estimate
 from agentcredit.lab.power import seeds_needed, t975, t_quantile
 from agentcredit.lab.preflight import budget_hours, per_question_values, read_record
 from agentcredit.lab.study_spec import StudyLayout
@@ -479,17 +480,44 @@ def preflight_sections(
         unit, planned, to_decide = budget_hours(budget)
         names = sorted({t["device_name"] for t in timing.values() if t.get("device_name")})
         where = f"one GPU: {', '.join(names)}" if unit == "GPU" else "one thread"
+        # steps timed on a GPU measure GPU hours; otherwise a labelled estimate (the record's, or, for a record
+        # written before the preflight stored one, computed here from the same record and the study's files)
+        estimate, computed_here = None, False
+        if unit == "CPU":
+            estimate = budget.get("gpu_estimate")
+            if estimate is None:
+                estimate, computed_here = study_gpu_estimate(study, record), True
+        has_estimate = bool(estimate) and "low" in estimate
         rows = [
             [
                 a.name,
                 _fmt(timing.get(a.name, {}).get("seconds"), 1),
                 _fmt(plan.get(a.name, math.nan) / 3600, 2),
+                *(
+                    [
+                        "–".join(
+                            _fmt(estimate[end]["planned_seconds"].get(a.name, math.nan) / 3600, 2)
+                            for end in ("low", "high")
+                        )
+                    ]
+                    if has_estimate
+                    else []
+                ),
                 _fmt(spent.get(a.name, 0.0) / 3600, 2),
                 f"{len(finished.get(a.name, {}))} of {len(spec.seeds)}",
             ]
             for a in spec.arms
         ]
-        rows.append(["total", "", _fmt(plan["total"] / 3600, 2), _fmt(sum(spent.values()) / 3600, 2), ""])
+        rows.append(
+            [
+                "total",
+                "",
+                _fmt(plan["total"] / 3600, 2),
+                *([gpu_estimate_range(estimate)] if has_estimate else []),
+                _fmt(sum(spent.values()) / 3600, 2),
+                "",
+            ]
+        )
         text = (
             f"Planned from one timed step per arm and one timed held-out evaluation of every set "
             f"({_fmt(budget.get('eval_seconds'), 0)} s): seeds x (steps x step seconds + evaluations x evaluation "
@@ -502,6 +530,13 @@ def preflight_sections(
                 f" The seeds that would decide every claim whose MDE can reach its effect: "
                 f"{budget['seeds_to_decide']}, about {to_decide:.1f} {unit} hours."
             )
+        if has_estimate:
+            text += " " + gpu_estimate_text(estimate, computed_here)
+        elif estimate and estimate.get("missing"):
+            text += (
+                f" GPU hours: not measured (no step ran on a GPU), and not estimated: {estimate['missing']} is "
+                "missing."
+            )
         if budget.get("undecidable_claims"):
             text += (
                 " Not decidable with these held-out sets at any number of seeds up to 100: "
@@ -513,7 +548,17 @@ def preflight_sections(
             (
                 "",
                 "table",
-                (["arm", "timed step (s)", "planned (CPU h)", "spent (h)", "runs finished"], rows),
+                (
+                    [
+                        "arm",
+                        "timed step (s)",
+                        f"planned ({unit} h)",
+                        *(["planned (GPU h, estimate, not measured)"] if has_estimate else []),
+                        "spent (h)",
+                        "runs finished",
+                    ],
+                    rows,
+                ),
             )
         )
     return out

@@ -100,11 +100,19 @@ def test_the_override_measures_power_and_budget_and_stamps_every_verdict(tmp_pat
     assert record["complete"] and record["overrides"] == {"regime": True, "power": True}
     assert set(record["timing"]) == {"grpo", "carl-segment"}
     assert record["budget"]["planned_cpu_hours"] > 0
+    # no step ran on a GPU: the record keeps a one-GPU estimate with its assumptions, the report labels it
+    estimate = record["budget"]["gpu_estimate"]
+    assert (
+        estimate["kind"] == "estimate"
+        and 0 < estimate["low"]["planned_gpu_hours"] < estimate["high"]["planned_gpu_hours"]
+    )
+    assert "not measured" in estimate["assumptions"]["source"]
     rows = {r["claim"]: r for r in record["power"]}
     assert rows["fewer calls"]["effect"] == pytest.approx(0.44) and rows["fewer calls"]["mde"] is not None
     assert not (out / "runs").exists()
     report = (out / "report" / "report.md").read_text()
     assert "Preflight" in report and "MDE" in report and "Planned" in report
+    assert "GPU hours (estimate, not measured)" in report and "predates" not in report
     assert report.count("(regime not met)") == len(preregistered()["claims"])  # every verdict is stamped
     published = Study(load_study(path), out, source=path).publish(tmp_path / "docs")
     assert tmp_path / "docs" / "preflight.json" in published  # the measured regime goes with the report
