@@ -16,8 +16,9 @@ A step's GPU seconds = its sequential forwards (the rollout decodes token after 
 is bound by kernel launches and Python, not by FLOPs) x a per-forward latency + the tool calls on an episode's
 path (the tools run on threads while other episodes decode, but an episode waits for its own) + its training
 FLOPs / an achieved FLOP rate. The low end takes the measured mean episode, the fast latency and tool call and
-the high utilisation; the high end the episode at the rollout caps, the slow latency and tool call and the low
-utilisation. Model loading and checkpoints are left out. A preflight whose steps ran on a GPU measures GPU hours instead, and no estimate is shown.
+the high utilisation (not a floor: a batch decodes until its longest episode ends); the high end the episode at
+the rollout caps, the slow latency and tool call and the low utilisation. Model loading and checkpoints are left
+out. A preflight whose steps ran on a GPU measures GPU hours instead, and no estimate is shown.
 """
 
 from __future__ import annotations
