@@ -60,7 +60,8 @@ ASSUMPTIONS = {
     "scoring_passes": list(SCORING_PASSES),
     "tool_seconds": list(TOOL_SECONDS),
     "flops_per_token": "2 x (linear + LM head parameters) forward, 6 x for forward + backward; attention left out",
-    "decoding": "episodes of a step decode together, ceil(episodes / rollout.max_batch) batches one after another",
+    "decoding": "episodes of a step decode together, ceil(episodes / rollout.max_batch) batches one after another; "
+    "entropy-guided forking's rounds one after another, each priced as a whole episode",
     "left_out": "model loading, checkpoints, tool calls",
     "source": "ours, not measured: the same preflight on a GPU measures these hours and replaces the estimate",
 }
@@ -122,6 +123,15 @@ def episode_bounds(
     return low, high
 
 
+def rollout_rounds(strategy: str, n: int, forks_per_round: int = 1) -> int:
+    """Generation rounds of a step's rollout that run one after another, each at most a whole episode: one for
+    independent episodes and for PORTool's tree (its rounds are one step each, along one episode's depth), 1 +
+    ceil(n / forks_per_round) for carl-critical's entropy-guided forking (its forks wait for the episodes before)."""
+    if strategy == "entropy_guided":
+        return 1 + math.ceil(n / max(1, forks_per_round))
+    return 1
+
+
 def step_seconds(
     episode: EpisodeShape,
     *,
@@ -133,18 +143,20 @@ def step_seconds(
     forward_seconds: float,
     flops_per_second: float,
     tool_seconds: float = 0.0,
+    rounds: int = 1,
 ) -> float:
-    """GPU seconds of one RL step: its rollout's ``ceil(episodes / max_batch)`` batches one after another, each
-    ``episode.forwards`` sequential forwards at ``forward_seconds`` and ``episode.tool_calls`` tool calls at
-    ``tool_seconds``, plus its FLOPs at ``flops_per_second``: ``update_passes`` forward + backward passes (3 x a
-    forward) and ``scoring_passes`` forward passes over every episode's tokens."""
+    """GPU seconds of one RL step: its rollout's ``ceil(episodes / max_batch)`` batches of ``rounds`` generation
+    rounds (:func:`rollout_rounds`) one after another, each ``episode.forwards`` sequential forwards at
+    ``forward_seconds`` and ``episode.tool_calls`` tool calls at ``tool_seconds`` (a bound: a fork starts mid-way),
+    plus its FLOPs at ``flops_per_second``: ``update_passes`` forward + backward passes (3 x a forward) and
+    ``scoring_passes`` forward passes over every episode's tokens."""
     if episodes < 1 or max_batch < 1 or flops_per_second <= 0:
         raise ValueError(
             f"step_seconds: need episodes, max_batch >= 1 and a positive FLOP rate, got {episodes}, {max_batch}, "
             f"{flops_per_second}"
         )
     path = episode.forwards * forward_seconds + episode.tool_calls * tool_seconds
-    decode = math.ceil(episodes / max_batch) * path
+    decode = math.ceil(episodes / max_batch) * rounds * path
     tokens = episodes * episode.tokens
     flops = flops_per_token * tokens * (3 * update_passes + scoring_passes)
     return decode + flops / flops_per_second
@@ -172,7 +184,8 @@ def evaluation_seconds(
 
 @dataclass(frozen=True)
 class ArmPlan:
-    """What the estimate needs of one arm: episodes per step, its config's caps and passes, its critic-only steps."""
+    """What the estimate needs of one arm: episodes per step, its config's caps and passes, its critic-only steps,
+    its rollout's sequential rounds."""
 
     episodes: int
     max_batch: int
@@ -180,6 +193,7 @@ class ArmPlan:
     max_turns: int
     update_passes: float  # optim.epochs x (1 + a separate critic model)
     critic_only: int
+    rounds: int = 1
 
 
 def estimate_hours(
@@ -227,6 +241,7 @@ def estimate_hours(
                 forward_seconds=latency,
                 flops_per_second=rate,
                 tool_seconds=tool,
+                rounds=a.rounds,
             )
             evals.append(
                 evaluation_seconds(
@@ -315,13 +330,16 @@ def study_gpu_estimate(layout: Any, record: dict[str, Any]) -> dict[str, Any] | 
         flops_per_token = fpt if flops_per_token is None else max(flops_per_token, fpt)
         t = timing.get(arm.name, {})
         r = cfg.rollout
+        # the timing record's n is rollout.n; an entropy-guided tree holds n0 + n episodes (RolloutConfig.leaves)
+        leaves = r.leaves() if r.strategy == "entropy_guided" else int(t.get("n", r.n))
         arms[arm.name] = ArmPlan(
-            episodes=int(t.get("prompts", r.prompts_per_step)) * int(t.get("n", r.n)),
+            episodes=int(t.get("prompts", r.prompts_per_step)) * leaves,
             max_batch=r.max_batch,
             max_episode_tokens=r.max_episode_tokens,
             max_turns=r.max_turns,
             update_passes=cfg.optim.epochs * (2 if cfg.algorithm.critic_model == "separate" else 1),
             critic_only=layout.critic_only_steps(arm),
+            rounds=rollout_rounds(r.strategy, r.n, r.forks_per_round),
         )
     return estimate_hours(
         arms,

@@ -17,6 +17,7 @@ from agentcredit.lab.gpu_estimate import (
     evaluation_seconds,
     forward_flops_per_token,
     gpu_estimate_range,
+    rollout_rounds,
     shape_from_json,
     step_seconds,
     study_gpu_estimate,
@@ -72,6 +73,22 @@ def test_step_seconds_by_hand():
     assert step_seconds(ep, episodes=16, max_batch=8, tool_seconds=0.1, **kw) == pytest.approx(2.424)
     with pytest.raises(ValueError, match="positive FLOP rate"):
         step_seconds(ep, episodes=16, max_batch=8, **{**kw, "flops_per_second": 0})
+
+
+def test_rollout_rounds_by_hand():
+    assert rollout_rounds("independent", 4) == 1
+    assert rollout_rounds("portool", 8, 1) == 1  # its rounds are one step each, along one episode's depth
+    assert rollout_rounds("entropy_guided", 7, 1) == 8  # the n0 episodes, then 7 forks one by one
+    assert rollout_rounds("entropy_guided", 7, 3) == 4  # 1 + ceil(7 / 3)
+
+
+def test_sequential_rounds_multiply_the_rollout_path_only():
+    ep = EpisodeShape(tokens=100, forwards=50, tool_calls=0)
+    kw = dict(
+        episodes=8, max_batch=64, flops_per_token=2e8, update_passes=1, scoring_passes=1, forward_seconds=0.02
+    )
+    # 8 rounds x 50 x 0.02 = 8 s; 8 x 100 x 2e8 x 4 = 6.4e11 FLOPs / 1e13 = 0.064 s (the tokens do not grow)
+    assert step_seconds(ep, flops_per_second=1e13, rounds=8, **kw) == pytest.approx(8.064)
 
 
 def test_evaluation_seconds_by_hand():
