@@ -3,7 +3,7 @@
 Trainer, evaluator, SFT and benchmarks all build it here, so a method sees exactly the same tools and scoring
 in training and in evaluation. This module only assembles: the tools and the schemas the protocol shows come from
 :mod:`agentcredit.tools.build`, the protocol from :mod:`agentcredit.protocols`, the reward from
-:mod:`agentcredit.rewards` (an LLM judge's model is loaded here, so the judge receives it).
+:mod:`agentcredit.rewards` (which loads an LLM judge's model and hands it to the judge).
 
 Building it is also the preflight of the tools: the search corpus is loaded and the python sandbox runs
 ``print(1)`` before any work starts, so a tool that cannot run stops a command with one
@@ -21,7 +21,7 @@ from typing import Any
 from agentcredit.config import Config
 from agentcredit.protocols import get_protocol
 from agentcredit.protocols.base import Protocol, warn_on_two_caps
-from agentcredit.rewards import RewardFn, outcome_judge, task_reward
+from agentcredit.rewards import RewardFn, task_reward
 from agentcredit.tasks import arith, bfcl, task_corpus
 from agentcredit.tools.base import ToolRuntime
 from agentcredit.tools.build import build_tools, load_episode_environments, shown_schemas, user_tools
@@ -60,6 +60,8 @@ def _build_environment(config: Config, resources: list[Any]) -> Environment:
         raise ValueError(
             f"task {config.task.name!r} shows each question's functions as the model's tools: set protocol.name=chat"
         )
+    # the reward reads the config alone: a task.reward that cannot be loaded stops here, before any tool starts
+    reward = task_reward(config)
     episodes = load_episode_environments(config.tools, config.protocol.name)
     functions = user_tools(config, resources)
     if "schemas" not in protocol_options:
@@ -78,11 +80,4 @@ def _build_environment(config: Config, resources: list[Any]) -> Environment:
     wrap_python = arith.tool_wrapper(config.task.options) if config.task.name == arith.TASK else None
     tools = build_tools(config, config.protocol.name, corpus, functions, wrap_python)
     tools.episodes = episodes
-    judge = outcome_judge(config)
-    judge_model = None
-    if judge is not None and judge.judge == "llm" and judge.judge_model:
-        from agentcredit.models.embedded import load_model
-
-        judge_model = load_model(judge.judge_model)
-    reward = task_reward(config, judge_model)
     return Environment(protocol, tools, reward, corpus, resources)

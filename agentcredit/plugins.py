@@ -23,7 +23,13 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from types import ModuleType
 
-__all__ = ["ENTRY_POINT_GROUP", "import_user_module", "import_user_modules", "load_entry_points"]
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "UserModuleError",
+    "import_user_module",
+    "import_user_modules",
+    "load_entry_points",
+]
 
 #: The entry-point group whose modules every agentcredit process imports before reading a config.
 ENTRY_POINT_GROUP = "agentcredit.plugins"
@@ -57,9 +63,19 @@ def _import_file(path: Path) -> ModuleType:
     return module
 
 
+class UserModuleError(ValueError):
+    """A user's module that cannot be imported or raises while it runs: the one-line message names the config
+    field; ``spec`` is the module asked for and ``detail`` the failure's first line (``"ModuleNotFoundError: ..."``),
+    for a caller that words the error its own way."""
+
+    def __init__(self, message: str, spec: str, detail: str):
+        super().__init__(message)
+        self.spec, self.detail = spec, detail
+
+
 def import_user_module(spec: str, *, where: str = "imports") -> ModuleType:
-    """Import ``spec`` (a module name or a ``.py`` path); a ValueError naming ``where`` when it cannot be imported
-    or raises while it runs. Importing a module again is a no-op (Python caches it)."""
+    """Import ``spec`` (a module name or a ``.py`` path); a :class:`UserModuleError` (a ValueError) naming ``where``
+    when it cannot be imported or raises while it runs. Importing a module again is a no-op (Python caches it)."""
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError(f"{where}: a module name or a path to a .py file, got {spec!r}")
     spec = spec.strip()
@@ -69,7 +85,7 @@ def import_user_module(spec: str, *, where: str = "imports") -> ModuleType:
         return importlib.import_module(spec)
     except Exception as exc:  # the user's module: its failure is theirs, one line, no traceback
         detail = f"{type(exc).__name__}: {exc}".splitlines()[0]
-        raise ValueError(f"{where}: cannot import {spec!r} ({detail})") from None
+        raise UserModuleError(f"{where}: cannot import {spec!r} ({detail})", spec, detail) from None
 
 
 def import_user_modules(specs: Sequence[str], *, where: str = "imports") -> list[ModuleType]:

@@ -227,8 +227,8 @@ def outcome_judge(config: Config) -> Any | None:
 def task_reward(config: Config, judge_model: tuple[Any, Any] | None = None) -> RewardFn:
     """The outcome reward ``config`` names: ``task.reward`` (:func:`user_reward`), else ``task.metric:
     set_f1_format`` (:class:`FormatGatedF1`), else the method's judge (:func:`~agentcredit.tasks.judge.build_judge`;
-    an LLM judge scores with ``judge_model``, its (model, tokenizer), which the caller loads), else
-    :func:`outcome_reward` under ``task.metric``."""
+    an LLM judge scores with ``judge_model``, its (model, tokenizer): the one given, else the model its settings'
+    ``judge_model`` names, loaded here and handed to the judge), else :func:`outcome_reward` under ``task.metric``."""
     if config.task.reward is not None:
         return user_reward(config.task.reward, config.task.reward_weights)
     if config.task.metric == "set_f1_format":
@@ -241,6 +241,11 @@ def task_reward(config: Config, judge_model: tuple[Any, Any] | None = None) -> R
     judge = outcome_judge(config)
     if judge is not None:
         from agentcredit.tasks.judge import build_judge
+
+        if judge_model is None and judge.judge == "llm" and judge.judge_model:
+            from agentcredit.models.embedded import load_model
+
+            judge_model = load_model(judge.judge_model)
 
         return build_judge(
             judge.judge, judge_model, metric=config.task.metric, unfinished=judge.unfinished_reward

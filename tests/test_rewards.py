@@ -36,6 +36,21 @@ def test_portool_scores_with_its_judge_and_an_llm_judge_needs_its_model():
         task_reward(llm)  # no model handed over: the same one-line error as a missing judge_model
 
 
+def test_an_llm_judge_receives_the_model_its_settings_name(monkeypatch):
+    import agentcredit.models.embedded as embedded
+
+    loaded = []
+    monkeypatch.setattr(embedded, "load_model", lambda name: loaded.append(name) or ("model", "tokenizer"))
+    llm = load_config(
+        "portool-kb-multihop", ["algorithm.portool.judge=llm", "algorithm.portool.judge_model=/models/judge"]
+    )
+    judge = task_reward(llm)
+    assert loaded == ["/models/judge"] and (judge.model, judge.tokenizer) == ("model", "tokenizer")
+    assert task_reward(llm, ("mine", "tok")).model == "mine" and loaded == [
+        "/models/judge"
+    ]  # given: not loaded
+
+
 def test_task_reward_and_the_format_gate_come_before_the_judge():
     mine = load_config("portool-kb-multihop", [f"task.reward={__name__}:always_one"])
     assert outcome_judge(mine) is None and isinstance(task_reward(mine), UserReward)

@@ -895,10 +895,20 @@ class RolloutEngine:
             self._after_step(ep, node, step)
 
     def _collect_tools(self, *, block: bool) -> None:
+        """Feed the results of finished tool steps to their episodes, in the episodes' (submission) order.
+
+        Greedy decoding takes every step in lockstep: the loop waits for all of them here, at the iteration after
+        they were submitted, so which episodes share a forward pass, and the order in which a tree's nodes are
+        added, never depend on which tool thread finished first. A greedy rollout (evaluation, the demo's table)
+        is then a function of its inputs: a batch's composition changes the last bits of fp32 logits, enough to
+        flip a near-tie argmax, and a slow tool reordered a tree's nodes. Sampled rollouts keep decoding the other
+        episodes while tools run (their trees are draws; throughput matters there)."""
         waiting = [ep for ep in self._live if ep.future is not None]
         if not waiting:
             return
-        if block:
+        if self.config.sampling.greedy:
+            wait([ep.future for ep in waiting])  # type: ignore[misc]
+        elif block:
             wait([ep.future for ep in waiting], return_when=FIRST_COMPLETED)  # type: ignore[misc]
         for ep in waiting:
             if ep.future.done():  # type: ignore[union-attr]

@@ -57,7 +57,7 @@ def parse_label(reply: str) -> str | None:
 
 class LLMJudge:
     """A local model as PORTool's judge; ``judge(example, answer)`` returns +1 / 0 / -1. The caller loads the model
-    and its tokenizer (:func:`agentcredit.environment.build_environment` from ``judge_model``)."""
+    and its tokenizer (:func:`agentcredit.rewards.task_reward` from ``judge_model``)."""
 
     def __init__(
         self,

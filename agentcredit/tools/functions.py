@@ -23,13 +23,14 @@ objects' ``schema`` to ``JsonCallProtocol(schemas=...)`` and the tools to ``Tool
 
 from __future__ import annotations
 
-import importlib
 import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jsonschema
 from jsonschema.exceptions import best_match
+
+from agentcredit.plugins import UserModuleError, import_user_module
 
 __all__ = ["ArgumentCheck", "FunctionTool", "function_tools", "load_function"]
 
@@ -39,14 +40,18 @@ def _where(fn: Callable[..., Any]) -> str:
 
 
 def load_function(spec: str, *, field: str = "tools.functions") -> Callable[..., Any]:
-    """The callable ``"package.module:function"`` names; a ValueError naming the field, module and function."""
+    """The callable ``"package.module:function"`` names (the module may also be a ``.py`` path, as in ``imports``:
+    both are imported by :func:`agentcredit.plugins.import_user_module`); a ValueError naming the field, module and
+    function."""
     module_name, sep, attr = str(spec).partition(":")
     if not sep or not module_name or not attr:
         raise ValueError(f"{field}: {spec!r} is not 'package.module:function'")
     try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # an ImportError, or the module's own code failing at import
-        raise ValueError(f"{field}: cannot import module {module_name!r} for {spec!r}: {exc}") from exc
+        module = import_user_module(module_name, where=field)
+    except UserModuleError as exc:  # an ImportError, or the module's own code failing at import
+        raise ValueError(
+            f"{field}: cannot import module {module_name!r} for {spec!r}: {exc.detail}"
+        ) from None
     target: Any = module
     for part in attr.split("."):
         if not hasattr(target, part):

@@ -7,7 +7,7 @@ import time
 
 import pytest
 import torch
-from rollout_helpers import DEMOS, EOS, demo_tree, teacher_forced
+from rollout_helpers import DEMOS, EOS, demo_tree, greedy_engine, make_tools, teacher_forced
 
 from agentcredit.protocols import get_protocol
 from agentcredit.rollout.backend import HFBackend
@@ -268,6 +268,52 @@ def test_tools_run_while_other_episodes_decode(trained_tiny):
     )
     runtime.close()
     assert seen and max(seen) > 0, seen
+
+
+@pytest.mark.parametrize("name", ["codefence-keep", "jsoncall"])
+def test_greedy_trees_do_not_depend_on_which_tool_finishes_first(trained_tiny, name):
+    """A greedy rollout takes its tool steps in lockstep: when the first tool call finishes last (it sleeps), the
+    forward passes batch the same episodes and the trees are the same as with tools that all return at once.
+    Before, the episodes whose tools had finished went on alone: other batches (other fp32 logits) and a tree
+    whose nodes were added in another order."""
+    model, tokenizer = trained_tiny
+    demo = DEMO[name]
+
+    def rollout(first_sleeps: float):
+        runtime = make_tools()
+        calls = [0]
+        lock = threading.Lock()
+        for tool, fn in list(runtime.tools.items()):
+
+            def timed(args, fn=fn):
+                with lock:
+                    first = calls[0] == 0
+                    calls[0] += 1
+                if first:
+                    time.sleep(first_sleeps)
+                return fn(args)
+
+            runtime.tools[tool] = timed
+        backend = HFBackend(model)
+        batches = []
+        extend = backend.extend
+        backend.extend = lambda feeds: (
+            batches.append(sorted((s, len(t)) for s, t in feeds.items())) or extend(feeds)
+        )
+        engine = greedy_engine(backend, tokenizer, demo, runtime)
+        trees = engine.run([demo.question, demo.question + " Quick."], independent(2), lambda *_: 0.0)
+        runtime.close()
+        assert engine.stats.tool_calls >= 2
+        segments = [
+            (t.nodes[n].parent, t.segment(n).role, t.segment(n).token_ids, t.segment(n).logprobs)
+            for t in trees
+            for n in range(len(t))
+        ]
+        return batches, segments
+
+    at_once, first_last = rollout(0.0), rollout(0.3)
+    assert first_last[0] == at_once[0]  # the same episodes in every forward pass
+    assert first_last[1] == at_once[1]  # the same trees, node for node, log-probs to the bit
 
 
 def test_tool_time_is_counted_apart_from_generation_time(trained_tiny):

@@ -90,6 +90,15 @@ def test_bad_user_code_is_named():
         function_tools([lookup, lookup])
 
 
+def test_a_function_of_a_py_file_loads_with_the_plugins_loader(tmp_path):
+    # one loader of a user's module (agentcredit.plugins.import_user_module): a .py path works here as in imports
+    (tmp_path / "my_tool_file.py").write_text("def ping() -> str:\n    return 'pong'\n")
+    assert load_function(f"{tmp_path}/my_tool_file.py:ping")() == "pong"
+    (tmp_path / "broken_tool_file.py").write_text("raise RuntimeError('boom')\n")
+    with pytest.raises(ValueError, match=r"^tools.functions: cannot import module .*: RuntimeError: boom$"):
+        load_function(f"{tmp_path}/broken_tool_file.py:ping")
+
+
 def test_config_adds_them_to_the_jsoncall_environment(tmp_path, monkeypatch):
     (tmp_path / "fn_tools_under_test.py").write_text(
         textwrap.dedent(
