@@ -14,7 +14,9 @@ import importlib
 import pkgutil
 
 from agentcredit.credit.methods.base import (
+    CRITIC_BASELINE,
     DEFAULT_METHOD,
+    GROUP_BASELINE,
     METHODS,
     SIGNALS,
     Method,
@@ -50,7 +52,9 @@ BUILT_IN: tuple[str, ...] = _discover()
 
 __all__ = [
     "BUILT_IN",
+    "CRITIC_BASELINE",
     "DEFAULT_METHOD",
+    "GROUP_BASELINE",
     "METHODS",
     "SIGNALS",
     "Method",
