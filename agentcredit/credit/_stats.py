@@ -1,8 +1,8 @@
 """Group statistics (private; shared by the estimators).
 
-:func:`group_zscores` is the tensor path for whole batches (GRPO's advantages, both levels of GiGPO's); the list
-version :func:`zscore` serves estimators that normalise a handful of values at a time (PORTool's sibling groups
-and trajectories, carl-critical's outcome ablation). Both follow the same rules, and a test checks that they agree.
+:func:`group_zscores` is the tensor path for whole batches (GRPO's advantages and the other group estimators);
+the list version :func:`zscore` serves estimators that normalise a handful of values at a time (PORTool's sibling
+groups and trajectories, carl-critical's outcome ablation). Both follow the same rules, and a test checks that they agree.
 """
 
 from __future__ import annotations

@@ -36,9 +36,9 @@ RATCHET = {
     "grpo": 0,
     "ppo": 2,
     "gigpo": 0,
-    "carl-segment": 7,
+    "carl-segment": 3,
     "carl-critical": 0,
-    "portool": 7,
+    "portool": 0,
     "tips": 12,
     "gear": 8,
 }

@@ -16,6 +16,7 @@ import pkgutil
 from agentcredit.credit.methods.base import (
     CRITIC_BASELINE,
     DEFAULT_METHOD,
+    DEMO_METHOD,
     GROUP_BASELINE,
     METHODS,
     SIGNALS,
@@ -54,6 +55,7 @@ __all__ = [
     "BUILT_IN",
     "CRITIC_BASELINE",
     "DEFAULT_METHOD",
+    "DEMO_METHOD",
     "GROUP_BASELINE",
     "METHODS",
     "SIGNALS",

@@ -34,6 +34,7 @@ from agentcredit.credit.estimators import EpisodeBatch, Estimate
 __all__ = [
     "CRITIC_BASELINE",
     "DEFAULT_METHOD",
+    "DEMO_METHOD",
     "GROUP_BASELINE",
     "METHODS",
     "SIGNALS",
@@ -288,6 +289,9 @@ CRITIC_BASELINE = "ppo"
 #: The method a config or command that names none trains with: the group baseline every other method is
 #: compared against (and the ``base:`` a user's YAML most often starts from).
 DEFAULT_METHOD = GROUP_BASELINE
+#: The method ``agentcredit demo`` runs end to end (SFT, critic warm-up and its gate, RL, evaluation), and the one
+#: ``agentcredit train / sft / warmup`` use when given no ``--config`` (:func:`agentcredit.config.demo_preset`).
+DEMO_METHOD = "carl-segment"
 
 
 def register_method(method: Method, *, replace_existing: bool = False) -> Method:
