@@ -39,7 +39,7 @@ RATCHET = {
     "carl-segment": 3,
     "carl-critical": 0,
     "portool": 0,
-    "tips": 12,
+    "tips": 10,
     "gear": 8,
 }
 
