@@ -81,6 +81,15 @@ def serve_search(
 ConfigOpt = Annotated[
     str, typer.Option("--config", "-c", help="A preset name (see configs/) or a YAML file.")
 ]
+#: ``--config`` of the commands that run the demo's preset when given none (agentcredit.config.demo_preset)
+DemoConfigOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--config",
+        "-c",
+        help="A preset name (see configs/) or a YAML file (default: the demo's, carl-segment-arith-tools).",
+    ),
+]
 SetOpt = Annotated[
     list[str] | None,
     typer.Option("--set", "-s", help="Override a config key: section.key=value (repeatable)."),
@@ -94,14 +103,14 @@ def _fail(exc: Exception) -> None:
     raise typer.Exit(code=2) from exc
 
 
-def _config(config: str, overrides: list[str] | None):
-    """The config of ``--config`` and ``--set``; a bad key, or a ``model.device`` this machine does not have, is one
-    line and exit 2 before anything loads."""
-    from agentcredit.config import load_config
+def _config(config: str | None, overrides: list[str] | None):
+    """The config of ``--config`` (None: the demo's preset) and ``--set``; a bad key, or a ``model.device`` this
+    machine does not have, is one line and exit 2 before anything loads."""
+    from agentcredit.config import demo_preset, load_config
     from agentcredit.models.device import config_device
 
     try:
-        cfg = load_config(config, overrides or [])
+        cfg = load_config(config or demo_preset(), overrides or [])
         config_device(cfg)
     except ValueError as exc:  # ConfigError, and DeviceUnavailable (asking for a GPU torch does not see)
         _fail(exc)
@@ -110,7 +119,7 @@ def _config(config: str, overrides: list[str] | None):
 
 @app.command()
 def train(
-    config: ConfigOpt = "carl-segment-arith-tools",
+    config: DemoConfigOpt = None,
     set_: SetOpt = None,
     resume: Annotated[
         Path | None, typer.Option("--resume", help="Continue the run in this directory.")
@@ -151,7 +160,7 @@ def train(
 @app.command()
 def sft(
     out: Annotated[Path, typer.Option("--out", help="Directory for the fine-tuned model.")],
-    config: ConfigOpt = "carl-segment-arith-tools",
+    config: DemoConfigOpt = None,
     set_: SetOpt = None,
     examples: Annotated[int, typer.Option(min=1, help="Training questions to demonstrate.")] = 256,
     epochs: Annotated[int, typer.Option(min=1)] = 2,
@@ -177,7 +186,7 @@ def sft(
 @app.command()
 def warmup(
     out: Annotated[Path, typer.Option("--out", help="Directory for the warmed-up model and value head.")],
-    config: ConfigOpt = "carl-segment-arith-tools",
+    config: DemoConfigOpt = None,
     set_: SetOpt = None,
     questions: Annotated[
         int | None,
@@ -443,7 +452,15 @@ def probe_cmd(
 
 @app.command("probe-credit")
 def probe_credit_cmd(
-    config: ConfigOpt = "portool-kb-multihop",
+    config: Annotated[
+        str | None,
+        typer.Option(
+            "--config",
+            "-c",
+            help="A preset name (see configs/), a YAML file or a run's config.yaml (default: the probe's, "
+            "portool-kb-multihop).",
+        ),
+    ] = None,
     set_: SetOpt = None,
     prompts: Annotated[
         int, typer.Option(min=1, help="Training prompts to roll out (the run's first ones).")
@@ -461,9 +478,9 @@ def probe_credit_cmd(
     import json
 
     from agentcredit.config import ConfigError
-    from agentcredit.lab.probe import PROBE_ESTIMATORS, format_probe, probe_credit
+    from agentcredit.lab.probe import PROBE_ESTIMATORS, PROBE_PRESET, format_probe, probe_credit
 
-    cfg = _config(config, set_)
+    cfg = _config(config or PROBE_PRESET, set_)
     try:
         result = probe_credit(
             cfg, prompts=prompts, estimators=estimator or list(PROBE_ESTIMATORS), log=typer.echo

@@ -26,7 +26,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
-from agentcredit.credit.methods import BUILT_IN, DEFAULT_METHOD, METHODS, Method, resolve_method
+from agentcredit.credit.methods import BUILT_IN, DEFAULT_METHOD, DEMO_METHOD, METHODS, Method, resolve_method
 from agentcredit.models.device import DEVICE_PATTERN
 from agentcredit.plugins import import_user_modules, load_entry_points
 
@@ -207,20 +207,20 @@ class TreeStrategyConfig(Section):
     """How episodes are sampled per prompt: independently or as a tree. One definition for the native ``rollout``
     section and verl's ``agentcredit.tree`` block (both build it with ``strategies.from_rollout_config``)."""
 
-    strategy: Literal["independent", "entropy_guided", "portool"] = Field(
+    strategy: Literal["independent", "entropy_guided", "step_forks"] = Field(
         "independent", description="How episodes are sampled per prompt."
     )
     n: int = Field(
         4,
         ge=1,
-        description="Episodes per prompt (independent), forks N (entropy_guided), trajectories n (portool).",
+        description="Episodes per prompt (independent), forks N (entropy_guided), trajectories n (step_forks).",
     )
     n0: int = Field(
         1, ge=1, description="entropy_guided: initial full episodes N0 (carl-critical: 8, lite: 1)."
     )
-    branch: int = Field(2, ge=1, description="portool: duplication factor f (portool.md §4.2: 2).")
+    branch: int = Field(2, ge=1, description="step_forks: duplication factor f (portool.md §4.2: 2).")
     t_max: int = Field(
-        6, ge=1, description="portool / entropy_guided: max tool-call steps per episode (portool: 6)."
+        6, ge=1, description="step_forks / entropy_guided: max tool-call steps per episode (portool: 6)."
     )
     random_forks: bool = Field(
         False, description="entropy_guided: pick fork states uniformly (carl-critical ablation #2)."
@@ -880,6 +880,16 @@ def _composed_preset(name: str) -> tuple[str, str] | None:
     if len(splits) > 1:  # e.g. methods "a" and "a-b" with tasks "b-c" and "c": name the file to write instead
         raise ConfigError(f"preset {name!r} is ambiguous: {splits}; write configs/{name}.yaml")
     return splits[0] if splits else None
+
+
+#: The task of the demo's preset (:func:`demo_preset`).
+DEMO_TASK = "arith-tools"
+
+
+def demo_preset() -> str:
+    """The preset ``agentcredit demo`` runs, and ``agentcredit train / sft / warmup`` when given no ``--config``:
+    the registry's demo method on the demo task (``<method>-<task>``)."""
+    return f"{DEMO_METHOD}-{DEMO_TASK}"
 
 
 def preset_names() -> list[str]:

@@ -247,7 +247,13 @@ def task_reward(config: Config, judge_model: tuple[Any, Any] | None = None) -> R
 
             judge_model = load_model(judge.judge_model)
 
+        method = config.algorithm.credit_method
+        section = next(part.section for part in method.parts if part.needs.reward == "judge")
         return build_judge(
-            judge.judge, judge_model, metric=config.task.metric, unfinished=judge.unfinished_reward
+            judge.judge,
+            judge_model,
+            metric=config.task.metric,
+            unfinished=judge.unfinished_reward,
+            setting=f"algorithm.{section}.judge",
         )
     return partial(outcome_reward, metric=config.task.metric, format_bonus=config.task.format_bonus)

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from agentcredit.config import Config, ConfigError, dump_config, load_config
+from agentcredit.config import DEMO_TASK, Config, ConfigError, demo_preset, dump_config, load_config
 from agentcredit.environment import build_environment
 from agentcredit.eval.evaluate import evaluate, require_all_scored, rollout_caps, summary_file
 from agentcredit.locks import claim  # the studies' lock: one mechanism for runs and studies
@@ -551,15 +551,18 @@ def _stat(gate: dict[str, Any], name: str) -> str:
     return f"{value:.2f}" if isinstance(value, int | float) and math.isfinite(value) else "undefined"
 
 
-def demo_table(before: dict[str, float], after: dict[str, float]) -> str:
+def demo_table(before: dict[str, float], after: dict[str, float], method: str) -> str:
+    """The demo's table: each metric after SFT and after RL with ``method`` (the demo's)."""
     width = max(len(label) for label, _ in DEMO_ROWS)
+    rl = f"after {method}"
+    w = max(len(rl), 10)
     lines = [
-        f"| {'metric':<{width}} | {'after SFT':>10} | {'after carl-segment':>18} |",
-        f"|{'-' * (width + 2)}|{'-' * 12}|{'-' * 20}|",
+        f"| {'metric':<{width}} | {'after SFT':>10} | {rl:>{w}} |",
+        f"|{'-' * (width + 2)}|{'-' * 12}|{'-' * (w + 2)}|",
     ]
     for label, key in DEMO_ROWS:
         lines.append(
-            f"| {label:<{width}} | {before.get(key, float('nan')):>10.3f} | {after.get(key, float('nan')):>18.3f} |"
+            f"| {label:<{width}} | {before.get(key, float('nan')):>10.3f} | {after.get(key, float('nan')):>{w}.3f} |"
         )
     return "\n".join(lines)
 
@@ -588,13 +591,15 @@ DEMO_OVERRIDES = (
 DEMO_TOOL_SHARE = 0.5
 
 
-#: What the demo shows when its warm-up gate fails (the usual case at its scale): said first in its log and report.
-DEMO_FAILED_GATE = (
-    "The critic warm-up gate failed, so RL started on a critic the paper would not train with (its warm-up "
-    "continues until the gate passes, carl-segment-level-credit.txt l. 425). This demo shows the pipeline running "
-    "end to end (SFT, warm-up, gate, RL, evaluation, per-token credit); its before/after numbers are not evidence "
-    "for or against carl-segment."
-)
+def demo_failed_gate(method: str) -> str:
+    """What the demo shows when its warm-up gate fails (the usual case at its scale): said first in its log and
+    report. ``method`` is the demo's."""
+    return (
+        "The critic warm-up gate failed, so RL started on a critic the paper would not train with (its warm-up "
+        "continues until the gate passes, the paper's App. C, l. 425). This demo shows the pipeline running end to "
+        "end (SFT, warm-up, gate, RL, evaluation, per-token credit); its before/after numbers are not evidence for "
+        f"or against {method}."
+    )
 
 
 def run_demo(
@@ -618,9 +623,12 @@ def run_demo(
     start = time.perf_counter()
     out_dir = Path(out_dir or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S"))
     overrides = (*DEMO_OVERRIDES, *overrides)  # the caller's settings win
-    base = load_config("carl-segment-arith-tools", list(overrides))
+    preset = demo_preset()
+    base = load_config(preset, list(overrides))
+    method = base.algorithm.method
+    failed_gate = demo_failed_gate(method)
     log(
-        f"[1/5] SFT of {base.model.name} on {sft_examples} scripted arith-tools demonstrations "
+        f"[1/5] SFT of {base.model.name} on {sft_examples} scripted {DEMO_TASK} demonstrations "
         f"(the tool on {DEMO_TOOL_SHARE:.0%} of them, whatever the tier)"
     )
     sft_dir = run_sft(
@@ -632,7 +640,7 @@ def run_demo(
         log=log,
     )
     log(f"[2/5] critic warm-up on {warmup_questions} training questions (tier labels, buckets, gate)")
-    warm_config = load_config("carl-segment-arith-tools", [*overrides, f"model.name={sft_dir}"])
+    warm_config = load_config(preset, [*overrides, f"model.name={sft_dir}"])
     warm = run_warmup(
         warm_config,
         out_dir / "start-model",
@@ -642,7 +650,7 @@ def run_demo(
         log=log,
     )
     rl_config = load_config(
-        "carl-segment-arith-tools",
+        preset,
         [
             *overrides,  # before the demo's own settings: a `model.name` override names the model to fine-tune
             f"model.name={out_dir / 'start-model'}",
@@ -662,42 +670,42 @@ def run_demo(
     write_episodes(out_dir / "eval_after_sft.jsonl", before_records)
     del model, head
     collect_phase_garbage()
-    log(f"[4/5] carl-segment: {rl_steps} steps (rollout backend: {rl_config.rollout.backend})")
+    log(f"[4/5] {method}: {rl_steps} steps (rollout backend: {rl_config.rollout.backend})")
     if not warm.passed:
-        log(f"warning: {DEMO_FAILED_GATE}")
-    trainer = Trainer(rl_config, run_dir=out_dir / "carl-segment")
+        log(f"warning: {failed_gate}")
+    trainer = Trainer(rl_config, run_dir=out_dir / method)
     try:
         trainer.train()
-        log("[5/5] evaluation after carl-segment")
+        log(f"[5/5] evaluation after {method}")
         after, after_records = evaluate_model(
             trainer.model, trainer.tokenizer, rl_config, value_head=trainer.value_head
         )
         write_episodes(out_dir / "eval_after_rl.jsonl", after_records)
     finally:
         trainer.close()
-    table = demo_table(before, after)
+    table = demo_table(before, after, method)
     minutes = (time.perf_counter() - start) / 60
     rss = peak_rss_gib()
     gpu = peak_gpu_memory_gib()
     where = "CPU" if gpu is None else torch.cuda.get_device_name()
     gate = warm.gate
     report = (
-        "# agentcredit demo: carl-segment on arith-tools\n\n"
-        + ("" if warm.passed else f"**{DEMO_FAILED_GATE}**\n\n")
+        f"# agentcredit demo: {method} on {DEMO_TASK}\n\n"
+        + ("" if warm.passed else f"**{failed_gate}**\n\n")
         + f"Model: SmolLM2-135M-Instruct (embedded), {where}. SFT on {sft_examples} scripted demonstrations x "
         f"{sft_epochs} epochs that call the python tool on {DEMO_TOOL_SHARE:.0%} of the questions whatever their "
         f"tier (easy, medium, hard), so when to call is left to RL. Critic warm-up on {warmup_questions} training "
         f"questions (gate {'passed' if warm.passed else 'NOT passed'}: AUC {_stat(gate, 'auc')}, "
         f"sign accuracy {_stat(gate, 'sign_accuracy')}, explained variance {_stat(gate, 'explained_variance')}"
         + ("" if warm.passed else "; **RL started on this FAILED gate**, allowed for the demo's scale")
-        + f"); then {rl_steps} carl-segment steps "
+        + f"); then {rl_steps} {method} steps "
         f"({rl_config.rollout.prompts_per_step} prompts x {rl_config.rollout.n} episodes per step). Evaluation: "
         f"{eval_limit} held-out test "
         "questions, greedy. Unnecessary calls: tool calls on easy questions, which the model can answer without "
         f"the tool.\n\n{table}\n\nTotal time: {minutes:.1f} min; {format_memory(rss, gpu)}. Episodes: "
-        "`eval_after_sft.jsonl`, `eval_after_rl.jsonl`; training metrics: `carl-segment/metrics.jsonl`; the last "
+        f"`eval_after_sft.jsonl`, `eval_after_rl.jsonl`; training metrics: `{method}/metrics.jsonl`; the last "
         "step's credit, token by token: "
-        f"`agentcredit view {out_dir / 'carl-segment' / 'episodes' / f'step-{rl_steps:06d}.jsonl'}`.\n"
+        f"`agentcredit view {out_dir / method / 'episodes' / f'step-{rl_steps:06d}.jsonl'}`.\n"
     )
     (out_dir / "report.md").write_text(report)
     (out_dir / "summary.json").write_text(

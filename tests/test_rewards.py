@@ -32,7 +32,7 @@ def test_portool_scores_with_its_judge_and_an_llm_judge_needs_its_model():
     judge = task_reward(config)
     assert (judge(EX, "Paris"), judge(EX, "Lyon"), judge(EX, None)) == (1.0, -1.0, -1.0)
     llm = load_config("portool-kb-multihop", ["algorithm.portool.judge=llm"])
-    with pytest.raises(ValueError, match="judge_model"):
+    with pytest.raises(ValueError, match=r"algorithm\.portool\.judge_model"):
         task_reward(llm)  # no model handed over: the same one-line error as a missing judge_model
 
 

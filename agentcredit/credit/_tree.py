@@ -35,10 +35,13 @@ class DecisionTree:
 
     Episodes that share a tree prefix share its nodes; independent episodes are chains under the prompt.
     ``fork_counts``: the times each node was forked (carl-critical's ``forked_parent`` rule), None when unknown.
+    ``merged``: the sampled steps a node stands for where the rollout merged identical sibling steps into one
+    node (PORTool's tree), for the nodes that stand for more than one; None when the rollout merged none.
     """
 
     parents: tuple[int, ...]
     fork_counts: Mapping[int, int] | None = None
+    merged: Mapping[int, int] | None = None
 
     @property
     def _structure(self) -> _Structure:

@@ -134,12 +134,12 @@ def run_eval(
     if options.tiers:
         if cfg.protocol.name not in ("codefence", "chat"):
             raise ValueError(
-                "--tiers labels questions with carl-segment's no-tool prompt, which only the codefence and chat "
+                "--tiers labels questions with the critic warm-up's no-tool prompt, which only the codefence and chat "
                 f"protocols have (this config uses protocol.name={cfg.protocol.name!r})"
             )
         from agentcredit.train.warmup import tier_labels
 
-        log(f"tier labels: {options.tier_samples} no-tool samples per question (carl-segment §4.1)")
+        log(f"tier labels: {options.tier_samples} no-tool samples per question (the warm-up's tiers, §4.1)")
         tiers = tier_labels(loaded.model, loaded.tokenizer, cfg, examples, options.tier_samples, options.seed)
 
     env = build_environment(cfg)

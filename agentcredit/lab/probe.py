@@ -35,6 +35,9 @@ from agentcredit.train.metrics import StepCredit, credit_by_step_kind, episode_m
 from agentcredit.train.signals import Signals
 from agentcredit.train.trainer import Trainer
 
+#: The preset ``agentcredit probe-credit`` rolls out when given no ``--config``: PORTool's judge (+1 / 0 / -1) on a
+#: multi-hop search task, where the estimators differ most in where they put credit.
+PROBE_PRESET = "portool-kb-multihop"
 #: The estimating methods the probe can run, by name: those that need no critic values (see the module docstring).
 PROBE_ESTIMATORS = tuple(m.name for m in METHODS.values() if m.estimate and m.needs.critic == "none")
 

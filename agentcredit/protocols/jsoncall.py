@@ -32,7 +32,7 @@ from agentcredit.tools.base import ToolCall, ToolResult
 #: "{tool_json}"; the line breaks are the PDF's, kept as the spec gives them). The paper's PDF text shows curly
 #: quotes (user’s, “name”) where the spec has ASCII ones: we read those as typesetting of the same ASCII
 #: characters, not a different prompt, and tests/protocols/test_jsoncall.py checks the two agree up to that.
-PORTOOL_SYSTEM_PROMPT_TEMPLATE = """\
+JSONCALL_SYSTEM_PROMPT_TEMPLATE = """\
 You are a helpful dialogue assistant that solves user tasks exclusively by invoking the appropriate tools. Do not answer from
 your own knowledge, and you must strictly follow the provided tool descriptions. You have no internal factual knowledge
 about games, events, locations, coordinates, dates, capitals, monuments, historical places, or time, and you never perform
@@ -289,7 +289,7 @@ class JsonCallProtocol(Protocol):
         }
         # {tool_json}: an OpenAI-style function-schema JSON list, one tool per line (spec 2.4 [R]).
         tool_json = "[\n" + ",\n".join(json.dumps(s, ensure_ascii=False) for s in normalised) + "\n]"
-        self.system_prompt = PORTOOL_SYSTEM_PROMPT_TEMPLATE.replace(TOOL_JSON_PLACEHOLDER, tool_json)
+        self.system_prompt = JSONCALL_SYSTEM_PROMPT_TEMPLATE.replace(TOOL_JSON_PLACEHOLDER, tool_json)
 
     @property
     def tool_names(self) -> list[str]:

@@ -13,7 +13,7 @@ Three styles share the loop "reason, search, read the results, answer":
   ``<answer>``; each tool result is appended as ``\\n\\n<information>\\n...\\n</information>\\n<think>\\n`` and
   the next segment is a *read* action that stops at ``</think>`` (option, on by default). A page is read in
   chunks of 25,000 characters, one read action each. EOS ends the episode; the action budget counts reads.
-* ``tips`` (tips.md 2.2-2.6, verl's multi-turn tool loop that TIPS's released code runs): Qwen function calling,
+* ``qwen-tools`` (TIPS, tips.md 2.2-2.6, verl's multi-turn tool loop that TIPS's released code runs): Qwen function calling,
   ``<tool_call>{"name": "search", "arguments": {"query_list": [...]}}</tool_call>``, one call per assistant
   turn; the result comes back as a new user turn ``<tool_response>{"result": ...}</tool_response>``, written
   here as plain text with the chat template's role markers (:mod:`agentcredit.protocols.chat`) so the context
@@ -37,7 +37,7 @@ from agentcredit.protocols.chat import CHATML, ChatMarkers
 from agentcredit.tasks.scoring import extract_tagged
 from agentcredit.tools.base import ToolCall, ToolResult
 
-STYLES: tuple[str, ...] = ("search-r1", "asearcher", "tips")
+STYLES: tuple[str, ...] = ("search-r1", "asearcher", "qwen-tools")
 
 # --- Search-R1 ------------------------------------------------------------------------------------------------
 #: Search-R1's instruction, verbatim from ``make_prefix(template_type="base")`` in
@@ -114,7 +114,7 @@ _ASEARCHER_ACTIONS = ("search", "access", "answer")  # ASearcher's priority when
 # --- TIPS (verl tool calling) ---------------------------------------------------------------------------------
 #: TIPS's system turn as Qwen2.5's chat template renders it with the search tool schema (tips.md 2.3, verbatim;
 #: paper Fig. 8). Written out here so that any chat template gets the same text, not only Qwen's.
-TIPS_SYSTEM_PROMPT = (
+QWEN_TOOLS_SYSTEM_PROMPT = (
     "You are a helpful and harmless assistant.\n\n# Tools\n\nYou may call one or more functions to assist with "
     "the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
     '{"type": "function", "function": {"name": "search", "description": "Searches the web for relevant '
@@ -126,7 +126,7 @@ TIPS_SYSTEM_PROMPT = (
 )
 #: TIPS's user-message prefix (tips.md 2.3, verbatim from examples/data_preprocess/
 #: preprocess_search_r1_dataset.py of TIPS's code); the user message is this prefix + the question.
-TIPS_USER_PREFIX = (
+QWEN_TOOLS_USER_PREFIX = (
     "Answer the given question. You must conduct reasoning inside <think> and </think> first every time you get "
     "new information. After reasoning, if you find you lack some knowledge, you can call a search engine by "
     "<tool_call> query </tool_call> and it will return the top searched results between <tool_response> and "
@@ -136,17 +136,17 @@ TIPS_USER_PREFIX = (
 )
 #: verl's texts for a search call without results or with bad arguments (verl/tools/search_tool.py and
 #: verl/tools/utils/search_r1_like_utils.py), and its separator between the results of several queries.
-TIPS_NO_RESULTS = "No search results found."
-TIPS_BAD_QUERY_LIST = "Error: 'query_list' is missing, empty, or not a list in parameters."
-TIPS_QUERY_SEPARATOR = "\n---\n"
+QWEN_TOOLS_NO_RESULTS = "No search results found."
+QWEN_TOOLS_BAD_QUERY_LIST = "Error: 'query_list' is missing, empty, or not a list in parameters."
+QWEN_TOOLS_QUERY_SEPARATOR = "\n---\n"
 #: multi_turn.max_assistant_turns = 5, i.e. at most 4 retrievals (tips.md 2.5).
-TIPS_MAX_SEGMENTS = 5
+QWEN_TOOLS_MAX_SEGMENTS = 5
 _TOOL_CALL_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 
 _DEFAULT_MAX_SEGMENTS = {
     "search-r1": SEARCH_R1_MAX_SEGMENTS,
     "asearcher": ASEARCHER_MAX_SEGMENTS,
-    "tips": TIPS_MAX_SEGMENTS,
+    "qwen-tools": QWEN_TOOLS_MAX_SEGMENTS,
 }
 _READ_NEXT = "tags_read_next"  # state.extra key: the next segment is a read action
 _QUEUE = "tags_information_queue"  # state.extra key: information still to be read (asearcher)
@@ -157,16 +157,16 @@ class TagsProtocol(Protocol):
     """``<search>`` / ``<information>`` / ``<answer>`` tags in the style of Search-R1, ASearcher or TIPS.
 
     Args:
-        style: ``search-r1`` (default), ``asearcher`` (carl-critical) or ``tips``.
+        style: ``search-r1`` (default), ``asearcher`` (carl-critical) or ``qwen-tools`` (TIPS).
         read: after each tool result the next segment is a read action ending at ``</think>``
-            (carl-critical); default on for asearcher, off for search-r1; not available for tips.
+            (carl-critical); default on for asearcher, off for search-r1; not available for qwen-tools.
         access: allow ``<access> url </access>`` actions; default on for asearcher (its search-access
             prompt), off otherwise; with search-r1 it needs an ``instruction`` that describes the tag.
         max_segments: policy segments per episode (reads included): search-r1 5 (4 searches + the final
-            generation), asearcher 10, tips 5.
+            generation), asearcher 10, qwen-tools 5.
         instruction: a custom prompt template with a ``{question}`` placeholder: the user message (search-r1,
-            tips) or the whole raw prompt (asearcher).
-        chat_markers: role markers for tips observations; default: read off the tokenizer in ``prompt()``,
+            qwen-tools) or the whole raw prompt (asearcher).
+        chat_markers: role markers for qwen-tools observations; default: read off the tokenizer in ``prompt()``,
             ChatML when no tokenizer was seen.
         search_tool / access_tool: tool names in the tool runtime.
     """
@@ -187,9 +187,9 @@ class TagsProtocol(Protocol):
     ) -> None:
         if style not in STYLES:
             raise ValueError(f"tags: style must be one of {list(STYLES)}, got {style!r}")
-        if style == "tips" and (read or access):
+        if style == "qwen-tools" and (read or access):
             raise ValueError(
-                "tags: read and access actions are not part of the tips style (verl tool calling)"
+                "tags: read and access actions are not part of the qwen-tools style (verl tool calling)"
             )
         read = (style == "asearcher") if read is None else bool(read)
         access = (style == "asearcher") if access is None else bool(access)
@@ -223,16 +223,16 @@ class TagsProtocol(Protocol):
 
     # -- prompt --------------------------------------------------------------------------------------------
     def prompt_text(self, question: str) -> str:
-        """The user message (search-r1, tips) or raw prompt (asearcher) for ``question``."""
+        """The user message (search-r1, qwen-tools) or raw prompt (asearcher) for ``question``."""
         if self.style == "search-r1":
             # Search-R1's preprocessing strips the question and ends it with "?" (nq_search.py process_fn).
             question = question.strip()
             question = question if question.endswith("?") else question + "?"
             return (self.instruction or SEARCH_R1_INSTRUCTION).replace("{question}", question)
-        if self.style == "tips":
+        if self.style == "qwen-tools":
             if self.instruction is not None:
                 return self.instruction.replace("{question}", question)
-            return TIPS_USER_PREFIX + question  # the code: prefix.rstrip("\n") + question
+            return QWEN_TOOLS_USER_PREFIX + question  # the code: prefix.rstrip("\n") + question
         template = self.instruction or (
             ASEARCHER_SEARCH_ACCESS_TEMPLATE if self.access else ASEARCHER_SEARCH_ONLY_TEMPLATE
         )
@@ -241,14 +241,14 @@ class TagsProtocol(Protocol):
 
     def messages(self, state: EpisodeState) -> list[dict[str, str]]:
         user = {"role": "user", "content": self.prompt_text(state.question)}
-        if self.style == "tips":
-            return [{"role": "system", "content": TIPS_SYSTEM_PROMPT}, user]
+        if self.style == "qwen-tools":
+            return [{"role": "system", "content": QWEN_TOOLS_SYSTEM_PROMPT}, user]
         return [user]
 
     def prompt(self, state: EpisodeState, tokenizer: Any) -> str:
         if self.style == "asearcher":
             return self.prompt_text(state.question)  # ASearcher tokenises the raw text, no chat template
-        if self.style == "tips" and self.chat_markers is None:
+        if self.style == "qwen-tools" and self.chat_markers is None:
             state.extra[_MARKERS] = ChatMarkers.from_tokenizer(tokenizer)
         return super().prompt(state, tokenizer)
 
@@ -260,21 +260,21 @@ class TagsProtocol(Protocol):
         return bool(state.extra.get(_READ_NEXT))
 
     def stop_strings(self, state: EpisodeState) -> list[str]:
-        if self.style == "tips":
+        if self.style == "qwen-tools":
             turn_end = self.markers(state).turn_end
             return [turn_end] if turn_end else []
         return ["</think>"] if self._read_next(state) else list(self._act_stops)
 
     def segment_ends(self, state: EpisodeState, text: str) -> bool:
-        # tips: the assistant turn ends at EOS (the end-of-turn token is a policy token, tips.md 2.6); the
+        # qwen-tools: the assistant turn ends at EOS (the end-of-turn token is a policy token, tips.md 2.6); the
         # marker check only matters for a backend that decodes special tokens but does not stop on them.
         return tail_contains(text, self.stop_strings(state))
 
     # -- reading output ------------------------------------------------------------------------------------
     def read_segment(self, state: EpisodeState, text: str, finish: FinishReason) -> Turn:
         info: dict[str, Any] = {"finish": finish}
-        if self.style == "tips":
-            turn = self._read_tips(state, text, finish, info)
+        if self.style == "qwen-tools":
+            turn = self._read_qwen_tools(state, text, finish, info)
         elif self.style == "asearcher":
             turn = self._read_asearcher(state, text, finish, info)
         else:
@@ -325,7 +325,9 @@ class TagsProtocol(Protocol):
             info["error"] = "no <search>, <access> or <answer> action"
         return Turn(kind, info=info)
 
-    def _read_tips(self, state: EpisodeState, text: str, finish: FinishReason, info: dict[str, Any]) -> Turn:
+    def _read_qwen_tools(
+        self, state: EpisodeState, text: str, finish: FinishReason, info: dict[str, Any]
+    ) -> Turn:
         info["turn_end_generated"] = self.markers(state).ends_turn(text, finish)
         if finish == "length":
             # verl ends the episode on a length limit (tips.md 2.5), even if a tool call made it into the text.
@@ -353,7 +355,7 @@ class TagsProtocol(Protocol):
             return Turn("search", info=info)
         queries = arguments.get("query_list") if isinstance(arguments, dict) else None
         if not isinstance(queries, list) or not queries or not all(isinstance(q, str) for q in queries):
-            info["error"] = TIPS_BAD_QUERY_LIST
+            info["error"] = QWEN_TOOLS_BAD_QUERY_LIST
             return Turn("search", info=info)
         calls = [ToolCall(self.search_tool, {"query": q}, raw=raw) for q in queries]
         return Turn("search", calls=calls, info=info)
@@ -363,8 +365,8 @@ class TagsProtocol(Protocol):
         self, state: EpisodeState, turn: Turn, results: Sequence[ToolResult]
     ) -> Observation | None:
         check_results(self.name, turn, results)
-        if self.style == "tips":
-            return self._tips_observation(state, turn, results)
+        if self.style == "qwen-tools":
+            return self._qwen_tools_observation(state, turn, results)
         if self.style == "search-r1":
             obs = self._search_r1_observation(turn, results)
         else:
@@ -401,14 +403,14 @@ class TagsProtocol(Protocol):
         state.extra[_QUEUE] = queue[1:]
         return Observation(f"\n\n<information>\n{queue[0]}\n</information>\n<think>\n", kind="information")
 
-    def _tips_observation(
+    def _qwen_tools_observation(
         self, state: EpisodeState, turn: Turn, results: Sequence[ToolResult]
     ) -> Observation:
         if results:
             outputs = [r.output.strip() for r in results]
-            result = TIPS_QUERY_SEPARATOR.join(o for o in outputs if o) or TIPS_NO_RESULTS
+            result = QWEN_TOOLS_QUERY_SEPARATOR.join(o for o in outputs if o) or QWEN_TOOLS_NO_RESULTS
         else:
-            result = turn.info.get("error") or TIPS_NO_RESULTS
+            result = turn.info.get("error") or QWEN_TOOLS_NO_RESULTS
         content = (
             "<tool_response>\n" + json.dumps({"result": result}, ensure_ascii=False) + "\n</tool_response>"
         )

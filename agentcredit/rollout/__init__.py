@@ -2,7 +2,7 @@
 
     backend = HFBackend(model)
     engine = RolloutEngine(backend, tokenizer, get_protocol("codefence"), tools, EngineConfig(...))
-    trees = engine.run(examples, independent(8), reward_fn)       # or entropy_guided(n0, n), portool(n, f)
+    trees = engine.run(examples, independent(8), reward_fn)       # or entropy_guided(n0, n), step_forks(n, f)
 
 The data model is imported eagerly; the engine, backend and strategies (which import torch and transformers)
 load on first use, so ``from agentcredit.rollout import RolloutTree`` stays cheap for the credit functions.
@@ -36,14 +36,14 @@ _LAZY = {
     "sample_tokens": "sampling",
     "EntropyGuided": "strategies",
     "Independent": "strategies",
-    "PORTool": "strategies",
     "dup_and_samp": "strategies",
     "entropy_guided": "strategies",
     "from_rollout_config": "strategies",
     "independent": "strategies",
     "merge_identical_siblings": "strategies",
-    "portool": "strategies",
     "select_forks": "strategies",
+    "StepForks": "strategies",
+    "step_forks": "strategies",
 }
 
 

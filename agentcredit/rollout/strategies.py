@@ -5,7 +5,7 @@
   (carl-critical-actions.md 3.5-3.6, Algorithm 1): n0 episodes, then n forks, one at a time per prompt, each
   from the state of lowest action density n(s) / H(s), i.e. the largest H(s) / n(s); at most t_max actions
   per episode (carl-critical-actions.md §2.1, T_max).
-* :func:`portool` ``(n, f, t_max)``: PORTool's tree rollout (portool.md 2.7-2.8, Algorithm 1): n first steps,
+* :func:`step_forks` ``(n, f, t_max)``: PORTool's tree rollout (portool.md 2.7-2.8, Algorithm 1): n first steps,
   then per depth DupAndSamp keeps exactly n - n_c unfinished paths; dropped paths are pruned.
 
 A plan is a generator (see :class:`~agentcredit.rollout.engine.Strategy`): it yields jobs, receives their
@@ -230,16 +230,16 @@ def dup_and_samp(n_paths: int, f: int, n_select: int, rng: random.Random) -> lis
     return counts
 
 
-class PORTool(Strategy):
-    """PORTool's tree rollout; see :func:`portool`."""
+class StepForks(Strategy):
+    """PORTool's tree rollout (every open path forks at every step); see :func:`step_forks`."""
 
-    name = "portool"
+    name = "step_forks"
 
     def __init__(self, n: int, f: int = 2, t_max: int | None = None, *, merge_identical: bool = True):
         if n < 1 or f < 1:
-            raise ValueError(f"portool: need n >= 1 and f >= 1, got n={n}, f={f}")
+            raise ValueError(f"step_forks: need n >= 1 and f >= 1, got n={n}, f={f}")
         if t_max is not None and t_max < 1:
-            raise ValueError(f"portool: t_max must be >= 1, got {t_max}")
+            raise ValueError(f"step_forks: t_max must be >= 1, got {t_max}")
         self.n, self.f, self.t_max = n, f, t_max
         self.merge_identical = merge_identical
 
@@ -263,9 +263,11 @@ class PORTool(Strategy):
             active = []
             results = yield jobs  # lines 23-26
         if active:  # cannot happen: the turn cap t_max ends every path at depth t_max
-            raise RuntimeError(f"portool: {len(active)} paths still open after t_max={t_max} (engine bug)")
+            raise RuntimeError(f"step_forks: {len(active)} paths still open after t_max={t_max} (engine bug)")
         if len(completed) != self.n:
-            raise RuntimeError(f"portool: {len(completed)} trajectories instead of n={self.n} (engine bug)")
+            raise RuntimeError(
+                f"step_forks: {len(completed)} trajectories instead of n={self.n} (engine bug)"
+            )
         completed.sort()  # trajectory j = the j-th kept leaf in node order
         pruned, mapping = tree.prune(completed)  # drop the paths DupAndSamp did not continue
         trajectories = [mapping[leaf] for leaf in completed]
@@ -281,7 +283,7 @@ class PORTool(Strategy):
         return pruned
 
 
-def portool(n: int, f: int = 2, t_max: int | None = None, *, merge_identical: bool = True) -> PORTool:
+def step_forks(n: int, f: int = 2, t_max: int | None = None, *, merge_identical: bool = True) -> StepForks:
     """PORTool Algorithm 1 with n trajectories and branching factor f (portool.md default f = 2), depth cap t_max
     (None: the engine's turn cap; portool.md [R] 6). ``merge_identical`` merges byte-identical sibling steps
     (portool.md §2.8 step 3, default on).
@@ -289,7 +291,7 @@ def portool(n: int, f: int = 2, t_max: int | None = None, *, merge_identical: bo
     The returned tree is pruned to the n kept trajectories: its n leaves, in node order, are the trajectories
     (``tree.info["trajectories"]``), and every node's ``info["traj_ids"]`` is m(v), the trajectories through it.
     """
-    return PORTool(n, f, t_max, merge_identical=merge_identical)
+    return StepForks(n, f, t_max, merge_identical=merge_identical)
 
 
 def _set_trajectories(tree: RolloutTree, leaves: Sequence[int]) -> None:
@@ -350,7 +352,7 @@ __all__ = [
     "ForkRecord",
     "Independent",
     "JobResult",
-    "PORTool",
+    "StepForks",
     "action_depth",
     "action_entropy",
     "dup_and_samp",
@@ -358,14 +360,14 @@ __all__ = [
     "from_rollout_config",
     "independent",
     "merge_identical_siblings",
-    "portool",
     "select_forks",
+    "step_forks",
     "update_records",
 ]
 
 
-def from_rollout_config(rollout: TreeStrategyConfig) -> Independent | EntropyGuided | PORTool:
-    """The strategy ``config.rollout`` names (``independent``, ``entropy_guided`` or ``portool``), with its sizes."""
+def from_rollout_config(rollout: TreeStrategyConfig) -> Independent | EntropyGuided | StepForks:
+    """The strategy ``config.rollout`` names (``independent``, ``entropy_guided`` or ``step_forks``), with its sizes."""
     if rollout.strategy == "independent":
         return independent(rollout.n)
     if rollout.strategy == "entropy_guided":
@@ -376,6 +378,6 @@ def from_rollout_config(rollout: TreeStrategyConfig) -> Independent | EntropyGui
             random_fork=rollout.random_forks,
             forks_per_round=rollout.forks_per_round,
         )
-    if rollout.strategy == "portool":
-        return portool(rollout.n, rollout.branch, rollout.t_max)
+    if rollout.strategy == "step_forks":
+        return step_forks(rollout.n, rollout.branch, rollout.t_max)
     raise ValueError(f"rollout.strategy: unknown strategy {rollout.strategy!r}")

@@ -108,16 +108,20 @@ class LLMJudge:
 
 
 def build_judge(
-    kind: str, model: tuple[Any, Any] | None = None, *, metric: str = "auto", unfinished: float = -1.0
+    kind: str,
+    model: tuple[Any, Any] | None = None,
+    *,
+    metric: str = "auto",
+    unfinished: float = -1.0,
+    setting: str = "judge",
 ) -> Any:
     """The judge ``kind`` names; ``model`` is the LLM judge's (model, tokenizer), loaded by the caller;
-    ``unfinished`` is R_out of an episode cut at the step cap (no answer)."""
+    ``unfinished`` is R_out of an episode cut at the step cap (no answer); ``setting`` is the config key that
+    chose the judge (``algorithm.<section>.judge``), which an error names with its ``_model`` key."""
     if kind == "rule":
         return lambda example, answer: rule_judge(example, answer, metric=metric, unfinished=unfinished)
     if kind == "llm":
         if model is None:
-            raise ValueError(
-                "algorithm.portool.judge='llm' needs algorithm.portool.judge_model (a local model path)"
-            )
+            raise ValueError(f"{setting}='llm' needs {setting}_model (a local model path)")
         return LLMJudge(*model, metric=metric, unfinished=unfinished)
     raise ValueError(f"judge must be 'rule' or 'llm', got {kind!r}")

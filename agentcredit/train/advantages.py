@@ -32,16 +32,20 @@ def decision_tree(tree: RolloutTree) -> tuple[DecisionTree, list[int]]:
     node i = the state after the i-th policy segment (in node-id order) and its observation.
 
     Returns the :class:`~agentcredit.credit.DecisionTree` (its fork counts from the strategy's
-    ``info["fork_counts"]``, counted per state node: a policy segment or the observation after it) and
+    ``info["fork_counts"]``, counted per state node: a policy segment or the observation after it; its ``merged``
+    from the ``info["merged_from"]`` of a policy segment that stands for identical siblings) and
     ``step_of``: for every rollout-tree node, the decision node whose state it belongs to (0 = the question;
     observations belong to the step that caused them).
     """
     step_of = [0]
     parents = [-1]
+    merged: dict[int, int] = {}
     for node in range(1, len(tree)):
         parent_step = step_of[tree.parent(node)]
         if tree.segment(node).role == "policy":
             step_of.append(len(parents))
+            if len(members := tree.nodes[node].info.get("merged_from", [])) > 1:
+                merged[len(parents)] = len(members)
             parents.append(parent_step)
         else:  # observations belong to the step that caused them
             step_of.append(parent_step)
@@ -54,20 +58,7 @@ def decision_tree(tree: RolloutTree) -> tuple[DecisionTree, list[int]]:
             raise ValueError(f"info['fork_counts'] names node {node}, which the tree does not have")
         step = step_of[int(node)]
         counts[step] = counts.get(step, 0) + int(c)
-    return DecisionTree(tuple(parents), counts), step_of
-
-
-def merged_steps(trees: list[RolloutTree]) -> float:
-    """Policy steps per tree that PORTool's identical-sibling merge folded into a sibling (portool.md 2.8 step
-    3): a merged node's ``merged_from`` lists every sibling it stands for. Many merges at the root mean the n
-    first steps were mostly the same text, so the root's siblings give the fork term little to compare."""
-    merged = sum(
-        len(node.info.get("merged_from", [])) - 1
-        for tree in trees
-        for node in tree.nodes
-        if node.segment.role == "policy" and len(node.info.get("merged_from", [])) > 1
-    )
-    return merged / max(len(trees), 1)
+    return DecisionTree(tuple(parents), counts, merged or None), step_of
 
 
 def anchor_states(tree: RolloutTree, policy_nodes: list[int]) -> list[tuple[int, ...]]:
@@ -153,8 +144,6 @@ def compute_advantages(
     for part in method.parts:  # what a method logs of its own signals (TIPS: the scale of its potentials)
         if part.stats is not None:
             result.stats.update(part.stats(layout))
-    if needs.rollout == "portool":
-        result.stats["portool/merged_steps"] = merged_steps(trees)
     rounds = [float(t.info["rounds"]) for t in trees if "rounds" in t.info]
     if rounds:  # entropy-guided trees: the sequential rounds each question's rollout took (forks_per_round)
         result.stats["critical/rounds"] = math.fsum(rounds) / len(rounds)

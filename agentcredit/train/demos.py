@@ -218,7 +218,7 @@ def tags_policy(example: Example, turn: int, observation: str | None, *, style: 
         thought = "I can answer this directly." if not hops else "I have found the answer."
         return f"<think>{thought}</think>\n<answer>{answer}</answer>"
     subject = hops[searches][0]
-    if style == "tips":
+    if style == "qwen-tools":
         call = json.dumps({"name": "search", "arguments": {"query_list": [subject]}})
         return f"<think>I need information about {subject}.</think>\n<tool_call>\n{call}\n</tool_call>"
     return f"<think>I need information about {subject}.</think>\n<search>{subject}</search>"

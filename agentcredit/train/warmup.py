@@ -178,7 +178,7 @@ def start_gate(config: Config) -> dict[str, Any] | None:
     if not passed and not config.train.allow_failed_gate:
         raise WarmupGateFailed(
             f"{path}: the critic warm-up gate failed ({', '.join(gate_failures(gate))}); RL does not start on a "
-            "failed gate (carl-segment: the warm-up continues until the gate passes): warm up further, or pass "
+            "failed gate (the paper's App. C: the warm-up continues until the gate passes): warm up further, or pass "
             "--allow-failed-gate (train.allow_failed_gate=true) to train anyway"
         )
     return {"passed": passed, "allowed_failed": not passed, "gate": gate, "source": str(path)}
@@ -199,7 +199,7 @@ def require_warmup(record: dict[str, Any] | None, config: Config) -> None:
     if record is not None and record.get("missing") and not config.train.cold_start:
         raise WarmupGateFailed(
             f"{record['source']}: no critic warm-up: {config.method}'s critic is warmed up and gated before RL "
-            "(carl-segment App. C; without it the paper's cold-start ablation trails by ~9 EM, l. 94): run "
+            "(the paper's App. C; without it its cold-start ablation trails by ~9 EM, l. 94): run "
             "`agentcredit warmup` on this model first, or pass --cold-start (train.cold_start=true) to start cold"
         )
 

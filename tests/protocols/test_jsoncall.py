@@ -13,7 +13,7 @@ from protocol_helpers import SEEDS, SPECS, run_episode, stops_at, token_pieces
 from agentcredit.protocols import get_protocol
 from agentcredit.protocols.jsoncall import (
     FORMAT_ERROR,
-    PORTOOL_SYSTEM_PROMPT_TEMPLATE,
+    JSONCALL_SYSTEM_PROMPT_TEMPLATE,
     RESPONSE_GEN_SCHEMA,
     JsonCallProtocol,
     StepFormat,
@@ -78,7 +78,7 @@ def _spec_prompt() -> str:
 
 
 def test_system_prompt_is_verbatim_from_the_spec():
-    assert _spec_prompt() == PORTOOL_SYSTEM_PROMPT_TEMPLATE
+    assert _spec_prompt() == JSONCALL_SYSTEM_PROMPT_TEMPLATE
 
 
 @pytest.mark.skipif(not SEEDS.exists(), reason="needs ../shared/seeds")
@@ -96,7 +96,7 @@ def test_system_prompt_agrees_with_the_paper_up_to_typesetting():
         text = text.replace("response_ gen", "response_gen").replace("{tool_ json}", "{tool_json}")
         return " ".join(text.split())
 
-    ours, theirs = norm(PORTOOL_SYSTEM_PROMPT_TEMPLATE), norm(paper[start:end])
+    ours, theirs = norm(JSONCALL_SYSTEM_PROMPT_TEMPLATE), norm(paper[start:end])
     head, tail = "Output Format:", "Important Notes:"
     assert ours.split(head)[0] == theirs.split(head)[0]
     assert ours.split(tail)[1] == theirs.split(tail)[1]

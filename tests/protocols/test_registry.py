@@ -27,7 +27,7 @@ def test_names_and_classes():
     assert sorted(PROTOCOLS) == ["chat", "codefence", "jsoncall", "tags"]
     assert isinstance(get_protocol("chat", schemas=SCHEMAS), ChatToolProtocol)
     assert isinstance(get_protocol("codefence"), CodeFenceProtocol)
-    assert isinstance(get_protocol("tags", style="tips"), TagsProtocol)
+    assert isinstance(get_protocol("tags", style="qwen-tools"), TagsProtocol)
     assert isinstance(get_protocol("jsoncall", schemas=SCHEMAS), JsonCallProtocol)
     for cls in PROTOCOLS.values():
         assert issubclass(cls, Protocol)
@@ -39,7 +39,7 @@ def test_unknown_option_names_the_allowed_ones():
     message = str(err.value)
     assert "'replace'" in message and "replacement" in message and "max_segments" in message
     with pytest.raises(ValueError, match="allowed: .*'style'"):
-        get_protocol("tags", styl="tips")
+        get_protocol("tags", styl="qwen-tools")
 
 
 def test_unknown_protocol():
@@ -65,7 +65,7 @@ def test_bad_option_values_are_value_errors():
     with pytest.raises(ValueError, match="codefence: prompt"):
         get_protocol("codefence", prompt=3)
     with pytest.raises(ValueError, match="tags: chat_markers"):
-        get_protocol("tags", style="tips", chat_markers="chatml")
+        get_protocol("tags", style="qwen-tools", chat_markers="chatml")
 
 
 def test_record_and_result_count_check():
@@ -104,7 +104,7 @@ def test_every_protocol_survives_garbage_output():
         get_protocol("codefence"),
         get_protocol("tags"),
         get_protocol("tags", style="asearcher"),
-        get_protocol("tags", style="tips"),
+        get_protocol("tags", style="qwen-tools"),
         get_protocol("jsoncall", schemas=SCHEMAS),
     ]
     for protocol in protocols:

@@ -15,11 +15,11 @@ from agentcredit.protocols.tags import (
     ASEARCHER_CHUNK_CHARS,
     ASEARCHER_INVALID_SENTENCE,
     ASEARCHER_VALID_SENTENCE,
+    QWEN_TOOLS_BAD_QUERY_LIST,
+    QWEN_TOOLS_SYSTEM_PROMPT,
+    QWEN_TOOLS_USER_PREFIX,
     SEARCH_R1_INSTRUCTION,
     SEARCH_R1_INVALID_ACTION,
-    TIPS_BAD_QUERY_LIST,
-    TIPS_SYSTEM_PROMPT,
-    TIPS_USER_PREFIX,
     TagsProtocol,
 )
 
@@ -230,8 +230,8 @@ def _spec_tips_blocks() -> list[str]:
 
 def test_tips_prompts_are_verbatim_from_the_spec():
     system, user = _spec_tips_blocks()
-    assert system == TIPS_SYSTEM_PROMPT
-    assert user == TIPS_USER_PREFIX + "{question}"
+    assert system == QWEN_TOOLS_SYSTEM_PROMPT
+    assert user == QWEN_TOOLS_USER_PREFIX + "{question}"
 
 
 @pytest.mark.skipif(not SEEDS.exists(), reason="needs ../shared/seeds")
@@ -240,8 +240,8 @@ def test_tips_prompts_agree_with_the_paper():
     schema whose braces the PDF lost) and Fig. 12 ("as your want", verl's pydantic dump with "enum": null).
     We follow the released code, which is Fig. 12's wording and Fig. 8's schema (tips.md 2.3)."""
     paper = " ".join((SEEDS / "tips.txt").read_text().split())
-    assert " ".join(TIPS_USER_PREFIX.split()) in paper  # Fig. 12, word for word
-    tools_line = TIPS_SYSTEM_PROMPT.split("<tools>\n")[1].split("\n</tools>")[0]
+    assert " ".join(QWEN_TOOLS_USER_PREFIX.split()) in paper  # Fig. 12, word for word
+    tools_line = QWEN_TOOLS_SYSTEM_PROMPT.split("<tools>\n")[1].split("\n</tools>")[0]
     schema = json.loads(tools_line)  # the schema line is valid JSON
     assert schema["function"]["parameters"]["required"] == ["query_list"]
     assert schema["function"]["description"] in paper
@@ -253,7 +253,7 @@ def tips_call(*queries: str) -> str:
 
 
 def test_tips_episode_with_chat_markers():
-    protocol = get_protocol("tags", style="tips")
+    protocol = get_protocol("tags", style="qwen-tools")
     outputs = [
         "<think>Find the novel and its author.</think>\n"
         + tips_call("Blade Runner source novel", "Do Androids Dream of Electric Sheep author"),
@@ -275,7 +275,7 @@ def test_tips_episode_with_chat_markers():
 
 
 def test_tips_length_limit_ends_the_episode():
-    protocol = get_protocol("tags", style="tips")
+    protocol = get_protocol("tags", style="qwen-tools")
     turn = protocol.read_segment(
         protocol.new_episode(QUESTION), "<think>x</think>" + tips_call("q"), "length"
     )
@@ -283,7 +283,7 @@ def test_tips_length_limit_ends_the_episode():
 
 
 def test_tips_turn_end_is_added_when_the_model_did_not_emit_it():
-    protocol = get_protocol("tags", style="tips")
+    protocol = get_protocol("tags", style="qwen-tools")
     state = protocol.new_episode(QUESTION)
     text = "<think>x</think>" + tips_call("q")
     turn = protocol.read_segment(state, text, "stop")  # e.g. a backend stopping on a stop string
@@ -309,12 +309,18 @@ def _result(output: str, ok: bool = True):
             '<tool_call>{"name": "lookup", "arguments": {"query_list": ["x"]}}</tool_call>',
             "unknown tool 'lookup'",
         ),
-        ('<tool_call>{"name": "search", "arguments": {"query_list": "x"}}</tool_call>', TIPS_BAD_QUERY_LIST),
-        ('<tool_call>{"name": "search", "arguments": {"query_list": []}}</tool_call>', TIPS_BAD_QUERY_LIST),
+        (
+            '<tool_call>{"name": "search", "arguments": {"query_list": "x"}}</tool_call>',
+            QWEN_TOOLS_BAD_QUERY_LIST,
+        ),
+        (
+            '<tool_call>{"name": "search", "arguments": {"query_list": []}}</tool_call>',
+            QWEN_TOOLS_BAD_QUERY_LIST,
+        ),
     ],
 )
 def test_tips_bad_calls_get_an_error_response(text, error):
-    protocol = get_protocol("tags", style="tips")
+    protocol = get_protocol("tags", style="qwen-tools")
     state = protocol.new_episode(QUESTION)
     turn = protocol.read_segment(state, text, "eos")
     protocol.record(state, turn, text)
@@ -326,7 +332,7 @@ def test_tips_bad_calls_get_an_error_response(text, error):
 
 def test_tips_unparsable_tool_call_ends_the_episode():
     """verl's Hermes parser skips a block whose JSON fails; a turn without a tool call ends the episode."""
-    protocol = get_protocol("tags", style="tips")
+    protocol = get_protocol("tags", style="qwen-tools")
     episode = run_episode(
         protocol, QUESTION, ['<think>x</think><tool_call>{"name": "search", "arguments": </tool_call>']
     )
@@ -335,7 +341,7 @@ def test_tips_unparsable_tool_call_ends_the_episode():
 
 
 def test_tips_budget():
-    protocol = get_protocol("tags", style="tips")
+    protocol = get_protocol("tags", style="qwen-tools")
     episode = run_episode(
         protocol, QUESTION, [tips_call(f"q{i}") for i in range(6)], {"search": lambda a: "d"}
     )
@@ -346,7 +352,7 @@ def test_tips_budget():
 def test_tips_contexts_equal_the_chat_template_rendering(smollm2_tokenizer):
     """Appending the observation text reproduces what the chat template renders for the same conversation, so
     token-id contexts built by appending match a re-rendered transcript (issue 4, tips.md 2.2)."""
-    protocol = get_protocol("tags", style="tips")
+    protocol = get_protocol("tags", style="qwen-tools")
     state = protocol.new_episode(QUESTION)
     prompt = protocol.prompt(state, smollm2_tokenizer)
     assert protocol.markers(state) == CHATML  # SmolLM2 speaks ChatML
@@ -383,13 +389,13 @@ def test_chat_markers_from_tokenizer(smollm2_tokenizer):
 
 
 # ---------------------------------------------------------------------------------------------- all styles
-@pytest.mark.parametrize("style", ["search-r1", "asearcher", "tips"])
+@pytest.mark.parametrize("style", ["search-r1", "asearcher", "qwen-tools"])
 def test_styles_with_real_tokens(smollm2_tokenizer, style):
     pieces = token_pieces(smollm2_tokenizer)
     protocol = get_protocol("tags", style=style)
     first = (
         tips_call("Blade Runner source novel")
-        if style == "tips"
+        if style == "qwen-tools"
         else "<think>search</think>\n<search>Blade Runner source novel</search> trailing"
     )
     outputs = [first, "Read it.</think>" if style == "asearcher" else "", "<answer>Philip K. Dick</answer>"]
@@ -403,8 +409,11 @@ def test_styles_with_real_tokens(smollm2_tokenizer, style):
 def test_invalid_options():
     with pytest.raises(ValueError, match="style must be one of"):
         TagsProtocol(style="react")
-    with pytest.raises(ValueError, match="not part of the tips style"):
-        TagsProtocol(style="tips", read=True)
+    # the style's name before issue 53 (named after the method, not the chat format): the one line names the new one
+    with pytest.raises(ValueError, match=r"style must be one of \[.*'qwen-tools'\], got 'tips'"):
+        TagsProtocol(style="tips")
+    with pytest.raises(ValueError, match="not part of the qwen-tools style"):
+        TagsProtocol(style="qwen-tools", read=True)
     with pytest.raises(ValueError, match="does not describe <access>"):
         TagsProtocol(access=True)
     with pytest.raises(ValueError, match="placeholder"):

@@ -127,9 +127,9 @@ DEMOS = [
         "Paris",
     ),
     Demo(
-        "tags-tips",
+        "tags-qwen-tools",
         "tags",
-        {"style": "tips"},
+        {"style": "qwen-tools"},
         "Name the capital of France.",
         [
             '<tool_call>\n{"name": "search", "arguments": {"query_list": ["capital of France"]}}\n</tool_call>'

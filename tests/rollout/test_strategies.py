@@ -19,8 +19,8 @@ from agentcredit.rollout.strategies import (
     entropy_guided,
     independent,
     merge_identical_siblings,
-    portool,
     select_forks,
+    step_forks,
     update_records,
 )
 from agentcredit.rollout.tree import RolloutTree, Segment
@@ -171,7 +171,7 @@ def test_dup_and_samp_by_hand():
         dup_and_samp(2, 2, 5, random.Random(0))
 
 
-def test_portool_plan_bookkeeping_by_hand():
+def test_step_forks_plan_bookkeeping_by_hand():
     """n = 4, f = 2, t_max = 3: one path finishes at step 1; DupAndSamp then draws 3 of 6 copies, etc."""
     tree = RolloutTree(Segment([1], role="prompt"))
     finish_at = {1: {0}, 2: set(), 3: None}  # step t: which job indices finish (None: all, the depth cap)
@@ -191,7 +191,7 @@ def test_portool_plan_bookkeeping_by_hand():
         return results
 
     batches, final = drive(
-        portool(4, 2, 3, merge_identical=False).plan(PlanContext(tree, random.Random(1), 6)), respond
+        step_forks(4, 2, 3, merge_identical=False).plan(PlanContext(tree, random.Random(1), 6)), respond
     )
     assert [len(b) for b in batches] == [4, 3, 3]  # n, then n - n_c with n_c = 1 twice
     assert all(job.max_steps == 1 and job.max_turns == 3 for b in batches for job in b)
@@ -275,12 +275,12 @@ def test_entropy_guided_forks_from_stored_prefixes(trained_tiny, tools, name):
 
 
 @pytest.mark.parametrize("f", [1, 2])
-def test_portool_keeps_exactly_n_trajectories(trained_tiny, tools, f):
+def test_step_forks_keeps_exactly_n_trajectories(trained_tiny, tools, f):
     model, tokenizer = trained_tiny
     demo = DEMO["jsoncall"]
     engine = engine_for(model, tokenizer, demo, tools, seed=4)
     prompts = [demo.question, demo.question + " Now."]
-    trees = engine.run(prompts, portool(4, f, 3, merge_identical=False), lambda item, a: float(a == "100"))
+    trees = engine.run(prompts, step_forks(4, f, 3, merge_identical=False), lambda item, a: float(a == "100"))
     for tree in trees:  # spec 9.4 (2)
         assert tree.info["trajectories"] == tree.leaves() and len(tree.leaves()) == 4
         assert len(tree.children(0)) <= 4
@@ -290,7 +290,7 @@ def test_portool_keeps_exactly_n_trajectories(trained_tiny, tools, f):
         assert all(tree.nodes[leaf].reward is not None for leaf in tree.leaves())
     check_logprobs(model, trees)
     # merging identical sibling steps keeps the n trajectories (leaves); m(v) = the leaves under v
-    merged = engine.run(prompts, portool(4, f, 3), lambda item, a: float(a == "100"))
+    merged = engine.run(prompts, step_forks(4, f, 3), lambda item, a: float(a == "100"))
     for tree in merged:
         assert tree.info["trajectories"] == tree.leaves() and len(tree.leaves()) == 4
         assert sorted(tree.nodes[0].info["traj_ids"]) == [0, 1, 2, 3]
@@ -299,14 +299,16 @@ def test_portool_keeps_exactly_n_trajectories(trained_tiny, tools, f):
             assert tree.nodes[v].info["traj_ids"] == [tree.info["trajectories"].index(x) for x in under]
 
 
-def test_portool_prefix_reuse_halves_prefill(trained_tiny, tools):
+def test_step_forks_prefix_reuse_halves_prefill(trained_tiny, tools):
     model, tokenizer = trained_tiny
     demo = DEMO["tags-search-r1"]
     reward = lambda item, a: float(a == "Paris")  # noqa: E731
     shared = engine_for(model, tokenizer, demo, tools, seed=6)
-    (tree,) = shared.run([demo.question], portool(4, 2, 3, merge_identical=False), reward)
+    (tree,) = shared.run([demo.question], step_forks(4, 2, 3, merge_identical=False), reward)
     alone = engine_for(model, tokenizer, demo, tools, seed=6, reuse_prefix=False)
-    (again,) = alone.run([demo.question], portool(4, 2, 3, merge_identical=False), reward, seed=shared._seed)
+    (again,) = alone.run(
+        [demo.question], step_forks(4, 2, 3, merge_identical=False), reward, seed=shared._seed
+    )
     assert [n.segment.token_ids for n in again.nodes] == [n.segment.token_ids for n in tree.nodes]
     assert shared.stats.prefill_tokens <= alone.stats.prefill_tokens / 2
 

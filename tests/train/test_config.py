@@ -133,3 +133,10 @@ def test_tips_potential_is_one_option_spelt_the_same_in_both_trainers():
     for old_key in ("reduce", "aggregate"):
         with pytest.raises(ValidationError, match=old_key):
             VerlTips(**{old_key: "sum"})
+
+
+def test_a_config_with_the_old_strategy_name_fails_naming_the_field_and_the_new_value():
+    """PORTool's tree rollout was ``rollout.strategy: portool`` before issue 53; the error is one line."""
+    with pytest.raises(ConfigError, match=r"rollout\.strategy: .*'step_forks' \(got 'portool'\)") as err:
+        load_config("portool-kb-multihop", ["rollout.strategy=portool"])
+    assert "\n" not in str(err.value)

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from agentcredit.run import DEMO_FAILED_GATE, DEMO_ROWS, run_demo
+from agentcredit.run import DEMO_ROWS, demo_failed_gate, demo_table, run_demo
 
 
 @pytest.mark.slow
@@ -54,10 +54,20 @@ def test_demo_runs_every_stage_and_writes_its_report(tmp_path):
     # four warm-up questions cannot pass the gate: the demo says first what it shows instead (issue 48)
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["rl_started_on_passed_gate"] is False
-    assert report.splitlines()[2] == f"**{DEMO_FAILED_GATE}**"
-    assert f"warning: {DEMO_FAILED_GATE}" in lines
+    assert report.splitlines()[2] == f"**{demo_failed_gate('carl-segment')}**"
+    assert f"warning: {demo_failed_gate('carl-segment')}" in lines
     assert len((tmp_path / "eval_after_rl.jsonl").read_text().splitlines()) == 4
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert json.dumps(summary["after_rl"], sort_keys=True) == json.dumps(
         result["after"], sort_keys=True
     )  # NaN-safe
+
+
+def test_the_demo_table_is_its_method_after_sft_and_after_rl():
+    """The table's layout, pinned: the RL column is headed by the demo's method and as wide as its header."""
+    table = demo_table({"accuracy": 0.5}, {"accuracy": 0.75}, "carl-segment").splitlines()
+    width = max(len(label) for label, _ in DEMO_ROWS)
+    assert table[0] == f"| {'metric':<{width}} | {'after SFT':>10} | after carl-segment |"
+    assert table[1] == f"|{'-' * (width + 2)}|{'-' * 12}|{'-' * 20}|"
+    assert table[2] == f"| {'accuracy':<{width}} | {0.5:>10.3f} | {0.75:>18.3f} |"
+    assert table[3].endswith(f"| {'nan':>10} | {'nan':>18} |")

@@ -27,7 +27,7 @@ STYLES = {
     "codefence": ("codefence", {}),
     "tags-search-r1": ("tags", {"style": "search-r1"}),
     "tags-asearcher": ("tags", {"style": "asearcher"}),
-    "tags-tips": ("tags", {"style": "tips"}),
+    "tags-qwen-tools": ("tags", {"style": "qwen-tools"}),
     "jsoncall": ("jsoncall", {}),
 }
 QUESTION = "Who wrote the play Hamlet?"

@@ -11,10 +11,11 @@ from train_helpers import EXAMPLES
 
 from agentcredit.config import AlgorithmConfig, ConfigError, load_config
 from agentcredit.credit import policy_loss, split_policy_loss
+from agentcredit.credit.methods.portool import merged_steps
 from agentcredit.environment import build_environment
 from agentcredit.eval.report import load_run, write_report
 from agentcredit.rollout.tree import RolloutTree, Segment
-from agentcredit.train.advantages import compute_advantages, merged_steps
+from agentcredit.train.advantages import compute_advantages, decision_tree
 from agentcredit.train.batch import build_batch
 from agentcredit.train.losses import total_loss
 from agentcredit.train.signals import Signals
@@ -178,7 +179,7 @@ def test_merged_steps_counts_folded_siblings():
     tree = fork_tree(1.0, -1.0)
     tree.nodes[1].info["merged_from"] = [1, 7, 9]  # the first step stands for three identical samples
     tree.nodes[2].info["merged_from"] = [2, 8]  # an observation: not a step
-    assert merged_steps([tree, fork_tree(1.0, 1.0)]) == 1.0
+    assert merged_steps([decision_tree(t)[0] for t in (tree, fork_tree(1.0, 1.0))]) == 1.0
 
 
 def test_portool_metrics_appear_in_compare(tmp_path):

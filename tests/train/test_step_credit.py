@@ -168,7 +168,7 @@ def test_probe_credit_runs_every_estimator_on_the_same_rollouts(fitted_jsoncall)
         examples=list(EXAMPLES),
     )
     assert result["prompts"] == 3 and result["rollout"]["episode/count"] == 9
-    assert result["method"] == "portool" and result["strategy"] == "portool"
+    assert result["method"] == "portool" and result["strategy"] == "step_forks"
     assert set(result["rewards_seen"]) <= {-1.0, 0.0, 1.0}  # PORTool's judge
     # the estimators' settings as they ran: the config's ablation kept, whitening switched off
     assert result["algorithm"]["portool"]["gamma"] == 1.0

@@ -14,7 +14,10 @@ import importlib
 import pkgutil
 
 from agentcredit.credit.methods.base import (
+    CRITIC_BASELINE,
     DEFAULT_METHOD,
+    DEMO_METHOD,
+    GROUP_BASELINE,
     METHODS,
     SIGNALS,
     Method,
@@ -50,7 +53,10 @@ BUILT_IN: tuple[str, ...] = _discover()
 
 __all__ = [
     "BUILT_IN",
+    "CRITIC_BASELINE",
     "DEFAULT_METHOD",
+    "DEMO_METHOD",
+    "GROUP_BASELINE",
     "METHODS",
     "SIGNALS",
     "Method",

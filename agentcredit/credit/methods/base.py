@@ -32,7 +32,10 @@ from pydantic import BaseModel, ConfigDict
 from agentcredit.credit.estimators import EpisodeBatch, Estimate
 
 __all__ = [
+    "CRITIC_BASELINE",
     "DEFAULT_METHOD",
+    "DEMO_METHOD",
+    "GROUP_BASELINE",
     "METHODS",
     "SIGNALS",
     "Method",
@@ -279,9 +282,16 @@ class Method:
 _METHODS: dict[str, Method] = {}
 #: Every registered method by name (read-only; add with :func:`register_method`).
 METHODS: Mapping[str, Method] = MappingProxyType(_METHODS)
+#: The two reference estimators a modifier is published on (its ``base``): the group baseline (GRPO's group
+#: z-scores; GEAR reweights it) and the critic baseline (PPO's GAE with a learned value; TIPS shapes its rewards).
+GROUP_BASELINE = "grpo"
+CRITIC_BASELINE = "ppo"
 #: The method a config or command that names none trains with: the group baseline every other method is
 #: compared against (and the ``base:`` a user's YAML most often starts from).
-DEFAULT_METHOD = "grpo"
+DEFAULT_METHOD = GROUP_BASELINE
+#: The method ``agentcredit demo`` runs end to end (SFT, critic warm-up and its gate, RL, evaluation), and the one
+#: ``agentcredit train / sft / warmup`` use when given no ``--config`` (:func:`agentcredit.config.demo_preset`).
+DEMO_METHOD = "carl-segment"
 
 
 def register_method(method: Method, *, replace_existing: bool = False) -> Method:

@@ -22,7 +22,7 @@ a step group. The caller chooses what a state is; the trainer uses the whole con
 ``agentcredit.train.advantages``: the ``anchors`` step input), which one episode never visits twice.
 ``scale=False`` is verl-agent's ``mode=mean_norm`` (the mean is subtracted, nothing is divided), on both levels.
 
-Both levels are :func:`~agentcredit.credit.methods.grpo.grpo_advantages`, so a group of one, or a group whose returns are
+Both levels are GRPO's group z-scores (:func:`agentcredit.credit._stats.group_zscores`), so a group of one, or a group whose returns are
 all equal, contributes 0, as in verl-agent (a singleton step group there has mean = its own return).
 The per-step returns only need R_i and T_i because every task here pays its reward at the end of an episode.
 """
@@ -36,10 +36,10 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
+from agentcredit.credit._stats import group_zscores
 from agentcredit.credit._validate import finite_float, float_list
 from agentcredit.credit.estimators import EpisodeBatch, Estimate
 from agentcredit.credit.methods.base import Method, Needs, Settings
-from agentcredit.credit.methods.grpo import grpo_advantages
 
 __all__ = ["METHOD", "GigpoSettings", "gigpo_advantages"]
 
@@ -80,14 +80,14 @@ def gigpo_advantages(
     for i, steps in enumerate(anchors):
         if isinstance(steps, str | bytes) or len(steps) == 0:
             raise ValueError(f"anchors[{i}] must list one anchor state per step (at least one step)")
-    episode = grpo_advantages(rewards, group_ids, eps=eps, scale=scale)
+    episode = group_zscores(rewards, group_ids, eps=eps, scale=scale)
     returns, step_groups = [], []
     for i, steps in enumerate(anchors):
         last = len(steps) - 1
         for t, anchor in enumerate(steps):
             returns.append(float(rewards[i]) * gamma ** (last - t))
             step_groups.append((group_ids[i], anchor))
-    step = grpo_advantages(torch.tensor(returns, dtype=torch.float64), step_groups, eps=eps, scale=scale)
+    step = group_zscores(torch.tensor(returns, dtype=torch.float64), step_groups, eps=eps, scale=scale)
     out, k = [], 0
     for i, steps in enumerate(anchors):
         out.append(episode[i] + step_weight * step[k : k + len(steps)])

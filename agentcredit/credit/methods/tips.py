@@ -38,7 +38,7 @@ from torch import Tensor
 
 from agentcredit.credit._validate import as_int, as_mask, choice, finite_float, float_list
 from agentcredit.credit.estimators import EpisodeBatch, outcome_part
-from agentcredit.credit.methods.base import Method, Needs, Settings, register_signal
+from agentcredit.credit.methods.base import CRITIC_BASELINE, Method, Needs, Settings, register_signal
 
 __all__ = [
     "METHOD",
@@ -402,7 +402,7 @@ METHOD = Method(
     shape=shape,
     stats=stats,
     modifier="shaping",
-    base="ppo",
+    base=CRITIC_BASELINE,
     report_settings=("algorithm.tips.potential_scope",),
     # the potential, split into format and answer tokens
     diagnostics=(

@@ -336,7 +336,7 @@ def _strategy(name: str, episodes: int) -> Any:
     from agentcredit.rollout import strategies
 
     if name == "portool":
-        return strategies.portool(episodes, 2, merge_identical=False)
+        return strategies.step_forks(episodes, 2, merge_identical=False)
     if name == "entropy_guided":
         return strategies.entropy_guided(1, episodes - 1)
     if name == "independent":

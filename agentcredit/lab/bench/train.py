@@ -54,7 +54,7 @@ def budget_overrides(strategy: str, *, prompts: int, episodes: int) -> list[str]
         return [*common, f"rollout.n={episodes}"]
     if strategy == "entropy_guided":
         return [*common, "rollout.n0=1", f"rollout.n={episodes - 1}"]
-    if strategy == "portool":
+    if strategy == "step_forks":
         return [*common, f"rollout.n={episodes}"]
     raise ValueError(f"unknown rollout strategy {strategy!r}")
 

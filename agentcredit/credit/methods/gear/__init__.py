@@ -15,7 +15,7 @@ from pydantic import Field
 from torch import Tensor
 
 from agentcredit.credit.estimators import EpisodeBatch, Estimate
-from agentcredit.credit.methods.base import Method, Needs, Settings, register_signal
+from agentcredit.credit.methods.base import GROUP_BASELINE, Method, Needs, Settings, register_signal
 from agentcredit.credit.methods.gear.maths import (
     SEGMENTATIONS,
     TURN_HEAD_TOKENS,
@@ -248,7 +248,7 @@ METHOD = Method(
     source="GEAR Eqs. 2-6",
     reweight=reweight,
     modifier="reweight",
-    base="grpo",
+    base=GROUP_BASELINE,
     # the share of policy tokens whose normalised rKL triggers a segment, the share inside a segment, and the share
     # of episodes normalised with clamp_max (gear.md §12.4, A3; the paper describes spikes as sparse)
     diagnostics=(

@@ -6,12 +6,13 @@ judge (``needs.reward = "judge"``) and reads the protocol's formatting reward of
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 from typing import Literal
 
 from pydantic import Field
 
 from agentcredit.credit.estimators import (
+    DecisionTree,
     EpisodeBatch,
     Estimate,
     episode_groups,
@@ -162,18 +163,32 @@ def estimate(batch: EpisodeBatch, settings: PortoolSettings) -> Estimate:
     return Estimate(adv, batch.trained_mask(), stats=stats, parts=parts)
 
 
+def merged_steps(trees: Iterable[DecisionTree]) -> float:
+    """Policy steps per tree that the identical-sibling merge folded into a sibling (portool.md 2.8 step 3): a
+    merged node stands for ``tree.merged[node]`` sampled steps. Many merges at the root mean the n first steps
+    were mostly the same text, so the root's siblings give the fork term little to compare."""
+    trees = list(trees)
+    merged = sum(n - 1 for tree in trees for n in (tree.merged or {}).values() if n > 1)
+    return merged / max(len(trees), 1)
+
+
+def stats(batch: EpisodeBatch) -> dict[str, float]:
+    return {"portool/merged_steps": merged_steps(batch.trees.values())}
+
+
 METHOD = Method(
     name="portool",
     settings=PortoolSettings,
     trainer_settings=(("native", PortoolNativeSettings), ("verl", PortoolVerlSettings)),
     needs=Needs(
-        rollout="portool",
+        rollout="step_forks",
         step_inputs=frozenset({"tree", "format_reward"}),
         reward="judge",
         loss_agg="seq-mean-token-mean",  # Eq. 1, required by Theorem 3.1
     ),
     source="PORTool Eqs. 1-3, Thm 3.1",
     estimate=estimate,
+    stats=stats,
     report_settings=(
         "algorithm.portool.combine",
         "algorithm.portool.root_is_fork",
