@@ -39,8 +39,8 @@ RATCHET = {
     "carl-segment": 7,
     "carl-critical": 0,
     "portool": 7,
-    "tips": 12,
-    "gear": 8,
+    "tips": 9,
+    "gear": 4,
 }
 
 _CAMEL = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+")
