@@ -39,7 +39,7 @@ RATCHET = {
     "carl-segment": 7,
     "carl-critical": 0,
     "portool": 7,
-    "tips": 9,
+    "tips": 8,
     "gear": 4,
 }
 
