@@ -16,6 +16,7 @@ import argparse
 import json
 import statistics
 import sys
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -34,6 +35,7 @@ VARIANTS = {  # name: (break_at_observation, turn_head_tokens)
 
 
 def score(study: Path) -> list[dict]:
+    from agentcredit.credit.methods.gear.teacher import gear_teacher_logprobs
     from agentcredit.rollout.replay import replay
     from agentcredit.train import signals
     from agentcredit.train.batch import build_batch
@@ -55,8 +57,8 @@ def score(study: Path) -> list[dict]:
                 tree.set_reward(tree.leaves()[0], 0.0)
                 batch = build_batch([tree], pad_id=tokenizer.pad_token_id)
                 student, entropy, _ = signals.score_batch(model, batch)
-                teacher = signals.gear_teacher_logprobs(
-                    model, tokenizer, env.protocol, batch, [tree], {0: example}, settings.template,
+                teacher = gear_teacher_logprobs(
+                    partial(signals.logprobs_under_prompts, model), tokenizer, env.protocol, batch, [tree], {0: example}, settings.template,
                     references={0: ctx["references"](example)},
                 )  # fmt: skip
                 tokens = []

@@ -44,6 +44,7 @@ from agentcredit.credit.methods import (
     register_signal,
     resolve_method,
 )
+from agentcredit.credit.signals import ProviderContext, SignalProvider, register_provider
 
 
 def _homes_public() -> dict[str, object]:
@@ -84,9 +85,12 @@ __all__ = [
     "get_method",
     "resolve_method",
     "register_method",
-    # the signals a method's Needs may name, and how to add one
+    # the signals a method's Needs may name, and how to add one and its provider
     "SIGNALS",
     "register_signal",
+    "SignalProvider",
+    "ProviderContext",
+    "register_provider",
     # each built-in method's public maths, options and details (the ``__all__`` of its home)
     *_PUBLIC,
 ]

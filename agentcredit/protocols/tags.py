@@ -426,6 +426,14 @@ class TagsProtocol(Protocol):
         # tips.md §2.7: the teacher scores "<answer>" + a + "</answer>" (tags included)
         return f"<answer>{answer}</answer>"
 
+    def render_search(self, query: str) -> str:
+        """One search for ``query`` as a policy turn of this style writes it (a scripted demonstration's call):
+        ``<search>query</search>``, or in the tool-calling style a ``<tool_call>`` with a one-query ``query_list``."""
+        if self.style == "qwen-tools":
+            call = json.dumps({"name": "search", "arguments": {"query_list": [query]}})
+            return f"<tool_call>\n{call}\n</tool_call>"
+        return f"<search>{query}</search>"
+
 
 def _page_chunks(page: str) -> list[str]:
     """A page as ASearcher reads it: cut to 250,000 characters, chunks of 25,000, at most 10, numbered."""

@@ -196,8 +196,17 @@ def codefence_policy(
 
 
 # ------------------------------------------------------------------------------------------------ tags
-def tags_policy(example: Example, turn: int, observation: str | None, *, style: str = "search-r1") -> str:
+def tags_policy(
+    example: Example,
+    turn: int,
+    observation: str | None,
+    *,
+    style: str = "search-r1",
+    search: Callable[[str], str] | None = None,
+) -> str:
     """Search-R1 / ASearcher / TIPS formats: one search per hop, then the answer; arithmetic is answered directly.
+    ``search(query)`` writes a search call as the protocol's style does (the tags protocol's ``render_search``;
+    default ``<search>query</search>``).
 
     ASearcher (carl-critical) makes reading a separate action: after an ``<information>`` block the protocol opens
     a ``<think>`` and the read action writes the extracted fact and closes it.
@@ -218,10 +227,8 @@ def tags_policy(example: Example, turn: int, observation: str | None, *, style: 
         thought = "I can answer this directly." if not hops else "I have found the answer."
         return f"<think>{thought}</think>\n<answer>{answer}</answer>"
     subject = hops[searches][0]
-    if style == "qwen-tools":
-        call = json.dumps({"name": "search", "arguments": {"query_list": [subject]}})
-        return f"<think>I need information about {subject}.</think>\n<tool_call>\n{call}\n</tool_call>"
-    return f"<think>I need information about {subject}.</think>\n<search>{subject}</search>"
+    call = search(subject) if search is not None else f"<search>{subject}</search>"
+    return f"<think>I need information about {subject}.</think>\n{call}"
 
 
 # ------------------------------------------------------------------------------------------------ jsoncall
@@ -412,7 +419,10 @@ def scripted_policy(
         return jsoncall_policy
     if protocol_name == "tags":
         style = getattr(protocol, "style", "search-r1")
-        return lambda example, turn, observation: tags_policy(example, turn, observation, style=style)
+        search = getattr(protocol, "render_search", None)
+        return lambda example, turn, observation: tags_policy(
+            example, turn, observation, style=style, search=search
+        )
     if protocol_name == "chat":
         if tokenizer is None:
             raise ValueError("chat demonstrations need the tokenizer (its template decides the call dialect)")

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from agentcredit.credit import Method
 from agentcredit.rewards import outcome_reward
 from agentcredit.rollout.tree import RolloutTree
 from agentcredit.tasks import Example
 from agentcredit.train.batch import TrainBatch, segment_spans
-from agentcredit.train.signals import Signals, TipsPotentials
+from agentcredit.train.signals import Signals
 
 
 def episode_metrics(trees: list[RolloutTree], examples: list[Example]) -> dict[str, float]:
@@ -48,8 +50,9 @@ def episode_metrics(trees: list[RolloutTree], examples: list[Example]) -> dict[s
     return out
 
 
-def signal_metrics(batch: TrainBatch, signals: Signals) -> dict[str, float]:
-    """Policy entropy, KL to the reference, the critic's explained variance and the methods' signal scales.
+def signal_metrics(batch: TrainBatch, signals: Signals, methods: Sequence[Method] = ()) -> dict[str, float]:
+    """Policy entropy, KL to the reference, the critic's explained variance, and what each of ``methods`` (the
+    parts of the run's method, :attr:`Method.parts`) logs of its signals (:attr:`Method.signal_stats`).
 
     ``critic/explained_variance`` = 1 - Var(G - V) / Var(G) over the step's value positions (G the critic's
     targets). It is undefined when Var(G) = 0 (e.g. every episode of the step got the same reward and there is
@@ -76,32 +79,10 @@ def signal_metrics(batch: TrainBatch, signals: Signals) -> dict[str, float]:
             if var > 0:  # undefined otherwise: logged as absent (see the docstring)
                 out["critic/explained_variance"] = float(1 - (ret - val).var() / var)
             out["critic/value_mean"] = float(val.mean())
-    if signals.alpha is not None:
-        out["tips/alpha"] = float(signals.alpha)
-    if signals.potential_split is not None:
-        out.update(tips_split_metrics(signals.potential_split))
-    if signals.teacher_logp is not None and mask.any():
-        out["gear/rkl_mean"] = float((batch.old_logp - signals.teacher_logp)[mask].mean())
+    for method in methods:  # what each part of the run's method logs of the signals its providers computed
+        if method.signal_stats is not None:
+            out.update(method.signal_stats(batch, signals))
     return out
-
-
-def tips_split_metrics(split: TipsPotentials) -> dict[str, float]:
-    """Phi split into the format tokens of the rendered answer and the answer's own tokens (issue 31): at S_0
-    (``tips/phi_0_format``, ``tips/phi_0_answer``, means over trajectories) and over every scored state
-    (``tips/phi_format``, ``tips/phi_answer``); ``tips/answer_only`` is 1 when Phi scored the answer tokens alone
-    (``algorithm.tips.potential_scope``), whose format part is then 0 by construction."""
-    first_f = [row[0] for row in split.format if row]
-    first_a = [row[0] for row in split.answer if row]
-    all_f = [v for row in split.format for v in row]
-    all_a = [v for row in split.answer for v in row]
-    n0, n = max(len(first_f), 1), max(len(all_f), 1)
-    return {
-        "tips/phi_0_format": math.fsum(first_f) / n0,
-        "tips/phi_0_answer": math.fsum(first_a) / n0,
-        "tips/phi_format": math.fsum(all_f) / n,
-        "tips/phi_answer": math.fsum(all_a) / n,
-        "tips/answer_only": 1.0 if split.scope == "answer_only" else 0.0,
-    }
 
 
 @dataclass(frozen=True)

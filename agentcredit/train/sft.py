@@ -27,6 +27,7 @@ import torch
 
 from agentcredit.config import MICRO_BATCH_TOKENS
 from agentcredit.credit import aggregation_weights
+from agentcredit.credit.signals import NoReference
 from agentcredit.environment import Environment
 from agentcredit.models.scoring import micro_batches, score_tokens
 from agentcredit.progress import Progress
@@ -120,17 +121,16 @@ def demonstration(
 
 
 class ReferenceTrajectories:
-    """GEAR's reference trajectory tau* of each example, as text: the task's scripted demonstration
+    """The reference trajectory tau* of each example, as text: the task's scripted demonstration
     (:mod:`agentcredit.train.demos`: kb-multihop's ``info["chain"]``, a row's ``info["demo_calls"]``, the
     arith-tools script) played through the episode's own protocol and tools, so that it reads exactly like the
     student's turns (policy turns and tool outputs, the prompt left out).
 
-    The paper's teacher state s_t* is "constructed from the same prompt under a reference trajectory tau*"
-    (GEAR §3.3, seed line 72), and its limitations name "tool-use benchmarks with annotated reference
-    trajectories" as its setting (App. D, seed line 389); for tool use the spec's ground truth is the target
-    tool calls (gear.md §2.2). An answer alone leaves the teacher nothing to disagree with on a search step.
-    Each example is played once, the first time GEAR needs it, and kept (the scripted calls and the tools are
-    deterministic), so later steps run no tool for it.
+    A teacher conditioned on it can disagree with a student's tool call, which an answer alone cannot (the
+    paper's teacher state "constructed from the same prompt under a reference trajectory tau*" is a method's,
+    :meth:`agentcredit.credit.signals.ProviderContext.reference_trajectories`). Each example is played once, the
+    first time it is asked for, and kept (the scripted calls and the tools are deterministic), so later steps run
+    no tool for it. A protocol without scripted demonstrations raises :class:`~agentcredit.credit.signals.NoReference`.
     """
 
     def __init__(self, env: Environment, tokenizer: Any, protocol_name: str):
@@ -138,10 +138,7 @@ class ReferenceTrajectories:
         try:
             self.policy = scripted_policy(protocol_name, env.protocol, tokenizer=tokenizer)
         except ValueError as exc:
-            raise ValueError(
-                f"GEAR's reference trajectory is the task's scripted demonstration, and there is none: {exc}. "
-                "Set algorithm.gear.reference=answer to condition the teacher on the answer alone (a variant)"
-            ) from None
+            raise NoReference(str(exc)) from None
         self._texts: dict[str, str] = {}
 
     def __call__(self, example: Example) -> str:

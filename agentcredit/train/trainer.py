@@ -48,7 +48,7 @@ from agentcredit.train.logging import MetricsLogger
 from agentcredit.train.losses import total_loss, value_weights
 from agentcredit.train.metrics import credit_by_step_kind, episode_metrics, signal_metrics, step_credits
 from agentcredit.train.optim import adamw
-from agentcredit.train.providers import ProviderContext, SignalProvider, signal_providers
+from agentcredit.train.providers import RunContext, SignalProvider, signal_providers
 from agentcredit.train.rng import PromptSampler, rng_state, seed_everything, set_rng_state
 from agentcredit.train.signals import (
     Signals,
@@ -133,7 +133,7 @@ class Trainer:
         # what the method reads besides rewards (agentcredit.credit.methods): a provider computes each signal its
         # needs name that the trainer's own scoring does not (agentcredit.train.providers)
         self.providers = signal_providers(
-            ProviderContext(self.model, self.tokenizer, self.env, config),
+            RunContext(self.model, self.tokenizer, self.env, config),
             a.credit_method.all_needs,
             a.credit_method.settings_from(a),
         )
@@ -453,7 +453,7 @@ class Trainer:
             "update/actions_per_question": actions_per_question(batch, batch.policy_mask),
             "update/actions_updated_per_question": actions_per_question(batch, batch.loss_mask),
             **credit_by_step_kind(step_credits(trees, examples, batch)),
-            **signal_metrics(batch, signals),
+            **signal_metrics(batch, signals, self.cfg.algorithm.credit_method.parts),
             **update_stats,
             **timings,
         }

@@ -71,6 +71,7 @@ ALLOWED_ROOTS = {
     "typing",
     "torch",
     "pydantic",  # a method's typed settings (agentcredit.credit.methods)
+    "abc",  # the signal providers' interface a trainer implements (agentcredit.credit.signals)
     "agentcredit",
     # agentcredit.credit.methods finds its method files (the import system only: no other I/O)
     "importlib",

@@ -39,8 +39,8 @@ RATCHET = {
     "carl-segment": 3,
     "carl-critical": 0,
     "portool": 0,
-    "tips": 10,
-    "gear": 8,
+    "tips": 8,
+    "gear": 4,
 }
 
 _CAMEL = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+")

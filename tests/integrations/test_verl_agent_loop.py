@@ -620,7 +620,9 @@ def test_greedy_requests_get_one_episode_even_under_a_tree_strategy():
     with initialize_config_dir(str(config_dir()), version_base=None):
         cfg = compose("portool")
     settings = agent_loop_module.load_settings(cfg.agentcredit)
-    assert settings.tree.strategy == "step_forks" and cfg.actor_rollout_ref.rollout.n == settings.tree.leaves()
+    assert (
+        settings.tree.strategy == "step_forks" and cfg.actor_rollout_ref.rollout.n == settings.tree.leaves()
+    )
     assert agent_loop_module.grows_tree(settings, {"temperature": 1.0})
     assert not agent_loop_module.grows_tree(settings, {"temperature": 0})
 

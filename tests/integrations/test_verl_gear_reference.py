@@ -10,6 +10,7 @@ scores with the tiny model (a teacher-forced forward, as vLLM's prompt log-probs
 from __future__ import annotations
 
 import json
+from functools import partial
 
 import pytest
 
@@ -19,6 +20,11 @@ import torch  # noqa: E402
 from verl.workers.rollout.replica import TokenOutput  # noqa: E402
 
 from agentcredit.config import load_config  # noqa: E402
+from agentcredit.credit.methods.gear.teacher import (  # noqa: E402
+    gear_ground_truth,
+    gear_teacher_logprobs,
+    gear_teacher_prompt,
+)
 from agentcredit.environment import build_environment  # noqa: E402
 from agentcredit.integrations.verl.fields import RowRecord  # noqa: E402
 from agentcredit.models.loading import load_base_model  # noqa: E402
@@ -97,8 +103,8 @@ def test_verl_and_native_give_gears_teacher_the_same_prompt_and_log_probs(env):
     student_ids = tokenizer(student_text, add_special_tokens=False)["input_ids"]
     assert list(out.prompt_ids) == student_ids  # the student's prompt is the same on both trainers
     template = load_config(PRESET).algorithm.gear.template
-    truth = signals.gear_ground_truth(env.protocol, example, reference)
-    native_text = signals.gear_teacher_prompt(
+    truth = gear_ground_truth(env.protocol, example, reference)
+    native_text = gear_teacher_prompt(
         env.protocol, tokenizer, example.question, truth, template, student_prompt=student_text
     )
     assert verl_teacher_prompt == tokenizer(native_text, add_special_tokens=False)["input_ids"]
@@ -108,8 +114,15 @@ def test_verl_and_native_give_gears_teacher_the_same_prompt_and_log_probs(env):
     leaf = tree.add(Segment(response, role="policy"), 0)
     tree.set_reward(leaf, 0.0)
     batch = build_batch([tree], pad_id=tokenizer.pad_token_id or 0)
-    native = signals.gear_teacher_logprobs(
-        model, tokenizer, env.protocol, batch, [tree], {0: example}, template, references={0: reference}
+    native = gear_teacher_logprobs(
+        partial(signals.logprobs_under_prompts, model),
+        tokenizer,
+        env.protocol,
+        batch,
+        [tree],
+        {0: example},
+        template,
+        references={0: reference},
     )[0, len(student_ids) : len(student_ids) + len(response)]
     trained = torch.tensor(out.response_mask, dtype=torch.bool)
     got = torch.tensor(rec.teacher_logprobs)

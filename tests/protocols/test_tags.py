@@ -446,3 +446,11 @@ def test_segment_ends_is_cheap_per_token():
     for st_ in (state, read_state):
         assert per_call(st_, long) < 20e-6
         assert per_call(st_, long) < 10 * per_call(st_, short) + 5e-6
+
+
+def test_render_search_writes_the_styles_call():
+    """A scripted demonstration writes its searches through the protocol (agentcredit.train.demos names no style)."""
+    assert get_protocol("tags").render_search("Paris") == "<search>Paris</search>"
+    assert get_protocol("tags", style="asearcher").render_search("Paris") == "<search>Paris</search>"
+    call = get_protocol("tags", style="tips").render_search("Paris")
+    assert call == '<tool_call>\n{"name": "search", "arguments": {"query_list": ["Paris"]}}\n</tool_call>'

@@ -11,12 +11,15 @@ script) played through the episode's protocol and tools, so it reads like the st
 from __future__ import annotations
 
 import re
+from functools import partial
 
 import pytest
 import torch
 from train_helpers import EXAMPLES, SMALL, tiny_demonstrations
 
 from agentcredit.config import load_config
+from agentcredit.credit.methods.gear.teacher import gear_teacher_logprobs, reference_trajectories
+from agentcredit.credit.signals import NoReference
 from agentcredit.environment import build_environment
 from agentcredit.models.loading import load_base_model
 from agentcredit.rollout.replay import replay
@@ -91,8 +94,15 @@ def test_teacher_prompt_holds_the_reference_not_only_the_answer(env, two_hop, mo
 
     monkeypatch.setattr(signals, "teacher_logprobs", fake_teacher_logprobs)
     reference = ReferenceTrajectories(env, tokenizer, "tags")(two_hop)
-    signals.gear_teacher_logprobs(
-        None, tokenizer, env.protocol, batch, [tree], {0: two_hop}, template, references={0: reference}
+    gear_teacher_logprobs(
+        partial(signals.logprobs_under_prompts, None),
+        tokenizer,
+        env.protocol,
+        batch,
+        [tree],
+        {0: two_hop},
+        template,
+        references={0: reference},
     )
     prompt = captured["prompt"]
     assert reference in prompt and "<search>" + two_hop.info["chain"][1][0] + "</search>" in prompt
@@ -107,8 +117,11 @@ def test_the_preset_defaults_to_the_reference_trajectory():
 def test_a_protocol_without_a_demonstration_fails_with_one_line(env):
     from agentcredit.models.embedded import load_tokenizer
 
-    with pytest.raises(ValueError, match="algorithm.gear.reference=answer"):
-        ReferenceTrajectories(env, load_tokenizer(), "no-such-protocol")
+    tokenizer = load_tokenizer()
+    with pytest.raises(NoReference, match="no-such-protocol"):  # the trainer's side names no method
+        ReferenceTrajectories(env, tokenizer, "no-such-protocol")
+    with pytest.raises(ValueError, match="algorithm.gear.reference=answer"):  # GEAR's home says what to do
+        reference_trajectories(lambda: ReferenceTrajectories(env, tokenizer, "no-such-protocol"))
 
 
 @pytest.mark.slow
@@ -126,8 +139,15 @@ def test_rkl_mass_moves_onto_the_wrong_search(env, two_hop):
     reference = ReferenceTrajectories(env, tokenizer, "tags")(two_hop)
     shares = {}
     for name, refs in (("answer", None), ("reference", {0: reference})):
-        teacher = signals.gear_teacher_logprobs(
-            model, tokenizer, env.protocol, batch, [tree], {0: two_hop}, template, references=refs
+        teacher = gear_teacher_logprobs(
+            partial(signals.logprobs_under_prompts, model),
+            tokenizer,
+            env.protocol,
+            batch,
+            [tree],
+            {0: two_hop},
+            template,
+            references=refs,
         )
         positive = (student[0] - teacher[0]).clamp(min=0) * batch.policy_mask[0]
         _, start, end = signals.segment_spans(batch, batch.trajectories[0])[1]  # the second policy turn

@@ -11,50 +11,21 @@ from __future__ import annotations
 
 import json
 import math
+from functools import partial
 from pathlib import Path
 
 import pytest
 from train_helpers import EXAMPLES, METHODS, SMALL
 
 from agentcredit.config import load_config
+from agentcredit.credit.methods.tips import answer_token_span, tips_potential_terms
 from agentcredit.models.loading import load_base_model
 from agentcredit.rollout.tree import RolloutTree
 from agentcredit.train.batch import build_batch
-from agentcredit.train.signals import (
-    answer_token_span,
-    score_continuations,
-    tips_potential_terms,
-)
+from agentcredit.train.signals import score_continuations, segment_contexts
 from agentcredit.train.trainer import Trainer
 
 PIN = Path(__file__).parent / "data" / "pinned_steps.json"
-
-
-def chars(text: str) -> list[int]:
-    return [ord(c) for c in text]
-
-
-def merging(text: str) -> list[int]:
-    """A tokeniser that merges ">3" into one token (as BPE may merge a tag's end with the answer's start)."""
-    out, i = [], 0
-    while i < len(text):
-        if text.startswith(">3", i):
-            out.append(1000)
-            i += 2
-        else:
-            out.append(ord(text[i]))
-            i += 1
-    return out
-
-
-def test_answer_token_span_hand_worked():
-    ids, start, end = answer_token_span(chars, "<answer>391</answer>", "391")
-    assert (len(ids), start, end) == (20, 8, 11)  # "<answer>" 8 format tokens, "391", "</answer>" 9
-    ids, start, end = answer_token_span(merging, "<answer>391</answer>", "391")
-    assert ids[7] == 1000 and (start, end) == (7, 10)  # the merged ">3" counts as answer
-    ids, start, end = answer_token_span(chars, "\\boxed{7}", "7")
-    assert (start, end) == (7, 8)
-    assert answer_token_span(chars, "forty-two", "42")[1:] == (0, 9)  # not verbatim: all answer
 
 
 def _tips_batch():
@@ -74,8 +45,9 @@ def test_split_adds_up_and_answer_only_scores_the_answer_alone():
     def render(a):
         return f"<answer>{a}</answer>"
 
-    full = tips_potential_terms(model, batch, answers, encode, render, scope="full")
-    only = tips_potential_terms(model, batch, answers, encode, render)
+    score, contexts = partial(score_continuations, model), segment_contexts(batch)
+    full = tips_potential_terms(score, contexts, answers, encode, render, scope="full")
+    only = tips_potential_terms(score, contexts, answers, encode, render)
     assert only.scope == "answer_only"  # the paper's reading is the default
     for j, traj in enumerate(batch.trajectories):
         assert len(answers[j]) == 1  # one alias: lse over one alias is its summed log-prob
@@ -91,7 +63,7 @@ def test_split_adds_up_and_answer_only_scores_the_answer_alone():
     assert only.potentials[0][0] == pytest.approx(math.fsum(lp), abs=1e-5)
     assert only.potentials[0][0] != pytest.approx(full.potentials[0][0], abs=1e-3)
     with pytest.raises(ValueError, match="potential_scope"):
-        tips_potential_terms(model, batch, answers, encode, render, scope="tags")
+        tips_potential_terms(score, contexts, answers, encode, render, scope="tags")
 
 
 @pytest.mark.parametrize("scope", ["full", "answer_only"])

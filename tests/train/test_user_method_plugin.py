@@ -26,8 +26,7 @@ import agentcredit.plugins as plugins
 from agentcredit.config import ConfigError, load_config
 from agentcredit.credit import EpisodeBatch, Method, Needs, Settings, register_method, register_signal
 from agentcredit.credit.methods import METHODS, SIGNALS, unregister_method, unregister_signal
-from agentcredit.train.batch import segment_spans
-from agentcredit.train.providers import (
+from agentcredit.credit.signals import (
     PROVIDERS,
     SignalProvider,
     register_provider,
@@ -48,12 +47,12 @@ class AnswerSeen(SignalProvider):
     provides = frozenset({SIGNAL})
 
     def fill(self, signals, batch, trees, examples, *, temperature, autocast) -> None:
-        scores = []
-        for traj in batch.trajectories:
+        scores = []  # the run's context gives each policy segment's state: the provider imports no trainer code
+        for traj, states in zip(batch.trajectories, self.run.segment_contexts(batch), strict=True):
             answers = examples[traj.tree].answers
             row_scores = []
-            for row, first, _ in segment_spans(batch, traj):
-                state = self.run.tokenizer.decode(batch.input_ids[row, :first].tolist())
+            for ids in states:
+                state = self.run.tokenizer.decode(ids)
                 row_scores.append(float(any(a in state for a in answers)) * self.settings.scale)
             scores.append(row_scores)
         signals[SIGNAL] = scores  # a registered signal: Signals keeps it by name

@@ -17,7 +17,7 @@ multiplies the estimate's advantages afterwards (GEAR). A modifier names the met
 
 Register your own with :func:`register_method` (``docs/adding-a-method.md``); a method that reads a signal no
 built-in method reads names it with :func:`register_signal` first (the native trainer computes it with a provider
-registered under the same name, :func:`agentcredit.train.providers.register_provider`).
+registered under the same name, :func:`agentcredit.credit.signals.register_provider`).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from agentcredit.credit.estimators import EpisodeBatch, Estimate
+from agentcredit.credit.signals import SIGNALS, register_signal, unregister_signal
 
 __all__ = [
     "CRITIC_BASELINE",
@@ -68,35 +69,6 @@ _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789")
 #: The per-step inputs both layout builders fill when a method needs them (a Step's node, anchor, format_reward).
 STEP_INPUTS = frozenset({"tree", "anchors", "format_reward"})
 
-_SIGNALS: dict[str, str] = {
-    # the trainers' own scoring pass computes these for any method that names them
-    "values": "the critic: V of the state before each token, [N, L]",
-    "student_logp": "the policy's log-probs of its own tokens (the batch's old log-probs), [N, L]",
-    "entropy": "the policy's entropy at each of its tokens, [N, L]",
-}
-#: The signals a method's :class:`Needs` may name, each with what it holds (read-only; a method file or user code
-#: adds one with :func:`register_signal`).
-SIGNALS: Mapping[str, str] = MappingProxyType(_SIGNALS)
-
-
-def register_signal(name: str, description: str) -> str:
-    """Make ``name`` a signal a method's :class:`Needs` may name; ``description`` says what it holds (a per-token
-    ``[N, L]`` tensor, one entry per episode, or one value per batch). Registering a name again with the same
-    description is a no-op (two methods may read one signal); another description is an error. Returns the name."""
-    if not name or not name.replace("_", "a").isalnum() or not name[0].isalpha():
-        raise ValueError(f"signal name {name!r}: letters, digits and '_', starting with a letter")
-    if _SIGNALS.get(name, description) != description:
-        raise ValueError(f"a signal called {name!r} is already registered: {_SIGNALS[name]}")
-    _SIGNALS[name] = description
-    return name
-
-
-def unregister_signal(name: str) -> str:
-    """Forget the signal ``name`` (one registered for a test or a notebook session); returns its description."""
-    if name not in _SIGNALS:
-        raise ValueError(f"no signal called {name!r} is registered")
-    return _SIGNALS.pop(name)
-
 
 @dataclass(frozen=True)
 class Needs:
@@ -131,10 +103,10 @@ class Needs:
             raise ValueError(
                 f"unknown step input(s) {sorted(unknown)}; the layouts provide {sorted(STEP_INPUTS)}"
             )
-        unknown = set(self.signals) - set(_SIGNALS)
+        unknown = set(self.signals) - set(SIGNALS)
         if unknown:  # a typo would otherwise only surface when no provider computes it
             raise ValueError(
-                f"unknown signal(s) {sorted(unknown)}; registered signals: {', '.join(sorted(_SIGNALS))} "
+                f"unknown signal(s) {sorted(unknown)}; registered signals: {', '.join(sorted(SIGNALS))} "
                 "(name a new one with agentcredit.credit.register_signal first)"
             )
 
@@ -186,6 +158,9 @@ class Method:
     #: the layout (after the estimate) -> statistics of the method's signals the native trainer logs each step
     #: (TIPS: the scale of its potentials); None for none
     stats: Callable[[EpisodeBatch], dict[str, float]] | None = None
+    #: (the native trainer's batch, after its scoring pass, and the step's signals) -> statistics of the signals
+    #: this method's providers computed, logged every step (TIPS: the batch's alpha, Phi's split); None for none
+    signal_stats: Callable[[Any, Any], dict[str, float]] | None = None
     #: (trainer, class) pairs: the settings class a trainer's block reads for this method where that trainer has
     #: fields of its own ("native": the agentcredit trainer, "verl": verl's agentcredit block), a subclass of
     #: ``settings``; a trainer not named reads ``settings``

@@ -23,22 +23,30 @@ Released-code options (spec Sec. 8, reference-compatible presets): ``no_tool_sha
 code's M = 0 quirk (no -alpha * Phi(S_0) when there was no tool call); ``terminal_potential="hold"`` is the
 ablation Phi(S_K) = Phi(S_{K-1}) (no terminal correction, not strictly potential-based).
 :func:`tips_batch_alpha` is the code's per-batch scale control ("immediate scale control").
-The teacher forward pass itself (log-probs of ``<answer>a</answer>``) belongs to the models layer.
+The signals come from :class:`TeacherPotentials`, which scores Phi (:func:`tips_potential_terms`) with the
+trainer's model-side capabilities (:class:`~agentcredit.credit.signals.ProviderContext`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import Literal
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 from pydantic import Field
-from torch import Tensor
+from torch import Tensor, nn
 
 from agentcredit.credit._validate import as_int, as_mask, choice, finite_float, float_list
 from agentcredit.credit.estimators import EpisodeBatch, outcome_part
 from agentcredit.credit.methods.base import CRITIC_BASELINE, Method, Needs, Settings, register_signal
+from agentcredit.credit.signals import (
+    ContinuationScorer,
+    ProviderContext,
+    SignalProvider,
+    register_provider,
+)
 
 __all__ = [
     "METHOD",
@@ -389,6 +397,207 @@ class TipsVerlSettings(TipsSettings):
     )
 
 
+# ------------------------------------------------------------------ the teacher potentials (the signals)
+#: the key of Phi's split in the signals' ``details``
+POTENTIAL_SPLIT = "potential_split"
+
+
+def answer_token_span(
+    encode: Callable[[str], list[int]], rendered: str, answer: str
+) -> tuple[list[int], int, int]:
+    """``rendered`` (an answer in the protocol's format, e.g. ``<answer>A</answer>``) tokenised as the teacher
+    scores it, and the span ``[start, end)`` of its tokens that belong to the answer A; the rest are format tokens.
+
+    The tokens are those of the whole string (as today's potential scores them). A token counts as format when it
+    is in the longest common prefix with the text before A tokenised alone, or the longest common suffix with the
+    text after it; a token that merges format and answer characters counts as answer.
+    """
+    ids = encode(rendered)
+    if not ids:
+        raise ValueError(f"the rendered answer {rendered!r} has no tokens")
+    at = rendered.find(answer) if answer else -1
+    if at < 0:  # the protocol does not show the answer verbatim: every token is the answer's
+        return ids, 0, len(ids)
+    before, after = encode(rendered[:at]), encode(rendered[at + len(answer) :])
+    start = 0
+    while start < min(len(ids), len(before)) and ids[start] == before[start]:
+        start += 1
+    end = len(ids)
+    while (
+        end > start
+        and len(ids) - end < len(after)
+        and ids[end - 1] == after[len(after) - (len(ids) - end) - 1]
+    ):
+        end -= 1
+    return ids, start, end
+
+
+@dataclass
+class TipsPotentials:
+    """Phi per trajectory and policy segment (:func:`tips_potential`), and its split (each alias's summed
+    log-probs, averaged over aliases): ``format`` over the format tokens of the rendered answer (0.0 under
+    ``answer_only``, which does not score them) and ``answer`` over the answer's own tokens."""
+
+    potentials: list[list[float]]
+    format: list[list[float]]
+    answer: list[list[float]]
+    scope: str
+
+
+def tips_potential_terms(
+    score: ContinuationScorer,
+    contexts: Sequence[Sequence[Sequence[int]]],
+    answers: Sequence[Sequence[str]],
+    encode: Callable[[str], list[int]],
+    render_answer: Callable[[str], str],
+    *,
+    reduce: str = "sum",
+    scope: str = "answer_only",
+) -> TipsPotentials:
+    """Phi at the start state of every policy segment of every trajectory (tips.md §2.7), and its split.
+
+    ``contexts[j][k]`` is the exact token ids policy segment k of trajectory j was generated from (the canonical
+    construction [R]: for segment 0 the prompt, later the state right after an observation; the native trainer's
+    :meth:`~agentcredit.credit.signals.ProviderContext.segment_contexts`), ``answers[j]`` its gold aliases and
+    ``score`` the teacher's log-probs of continuations after contexts. The continuation is each de-duplicated gold
+    alias rendered in the protocol's answer format (``render_answer``) and tokenised alone (``encode``). ``scope``:
+
+    * ``"answer_only"`` (default, the paper: :class:`~agentcredit.credit.methods.tips.TipsSettings`'s
+      ``potential_scope`` cites the lines): the format tokens before the answer are forced into the context and
+      only the answer's own tokens are scored, as Eq. 15-16's p_teach(A | S) reads. A policy that always opens a
+      turn with ``<think>`` gives ``<answer>`` a low probability right after the state, so scoring the tags would
+      make Phi measure that format habit, not only what the state says about the answer (issues 31, 48);
+    * ``"full"``: Phi scores every token of the rendered answer, the tags included (the released code's
+      ``<answer>a</answer>``, tips.md §8 item 3).
+    """
+    if scope not in ("full", "answer_only"):
+        raise ValueError(f"potential_scope must be 'full' or 'answer_only', got {scope!r}")
+    if len(answers) != len(contexts):
+        raise ValueError(f"{len(answers)} answer lists for {len(contexts)} trajectories")
+    scored_contexts, conts, answer_at, owners = [], [], [], []
+    for j, (states, golds) in enumerate(zip(contexts, answers, strict=True)):
+        aliases = list(dict.fromkeys(g for g in golds if g))
+        if not aliases:
+            raise ValueError(f"trajectory {j} has no gold answer to score a TIPS potential")
+        rendered = {a: answer_token_span(encode, render_answer(a), a) for a in aliases}
+        for k, state in enumerate(states):
+            ctx = list(state)
+            for a in aliases:
+                ids, start, end = rendered[a]
+                if scope == "answer_only":  # the tag forced into the context, the answer scored alone
+                    scored_contexts.append(ctx + ids[:start])
+                    conts.append(ids[start:end])
+                    answer_at.append((0, end - start))
+                else:
+                    scored_contexts.append(ctx)
+                    conts.append(ids)
+                    answer_at.append((start, end))
+                owners.append((j, k))
+    logprobs = score(scored_contexts, conts)
+    grouped: dict[tuple[int, int], list[list[float]]] = {}
+    split: dict[tuple[int, int], list[tuple[float, float]]] = {}
+    for owner, lp, (start, end) in zip(owners, logprobs, answer_at, strict=True):
+        grouped.setdefault(owner, []).append(lp)
+        ans = math.fsum(lp[start:end])
+        split.setdefault(owner, []).append((math.fsum(lp) - ans, ans))
+    out = TipsPotentials([], [], [], scope)
+    for j, states in enumerate(contexts):
+        keys = [(j, k) for k in range(len(states))]
+        out.potentials.append([tips_potential(grouped[key], reduce=reduce) for key in keys])
+        out.format.append([math.fsum(f for f, _ in split[key]) / len(split[key]) for key in keys])
+        out.answer.append([math.fsum(a for _, a in split[key]) / len(split[key]) for key in keys])
+    return out
+
+
+class TeacherPotentials(SignalProvider):
+    """TIPS's signals, ``potentials`` and ``alpha``: the teacher potentials Phi(S) at each policy segment's start
+    (:func:`tips_potential_terms`), scored by a frozen copy of the policy refreshed every ``refresh_every`` updates
+    (:func:`tips_teacher_refresh_due`), and the batch's shaping scale (:func:`tips_step_alpha`, tips.md §3.7).
+    Phi's split goes to the signals' ``details`` (:func:`signal_stats` logs it)."""
+
+    provides = frozenset({"potentials", "alpha"})
+
+    def __init__(self, run: ProviderContext, settings: TipsSettings) -> None:
+        super().__init__(run, settings)
+        self.teacher = run.frozen_copy(run.model)
+        self.alpha: float = settings.alpha
+
+    def fill(self, signals, batch, trees, examples, *, temperature, autocast) -> None:
+        t, run = self.settings, self.run
+        answers = [examples[traj.tree].answers for traj in batch.trajectories]
+        split = tips_potential_terms(
+            lambda contexts, continuations: run.score_continuations(
+                self.teacher, contexts, continuations, autocast=autocast
+            ),
+            run.segment_contexts(batch),
+            answers,
+            run.encode,
+            run.render_answer,
+            reduce=t.reduce,
+            scope=t.potential_scope,
+        )
+        signals.details[POTENTIAL_SPLIT] = split
+        signals["potentials"] = split.potentials
+        self.alpha = tips_step_alpha(
+            split.potentials,
+            mode=t.alpha_mode,
+            alpha=t.alpha,
+            target_mean_abs=t.target_mean_abs,
+            previous=self.alpha,
+        )
+        signals["alpha"] = self.alpha
+
+    def after_step(self, step: int) -> None:
+        if tips_teacher_refresh_due(step, self.settings.refresh_every):
+            self.refresh()
+
+    def refresh(self) -> None:
+        """The teacher becomes a frozen copy of the current policy (between batches only)."""
+        self.teacher.load_state_dict(self.run.model.state_dict())
+
+    def frozen_models(self) -> list[nn.Module]:
+        return [self.teacher]
+
+    def state_dict(self) -> dict[str, Any]:  # the keys checkpoints have always had
+        return {"teacher": self.teacher.state_dict(), "tips_alpha": self.alpha}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if state.get("teacher") is not None:
+            self.teacher.load_state_dict(state["teacher"])
+        self.alpha = state.get("tips_alpha", self.alpha)
+
+
+def tips_split_metrics(split: TipsPotentials) -> dict[str, float]:
+    """Phi split into the format tokens of the rendered answer and the answer's own tokens (issue 31): at S_0
+    (``tips/phi_0_format``, ``tips/phi_0_answer``, means over trajectories) and over every scored state
+    (``tips/phi_format``, ``tips/phi_answer``); ``tips/answer_only`` is 1 when Phi scored the answer tokens alone
+    (``algorithm.tips.potential_scope``), whose format part is then 0 by construction."""
+    first_f = [row[0] for row in split.format if row]
+    first_a = [row[0] for row in split.answer if row]
+    all_f = [v for row in split.format for v in row]
+    all_a = [v for row in split.answer for v in row]
+    n0, n = max(len(first_f), 1), max(len(all_f), 1)
+    return {
+        "tips/phi_0_format": math.fsum(first_f) / n0,
+        "tips/phi_0_answer": math.fsum(first_a) / n0,
+        "tips/phi_format": math.fsum(all_f) / n,
+        "tips/phi_answer": math.fsum(all_a) / n,
+        "tips/answer_only": 1.0 if split.scope == "answer_only" else 0.0,
+    }
+
+
+def signal_stats(batch: Any, signals: Any) -> dict[str, float]:
+    """The native trainer's per-step log of TIPS's signals: the batch's alpha and Phi's split
+    (:func:`tips_split_metrics`)."""
+    out: dict[str, float] = {}
+    if signals["alpha"] is not None:
+        out["tips/alpha"] = float(signals["alpha"])
+    split = signals.details.get(POTENTIAL_SPLIT)
+    if split is not None:
+        out.update(tips_split_metrics(split))
+    return out
+
+
 METHOD = Method(
     name="tips",
     settings=TipsSettings,
@@ -401,6 +610,7 @@ METHOD = Method(
     source="TIPS Eqs. 17-20, Table 10",
     shape=shape,
     stats=stats,
+    signal_stats=signal_stats,
     modifier="shaping",
     base=CRITIC_BASELINE,
     report_settings=("algorithm.tips.potential_scope",),
@@ -412,3 +622,5 @@ METHOD = Method(
         ("tips/answer_only", "answer-only Phi"),
     ),
 )
+
+register_provider(TeacherPotentials)

@@ -25,6 +25,11 @@ from uuid import uuid4
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 
+from agentcredit.credit.methods.gear.teacher import (
+    gear_ground_truth,
+    gear_teacher_prompt,
+    reference_trajectories,
+)
 from agentcredit.environment import Environment
 from agentcredit.integrations.verl import AGENT_LOOP_NAME, EXTRA_KEY
 from agentcredit.integrations.verl.data import check_protocol
@@ -52,7 +57,6 @@ from agentcredit.tools.base import ToolCall, ToolResult, ToolRuntime, ToolUnavai
 from agentcredit.tools.build import environment_schemas
 from agentcredit.tools.episodes import EpisodeSession, StepOutcome
 from agentcredit.train.sft import ReferenceTrajectories
-from agentcredit.train.signals import gear_ground_truth, gear_teacher_prompt
 
 __all__ = [
     "AgentCreditAgentLoop",
@@ -175,7 +179,9 @@ def gear_references(settings: AgentCreditSettings, protocol: Any, tokenizer: Any
             corpus=None,
         )
         try:
-            _REFERENCES[key] = ReferenceTrajectories(env, tokenizer, settings.protocol)
+            _REFERENCES[key] = reference_trajectories(
+                lambda: ReferenceTrajectories(env, tokenizer, settings.protocol)
+            )
         except ValueError as exc:
             raise ValueError(
                 str(exc).replace("algorithm.gear.reference=answer", "agentcredit.gear.reference=answer")

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentcredit.credit import tips_potential
+from agentcredit.credit.methods.tips import answer_token_span
 from agentcredit.integrations.verl.fields import RowRecord, Span
 from agentcredit.protocols.base import EpisodeState, Protocol
 from agentcredit.rollout.engine import Job, JobResult, PlanContext, Strategy, advance_plan
@@ -39,7 +40,6 @@ from agentcredit.rollout.episode import (
 from agentcredit.rollout.tree import FlatSequence, RolloutTree, Segment
 from agentcredit.tools.base import ToolCall, ToolResult, ToolUnavailableError
 from agentcredit.tools.episodes import StepOutcome
-from agentcredit.train.signals import answer_token_span
 
 __all__ = [
     "EpisodeResult",

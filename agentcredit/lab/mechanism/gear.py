@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field
@@ -98,6 +99,7 @@ def score_question(ctx: dict, spec: GearProbe, example: Any) -> list[dict]:
     import torch
 
     from agentcredit.credit import gear_details
+    from agentcredit.credit.methods.gear.teacher import gear_teacher_logprobs
     from agentcredit.rollout.replay import replay
     from agentcredit.train import signals
     from agentcredit.train.batch import build_batch
@@ -111,8 +113,8 @@ def score_question(ctx: dict, spec: GearProbe, example: Any) -> list[dict]:
         tree.set_reward(tree.leaves()[0], 0.0)
         batch = build_batch([tree], pad_id=tokenizer.pad_token_id)
         student, entropy, _ = signals.score_batch(model, batch)
-        teacher = signals.gear_teacher_logprobs(
-            model,
+        teacher = gear_teacher_logprobs(
+            partial(signals.logprobs_under_prompts, model),
             tokenizer,
             env.protocol,
             batch,

@@ -13,7 +13,7 @@ Design (pre-registered in the study file, ``studies/tips-mechanism.yaml``): kb-m
 (none used for the kb-multihop start's SFT, none used by the pilot); for each, scripted students in TIPS's tool-call
 format (the ``tips-kb-multihop`` preset's protocol) that search the chain's entities (``direct``: hop 1, hop 2,
 answer) or insert an off-topic search (``detour_first`` before hop 1, ``detour_middle`` between the hops): an entity
-of the subject's kind whose results hold no gold passage and name neither the bridge entity nor the answer. Phi is computed by :func:`agentcredit.train.signals.tips_potential_terms`, the function TIPS training calls,
+of the subject's kind whose results hold no gold passage and name neither the bridge entity nor the answer. Phi is computed by :func:`agentcredit.credit.methods.tips.tips_potential_terms`, the function TIPS training calls,
 at the preset's settings (answer tokens only, summed, logsumexp over aliases), with the model as its own teacher
 (TIPS's teacher is a frozen copy of the policy, line 54). A tool turn is *informative* when its results hold a gold
 passage (a chain entity's, ``supporting_titles``) the context did not hold yet; every other tool turn (the
@@ -34,6 +34,7 @@ import json
 import math
 import zlib
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field
@@ -196,6 +197,7 @@ def _observations(tree: Any) -> list[str]:
 
 def score_question(ctx: dict, spec: TipsProbe, example: Any) -> list[dict]:
     """The question's scripted episodes and their potentials Phi(S_0..S_M): one record per episode."""
+    from agentcredit.credit.methods.tips import tips_potential_terms
     from agentcredit.rollout.replay import replay
     from agentcredit.train import signals
     from agentcredit.train.batch import build_batch
@@ -215,10 +217,10 @@ def score_question(ctx: dict, spec: TipsProbe, example: Any) -> list[dict]:
         trees.append(tree)
     batch = build_batch(trees, pad_id=tokenizer.pad_token_id)
     encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
-    # the call TIPS training makes (agentcredit.train.providers.TeacherPotentials.fill), at the preset's settings
-    terms = signals.tips_potential_terms(
-        model,
-        batch,
+    # the call TIPS training makes (agentcredit.credit.methods.tips.TeacherPotentials.fill), at the preset's settings
+    terms = tips_potential_terms(
+        partial(signals.score_continuations, model),
+        signals.segment_contexts(batch),
         [example.answers for _ in batch.trajectories],
         encode,
         env.protocol.render_answer,

@@ -23,7 +23,10 @@ def test_budget_overrides_give_the_same_leaves_per_prompt():
     ]
     # entropy-guided: n0 full episodes + n forks = n0 + n leaves
     assert budget_overrides("entropy_guided", prompts=2, episodes=4)[1:] == ["rollout.n0=1", "rollout.n=3"]
-    assert budget_overrides("step_forks", prompts=3, episodes=4) == ["rollout.prompts_per_step=3", "rollout.n=4"]
+    assert budget_overrides("step_forks", prompts=3, episodes=4) == [
+        "rollout.prompts_per_step=3",
+        "rollout.n=4",
+    ]
     with pytest.raises(ValueError, match="episodes"):
         budget_overrides("independent", prompts=1, episodes=1)
     with pytest.raises(ValueError, match="strategy"):

@@ -2,7 +2,7 @@
 
 A reweighting method: :func:`reweight` multiplies any estimate's advantages by GEAR's weight W_t, read off
 :func:`~agentcredit.credit.methods.gear.maths.gear_details` (``maths.py``). The teacher's log-probs (the same tokens under the
-ground-truth-conditioned context), the student's and its entropies are signals the trainer computes.
+ground-truth-conditioned context, ``teacher.py``), the student's and its entropies are signals the trainer computes.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ from agentcredit.credit.methods.gear.maths import (
     gear_advantages,
     gear_details,
 )
+from agentcredit.credit.methods.gear.teacher import TeacherLogprobs, signal_stats
+from agentcredit.credit.signals import register_provider
 
 __all__ = [
     "METHOD",
@@ -247,6 +249,7 @@ METHOD = Method(
     ),
     source="GEAR Eqs. 2-6",
     reweight=reweight,
+    signal_stats=signal_stats,
     modifier="reweight",
     base=GROUP_BASELINE,
     # the share of policy tokens whose normalised rKL triggers a segment, the share inside a segment, and the share
@@ -257,3 +260,5 @@ METHOD = Method(
         ("gear/clamp_max_share", "GEAR clamp_max share"),
     ),
 )
+
+register_provider(TeacherLogprobs)

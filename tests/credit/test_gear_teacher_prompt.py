@@ -11,10 +11,13 @@ and the tokens the teacher scores are exactly the student's tokens.
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 
 from agentcredit.config import load_config
+from agentcredit.credit.methods.gear.teacher import gear_teacher_logprobs, gear_teacher_prompt
 from agentcredit.models.embedded import load_tokenizer
 from agentcredit.models.scoring import TokenScores
 from agentcredit.protocols import get_protocol
@@ -71,8 +74,14 @@ def test_teacher_prompt_is_the_students_with_the_answer_inserted(style, tokenize
 
     real_teacher_logprobs = signals.teacher_logprobs
     monkeypatch.setattr(signals, "teacher_logprobs", fake_teacher_logprobs)
-    signals.gear_teacher_logprobs(
-        None, tokenizer, protocol, batch, [tree], {0: example}, config.algorithm.gear.template
+    gear_teacher_logprobs(
+        partial(signals.logprobs_under_prompts, None),
+        tokenizer,
+        protocol,
+        batch,
+        [tree],
+        {0: example},
+        config.algorithm.gear.template,
     )
     teacher_ids = captured["teacher_prompts"][0]
     student_ids = tree.segment(0).token_ids
@@ -120,14 +129,14 @@ def test_builder_matches_the_protocols_own_prompt(style, tokenizer):
     template = load_config("gear-arith-tools").algorithm.gear.template
     truth = protocol.render_answer(GOLD)
     rendered = protocol.prompt(protocol.new_episode(QUESTION), tokenizer)
-    a = signals.gear_teacher_prompt(protocol, tokenizer, QUESTION, truth, template)
-    b = signals.gear_teacher_prompt(protocol, tokenizer, QUESTION, truth, template, student_prompt=rendered)
+    a = gear_teacher_prompt(protocol, tokenizer, QUESTION, truth, template)
+    b = gear_teacher_prompt(protocol, tokenizer, QUESTION, truth, template, student_prompt=rendered)
     assert a == b and truth in a
 
 
 def test_builder_rejects_a_prompt_without_the_user_message(tokenizer):
     protocol = get_protocol("codefence")
     with pytest.raises(ValueError, match="verbatim"):
-        signals.gear_teacher_prompt(
+        gear_teacher_prompt(
             protocol, tokenizer, QUESTION, GOLD, "{user} {ground_truth}", student_prompt="something else"
         )
