@@ -452,5 +452,5 @@ def test_render_search_writes_the_styles_call():
     """A scripted demonstration writes its searches through the protocol (agentcredit.train.demos names no style)."""
     assert get_protocol("tags").render_search("Paris") == "<search>Paris</search>"
     assert get_protocol("tags", style="asearcher").render_search("Paris") == "<search>Paris</search>"
-    call = get_protocol("tags", style="tips").render_search("Paris")
+    call = get_protocol("tags", style="qwen-tools").render_search("Paris")
     assert call == '<tool_call>\n{"name": "search", "arguments": {"query_list": ["Paris"]}}\n</tool_call>'
