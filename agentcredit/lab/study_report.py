@@ -153,6 +153,18 @@ def verdict(
     raise ValueError(f"verdict: unknown direction {direction!r}")
 
 
+def verdict_label(said: str, *, ran: bool, regime_met: bool, plan: dict[str, Any] | None = None) -> str:
+    """A claim's cell in the verdict table. A claim whose two arms share no finished seed reads NOT RUN, never
+    UNDERPOWERED: no interval was measured, so more seeds of the plan would not decide it unless its regime holds.
+    ``plan``: the preflight's power row when the planned seeds are underpowered (its MDE and the effect)."""
+    label = said.upper() if ran else "NOT RUN"
+    if not regime_met:
+        label += " (regime not met)"
+    if plan is not None:
+        label += f" ({'' if ran else 'the plan is '}underpowered: MDE {_fmt(plan['mde'])} > {_fmt(plan['effect'])})"
+    return label
+
+
 def seeds_to_decide(
     direction: str, a: dict[int, float], b: dict[int, float], effect: float | None, alpha: float
 ) -> int | None:
@@ -728,12 +740,8 @@ def write_study_report(study: StudyLayout, out_dir: str | Path) -> dict[str, Pat
                     f"{c.baseline}: {_fmt_interval(mean_interval(b)) if b else '–'} (n={len(b)})",
                     paired_cell,
                     compared + _fmt_interval(welch),
-                    said.upper()
-                    + (" (regime not met)" if unmet else "")
-                    + (
-                        f" (underpowered: MDE {_fmt(weak[c.name]['mde'])} > {_fmt(weak[c.name]['effect'])})"
-                        if c.name in weak
-                        else ""
+                    verdict_label(
+                        said, ran=bool(set(a_by) & set(b_by)), regime_met=not unmet, plan=weak.get(c.name)
                     ),
                 ]
             )

@@ -17,6 +17,7 @@ from agentcredit.lab.study_report import (
     seeds_to_decide,
     t975,
     verdict,
+    verdict_label,
     welch_interval,
 )
 
@@ -167,3 +168,21 @@ def test_paired_interval_uses_only_seeds_both_arms_finished():
         (0.75, -2.4265, 3.9265), abs=1e-4
     )
     assert paired_interval({0: 1.0, 1: 2.0}, {1: 1.0, 2: 0.0}) is None  # one shared seed: no interval
+
+
+def test_a_claim_whose_arms_never_ran_reads_not_run_not_underpowered():
+    """No finished seed of either arm: no interval was measured, so the cell says NOT RUN (issue 49: a regime
+    that is not met stops the arms, and 'underpowered' would read as if more seeds of this plan would decide)."""
+    plan = {"mde": 0.669, "effect": 0.489}
+    assert verdict("lower", None) == "underpowered"  # the rule itself is unchanged
+    assert verdict_label("underpowered", ran=False, regime_met=True) == "NOT RUN"
+    assert (
+        verdict_label("underpowered", ran=False, regime_met=False, plan=plan)
+        == "NOT RUN (regime not met) (the plan is underpowered: MDE 0.669 > 0.489)"
+    )
+    # arms that ran keep their verdict, stamped when their regime was not met
+    assert verdict_label("reproduced", ran=True, regime_met=False) == "REPRODUCED (regime not met)"
+    assert (
+        verdict_label("underpowered", ran=True, regime_met=True, plan=plan)
+        == "UNDERPOWERED (underpowered: MDE 0.669 > 0.489)"
+    )
