@@ -34,13 +34,13 @@ BUILT_IN = ("grpo", "ppo", "gigpo", "carl-segment", "carl-critical", "portool", 
 #: files outside its home that name each method today (the ratchet: counts only ever go down)
 RATCHET = {
     "grpo": 2,
-    "ppo": 3,
+    "ppo": 2,
     "gigpo": 0,
-    "carl-segment": 7,
+    "carl-segment": 4,
     "carl-critical": 0,
     "portool": 7,
-    "tips": 12,
-    "gear": 8,
+    "tips": 9,
+    "gear": 6,
 }
 
 _CAMEL = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+")

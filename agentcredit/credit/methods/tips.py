@@ -29,8 +29,8 @@ The teacher forward pass itself (log-probs of ``<answer>a</answer>``) belongs to
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import Literal
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
 
 import torch
 from pydantic import Field
@@ -360,6 +360,36 @@ def stats(batch: EpisodeBatch) -> dict[str, float]:
     return tips_stats(potentials, batch.signal("alpha", "tips"))
 
 
+#: the key of the alpha a batch_target run carries from batch to batch, in a trainer's saved state
+ALPHA_STATE = "tips_alpha"
+
+
+def batch_signals(
+    batch: EpisodeBatch, settings: TipsSettings, state: Mapping[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, float]]:
+    """The batch's alpha (:func:`tips_step_alpha`, from the batch's ``potentials`` and the alpha ``state`` carried
+    from the previous batch), the state to carry to the next, and the potentials' scale (verl's metrics)."""
+    potentials = batch.per_episode("potentials", "tips")
+    deltas: list[float] = []
+    phi0: list[float] = []
+    for phi in potentials:
+        phi0.append(phi[0])
+        deltas.extend(phi[k] - phi[k - 1] for k in range(1, len(phi)))
+    alpha = tips_step_alpha(
+        potentials,
+        mode=settings.alpha_mode,
+        alpha=settings.alpha,
+        target_mean_abs=settings.target_mean_abs,
+        previous=state.get(ALPHA_STATE),
+    )
+    stats = {
+        "tips_alpha": float(alpha),
+        "tips_phi0_mean": sum(phi0) / len(phi0) if phi0 else 0.0,
+        "tips_dphi_abs_mean": sum(abs(d) for d in deltas) / len(deltas) if deltas else 0.0,
+    }
+    return {ALPHA: float(alpha)}, {ALPHA_STATE: float(alpha)}, stats
+
+
 POTENTIALS = register_signal(
     "potentials", "per episode, the teacher's potentials Phi(S_0), ..., Phi(S_M) at each tool turn's state"
 )
@@ -401,6 +431,7 @@ METHOD = Method(
     source="TIPS Eqs. 17-20, Table 10",
     shape=shape,
     stats=stats,
+    batch_signals=batch_signals,
     modifier="shaping",
     base="ppo",
     report_settings=("algorithm.tips.potential_scope",),

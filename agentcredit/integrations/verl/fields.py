@@ -143,7 +143,7 @@ class RowRecord(BaseModel):
             )
         if self.potentials is not None and len(self.potentials) != len(self.tool_turns) + 1:
             raise ValueError(
-                f"potentials has {len(self.potentials)} values; TIPS needs Phi(S_0..S_M) = "
+                f"potentials has {len(self.potentials)} values; it needs Phi(S_0..S_M) = "
                 f"{len(self.tool_turns) + 1} for {len(self.tool_turns)} tool turns"
             )
         return self

@@ -35,7 +35,7 @@ from verl.workers.rollout.llm_server import LLMServerClient
 from verl.workers.rollout.replica import RolloutReplica, get_rollout_replica_class
 from verl.workers.rollout.router import DEFAULT_ROUTING_CACHE_SIZE, GlobalRequestLoadBalancer
 
-from agentcredit.credit import tips_teacher_refresh_due
+from agentcredit.credit import get_method, tips_teacher_refresh_due
 from agentcredit.integrations.verl.settings import AgentCreditSettings
 
 __all__ = [
@@ -45,6 +45,7 @@ __all__ = [
     "check_teacher_gpus",
     "teacher_client",
     "teacher_gpus",
+    "teacher_step_metric",
     "wants_lagged_teacher",
 ]
 
@@ -60,6 +61,14 @@ def wants_lagged_teacher(settings: AgentCreditSettings) -> bool:
     """TIPS with a teacher that lags the policy (``refresh_every > 1``): the trainer launches :class:`LaggedTeacher`
     and the agent loop scores the potentials on it; otherwise the rollout server (the current policy) scores them."""
     return "potentials" in settings.needs.signals and settings.settings_for("potentials").refresh_every > 1
+
+
+def teacher_step_metric(settings: AgentCreditSettings) -> str:
+    """The metric of the actor step whose weights scored a batch's potentials: ``agentcredit/<section>_teacher_step``,
+    the section of the method's part that needs them."""
+    method = get_method(settings.method)
+    section = next(p.section for p in method.parts if "potentials" in p.needs.signals)
+    return f"agentcredit/{section}_teacher_step"
 
 
 def check_lagged_teacher(config: DictConfig, settings: AgentCreditSettings) -> None:
