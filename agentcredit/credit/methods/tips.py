@@ -283,6 +283,16 @@ class TipsSettings(Settings):
         """How one alias's token log-probs are pooled (:func:`tips_potential`)."""
         return "sum" if self.potential == "paper" else "mean"
 
+    def teacher_refresh_due(self, updates_done: int) -> bool:
+        """Whether the teacher becomes a copy of the policy after the ``updates_done``-th update
+        (:func:`tips_teacher_refresh_due` with :attr:`refresh_every`)."""
+        return tips_teacher_refresh_due(updates_done, self.refresh_every)
+
+    def potential_of(self, answer_logprobs: Sequence[Sequence[float]]) -> float:
+        """Phi(S) of one state under these settings (:func:`tips_potential` with :attr:`reduce`), from the
+        teacher's log-probs of each alias's answer tokens."""
+        return tips_potential(answer_logprobs, reduce=self.reduce)
+
 
 def tips_step_rewards(
     batch: EpisodeBatch,
