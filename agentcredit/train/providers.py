@@ -30,7 +30,13 @@ from agentcredit.rollout.tree import RolloutTree
 from agentcredit.tasks import Example
 from agentcredit.train.batch import TrainBatch
 from agentcredit.train.sft import ReferenceTrajectories
-from agentcredit.train.signals import Signals, gear_teacher_logprobs, tips_potential_terms
+from agentcredit.train.signals import (
+    Signals,
+    gear_ground_truth,
+    gear_teacher_logprobs,
+    gear_teacher_prompt,
+    tips_potential_terms,
+)
 
 __all__ = [
     "PROVIDERS",
@@ -154,6 +160,24 @@ class TeacherLogprobs(SignalProvider):
     def __init__(self, run: ProviderContext, settings: Settings) -> None:
         super().__init__(run, settings)
         self.references: ReferenceTrajectories | None = None  # tau* per example, built on first use
+
+    @staticmethod
+    def teacher_prompt(
+        protocol: Any,
+        tokenizer: Any,
+        example: Example,
+        template: str,
+        *,
+        reference: str | None = None,
+        student_prompt: str | None = None,
+    ) -> str:
+        """The teacher's prompt text for ``example`` as :meth:`fill` builds it: the student's prompt with the
+        ground truth (``reference``, tau*, when given, else the rendered gold answer; after the example's worked
+        solution when it has one) inserted by ``template``. verl's agent loop builds it on its workers with this."""
+        truth = gear_ground_truth(protocol, example, reference)
+        return gear_teacher_prompt(
+            protocol, tokenizer, example.question, truth, template, student_prompt=student_prompt
+        )
 
     def fill(self, signals, batch, trees, examples, *, temperature, autocast) -> None:
         g, run = self.settings, self.run

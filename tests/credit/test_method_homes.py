@@ -39,8 +39,8 @@ RATCHET = {
     "carl-segment": 4,
     "carl-critical": 0,
     "portool": 7,
-    "tips": 9,
-    "gear": 6,
+    "tips": 5,
+    "gear": 4,
 }
 
 _CAMEL = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+")

@@ -197,6 +197,15 @@ def _episode_batch(
     signals: dict[str, Any] = {}
     if "potentials" in needs.signals:
         signals["potentials"] = [tuple(ep.record.potentials) for ep in episodes]
+    # the signals a user's scorer computed on the workers (agentcredit.integrations.verl.signals), one per episode
+    for name in sorted(needs.signals & {n for ep in episodes for n in ep.record.signals}):
+        missing = [ep.episode_id for ep in episodes if name not in ep.record.signals]
+        if missing:
+            raise ValueError(
+                f"episode {missing[0]}: {method.name} needs the signal {name!r} in extra_fields['{EXTRA_KEY}'], "
+                "which its scorer computed for other episodes of the batch only"
+            )
+        signals[name] = [ep.record.signals[name] for ep in episodes]
     return EpisodeBatch(shape=shape, episodes=out, trees=trees, signals=signals, dtype=dtype)
 
 

@@ -14,7 +14,7 @@ Episode-level fields (outcome, kinds, format rewards, potentials) are repeated i
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -93,6 +93,11 @@ class RowRecord(BaseModel):
     )
     teacher_logprobs: list[float] | None = Field(
         None, description="GEAR: log p(a_t | answer-conditioned context) per response token of this row"
+    )
+    signals: dict[str, Any] = Field(
+        default_factory=dict,
+        description="per episode, the value of each signal a user's scorer computed on the worker "
+        "(agentcredit.integrations.verl.signals.register_signal_scorer), by the signal's name",
     )
     teacher_calls: dict[str, int] = Field(
         default_factory=dict,
