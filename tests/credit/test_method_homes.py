@@ -34,13 +34,13 @@ BUILT_IN = ("grpo", "ppo", "gigpo", "carl-segment", "carl-critical", "portool", 
 #: files outside its home that name each method today (the ratchet: counts only ever go down)
 RATCHET = {
     "grpo": 0,
-    "ppo": 2,
+    "ppo": 1,
     "gigpo": 0,
-    "carl-segment": 3,
+    "carl-segment": 0,
     "carl-critical": 0,
     "portool": 0,
-    "tips": 8,
-    "gear": 4,
+    "tips": 0,
+    "gear": 0,
 }
 
 _CAMEL = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+")
@@ -172,7 +172,9 @@ def test_no_method_gains_a_file_outside_its_home():
 
 
 @pytest.mark.xfail(
-    strict=True, reason="issue 53 in progress: the lab, verl's episode code and the stats still name methods"
+    strict=True,
+    reason="verl's own PPO vocabulary in integrations/verl/trainer.py (its PPOTrainerSync, its ppo_* config keys) "
+    "reads as the word ppo; our ppo method is named nowhere else outside its home",
 )
 def test_each_method_is_named_only_in_its_home_its_presets_and_the_registry():
     found = outside_home()

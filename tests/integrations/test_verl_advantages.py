@@ -298,7 +298,7 @@ def test_tips_equals_turn_rewards_then_gae():
     _, res = apply_to_dataproto(b.proto, s)
     deltas = [1.5, 1.0, -0.4]
     alpha = tips_batch_alpha(deltas, target_mean_abs=0.11)
-    assert alpha == pytest.approx(0.11 / (2.9 / 3)) and res.alpha == pytest.approx(alpha)
+    assert alpha == pytest.approx(0.11 / (2.9 / 3)) and res.state == {"tips_alpha": pytest.approx(alpha)}
     rewards = torch.zeros_like(b.values)
     for r, (e, _) in enumerate(b.row_of):
         trained = _trained(b, r)

@@ -28,6 +28,7 @@ from verl.workers.rollout.replica import TokenOutput  # noqa: E402
 
 import agentcredit.integrations.verl.agent_loop as agent_loop_module  # noqa: E402
 import agentcredit.integrations.verl.scoring as scoring_module  # noqa: E402
+import agentcredit.integrations.verl.signals as signals_module  # noqa: E402
 from agentcredit.integrations.verl import AGENT_LOOP_NAME, config_dir  # noqa: E402
 from agentcredit.integrations.verl.data import protocol_tag  # noqa: E402
 from agentcredit.integrations.verl.fields import RowRecord  # noqa: E402
@@ -139,7 +140,7 @@ def _run_loop(
     protocol = get_protocol(cfg.agentcredit.protocol, **cfg.agentcredit.protocol_options)
     messages = protocol.messages(protocol.new_episode(question))
     agent_loop_module._RUNTIMES.clear()
-    agent_loop_module._REFERENCES.clear()
+    signals_module._REFERENCES.clear()
 
     async def post(url, payload):
         return server.sglang_generate(url, payload)
@@ -298,7 +299,9 @@ def test_gear_reference_whose_tool_cannot_run_leaves_the_episode_out(byte_tokeni
     out = _run_loop(byte_tokenizer, "gear", server, tools={"search": search})
     rec = RowRecord.model_validate(out.extra_fields["agentcredit"])
     assert server.scored == [] and sum(out.response_mask) == 0
-    assert len(rec.infra_failures) == 1 and rec.infra_failures[0].startswith("GEAR's reference trajectory:")
+    assert len(rec.infra_failures) == 1 and rec.infra_failures[0].startswith(
+        "the teacher's reference trajectory:"
+    )
 
 
 def test_carl_segment_loop_returns_one_output_per_view(byte_tokenizer):
@@ -700,3 +703,76 @@ def test_portool_unfinished_reward_is_the_native_setting():
     assert agent_loop_module.episode_outcome(settings, "Paris", ["Paris"]) == 1.0
     zero = agent_loop_module.load_settings({"method": "portool", "portool": {"unfinished_reward": 0.0}})
     assert agent_loop_module.episode_outcome(zero, None, ["Paris"]) == 0.0
+
+
+@pytest.fixture
+def toy_signal_method():
+    """A user's method that needs a signal of its own, registered from this file without touching the package:
+    the signal (``register_signal``), the method reading it, and the scorer that computes it on verl's workers
+    (``register_signal_scorer``). The scorer asks the rollout server (a teacher call, counted in the record) for the
+    log-probs of the episode's answer after its prompt and sums them; the method's advantage of every token of an
+    episode is that sum."""
+    from agentcredit.credit import Estimate, Method, Needs, register_method, register_signal
+    from agentcredit.credit.methods import NoSettings, unregister_method, unregister_signal
+    from agentcredit.integrations.verl.signals import register_signal_scorer, unregister_signal_scorer
+
+    register_signal(
+        "toy_answer_logp", "per episode, the policy's summed log-prob of its answer after the prompt"
+    )
+
+    def estimate(batch, settings):
+        values = batch.per_episode("toy_answer_logp", "toy-answer")
+        per_step = [[float(v)] * len(ep.steps) for ep, v in zip(batch.episodes, values, strict=True)]
+        return Estimate(batch.paint_steps(per_step, batch.zeros()), batch.trained_mask())
+
+    method = register_method(
+        Method(
+            name="toy-answer",
+            settings=NoSettings,
+            needs=Needs(signals=frozenset({"toy_answer_logp"})),
+            source="a test's user method",
+            estimate=estimate,
+        )
+    )
+
+    async def score(ctx):
+        answer = ctx.tokenizer.encode(ctx.episode.answer or "", add_special_tokens=False)
+        return float(sum(await ctx.scorer()(list(ctx.prompt_ids), answer)))
+
+    register_signal_scorer("toy_answer_logp", score)
+    try:
+        yield method
+    finally:
+        unregister_signal_scorer("toy_answer_logp")
+        unregister_method("toy-answer")
+        unregister_signal("toy_answer_logp")
+
+
+def test_a_users_signal_is_scored_on_the_worker_and_reaches_the_method(byte_tokenizer, toy_signal_method):
+    """issue 53: verl scores a signal by its name, so a user's signal needs a scorer registered from user code
+    and nothing in the package: the agent loop runs it, the record carries its value, the advantage step hands it
+    to the method's layout."""
+    import torch
+
+    from agentcredit.integrations.verl.advantages import compute_advantages
+
+    records, masks = [], []
+    for answer in ("Jane Doe", "Bob"):
+        server = FakeServer(byte_tokenizer, ["<search>author of X</search>", f"<answer>{answer}</answer>"])
+        out = _run_loop(byte_tokenizer, "grpo", server, ["agentcredit.method=toy-answer"], tools=SEARCH)
+        rec = RowRecord.model_validate(out.extra_fields["agentcredit"])
+        (scored,) = server.scored  # one teacher call: the prompt, then the answer's tokens
+        n = len(byte_tokenizer.encode(answer, add_special_tokens=False))
+        # log p(token j) = -0.001 * j (FakeServer): the answer's tokens are the last n of the scored sequence
+        expected = sum(-0.001 * j for j in range(len(scored) - n, len(scored)))
+        assert rec.signals == {"toy_answer_logp": pytest.approx(expected)}
+        assert rec.teacher_calls == {"requests": 1, "resent": 0}
+        records.append(rec)
+        masks.append(out.response_mask)
+    width = max(len(m) for m in masks)
+    mask = torch.tensor([m + [0] * (width - len(m)) for m in masks])
+    settings = agent_loop_module.load_settings({"method": "toy-answer"})
+    result = compute_advantages(settings, response_mask=mask, records=records, uids=["p0", "p0"])
+    for row, rec in enumerate(records):
+        trained = result.advantages[row][mask[row].bool()]
+        assert torch.allclose(trained, torch.full_like(trained, rec.signals["toy_answer_logp"]))

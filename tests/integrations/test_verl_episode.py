@@ -13,6 +13,7 @@ import pytest
 
 pytest.importorskip("verl")
 
+from agentcredit.credit import tips_potential  # noqa: E402
 from agentcredit.integrations.verl.episode import (  # noqa: E402
     Generation,
     TreeRunner,
@@ -230,6 +231,7 @@ def test_answer_potentials_sum_and_logsumexp(byte_tokenizer):
             ["ab", "ab ", "c"],
             tokenizer=tok,
             score=score,
+            potential=tips_potential,
             answer_template="{answer}",
         )
     )
@@ -257,15 +259,23 @@ def test_answer_potentials_score_the_answer_alone_by_default(byte_tokenizer):
     ctx = [1, 2, 3]
     tag = tok.encode("<answer>", add_special_tokens=False)
     answer = tok.encode("ab", add_special_tokens=False)
-    (only,) = asyncio.run(answer_potentials([ctx], ["ab"], tokenizer=tok, score=score))
+    (only,) = asyncio.run(
+        answer_potentials([ctx], ["ab"], tokenizer=tok, score=score, potential=tips_potential)
+    )
     assert only == pytest.approx(-2.0)  # "ab": 2 byte tokens
     assert calls == [(ctx + tag, answer)]
     calls.clear()
-    (full,) = asyncio.run(answer_potentials([ctx], ["ab"], tokenizer=tok, score=score, scope="full"))
+    (full,) = asyncio.run(
+        answer_potentials([ctx], ["ab"], tokenizer=tok, score=score, potential=tips_potential, scope="full")
+    )
     assert full == pytest.approx(-len("<answer>ab</answer>"))
     assert calls == [(ctx, tok.encode("<answer>ab</answer>", add_special_tokens=False))]
     with pytest.raises(ValueError, match="potential_scope"):
-        asyncio.run(answer_potentials([ctx], ["ab"], tokenizer=tok, score=score, scope="tags"))
+        asyncio.run(
+            answer_potentials(
+                [ctx], ["ab"], tokenizer=tok, score=score, potential=tips_potential, scope="tags"
+            )
+        )
 
 
 def test_teacher_logprobs_align_with_response_tokens():

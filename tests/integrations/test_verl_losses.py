@@ -28,7 +28,7 @@ from agentcredit.integrations.verl.losses import (  # noqa: E402
     LOSS_WEIGHTS,
     VALUE_WEIGHTS,
     boundary_value_loss,
-    trajectory_weighted_ppo_loss,
+    trajectory_weighted_actor_loss,
 )
 from agentcredit.integrations.verl.trainer import AgentCreditTrainer  # noqa: E402
 
@@ -142,7 +142,7 @@ def test_with_unit_weights_it_is_verls_ppo_loss(mode, global_info):
         }  # token-mean over ranks needs batch_num_tokens: dp = 1 here
     data, log_probs, entropy = _random_batch([[1.0] * 4, [1.0] * 2], **global_info)
     losses, grads = [], []
-    for fn in (ppo_loss, trajectory_weighted_ppo_loss):
+    for fn in (ppo_loss, trajectory_weighted_actor_loss):
         config = _actor(loss_agg_mode=mode, entropy_coeff=0.01, use_kl_loss=True, kl_loss_coef=0.1)
         out, flats = _model_output(log_probs, entropy)
         loss, metrics = fn(config, out, data)
@@ -176,7 +176,7 @@ def test_entropy_and_kl_weighted_by_hand():
         kl_loss_type="kl",
     )
     out, _ = _model_output([[-1.0] * 4, [-1.0] * 2], [[1.0] * 4, [2.0] * 2])
-    loss, metrics = trajectory_weighted_ppo_loss(config, out, data)
+    loss, metrics = trajectory_weighted_actor_loss(config, out, data)
     assert float(metrics["actor/entropy_loss"].values[0]) == pytest.approx(4.5)
     assert float(metrics["kl_loss"].values[0]) == pytest.approx(0.7)
     assert float(loss) == pytest.approx(-2.075)
@@ -190,7 +190,7 @@ def test_a_batch_without_weights_is_refused():
     del data[LOSS_WEIGHTS]
     out, _ = _model_output(log_probs, entropy)
     with pytest.raises(ValueError, match=LOSS_WEIGHTS):
-        trajectory_weighted_ppo_loss(_actor(), out, data)
+        trajectory_weighted_actor_loss(_actor(), out, data)
 
 
 class _Recorder:
@@ -238,7 +238,7 @@ def test_the_trainer_writes_the_weights_and_installs_the_losses(
     trainer.on_init_end()
     actor = [c for c in trainer.actor_rollout_wg.calls if isinstance(c, partial)]
     critic = [c for c in trainer.critic_wg.calls if isinstance(c, partial)]
-    assert [c.func for c in actor] == ([trajectory_weighted_ppo_loss] if actor_loss else [])
+    assert [c.func for c in actor] == ([trajectory_weighted_actor_loss] if actor_loss else [])
     assert [c.func for c in critic] == ([boundary_value_loss] if segment else [])
     if actor_loss:
         assert actor[0].keywords["config"].loss_agg_mode == "seq-mean-token-sum"

@@ -113,7 +113,7 @@ def test_the_lagged_teacher_scores_the_potentials_and_follows_the_actor_every_n_
 ):
     cfg = _config(LAGGED)
     settings = check_trainer_config(cfg)
-    with pytest.raises(RuntimeError, match="no actor named 'agentcredit_tips_teacher_router' is running"):
+    with pytest.raises(RuntimeError, match=f"no actor named '{TEACHER_ROUTER}' is running"):
         teacher_module.teacher_client(cfg)
 
     teacher = LaggedTeacher.launch(cfg, actor_wg=None, settings=settings)

@@ -370,10 +370,10 @@ def test_tips_alpha_survives_a_checkpoint(monkeypatch, tmp_path):
 
     monkeypatch.setattr(PPOTrainerSync, "_load_checkpoint", resume)
     trainer = _trainer(cfg)
-    trainer.global_steps, trainer._tips_alpha = 7, 0.37
+    trainer.global_steps, trainer._method_state = 7, {"tips_alpha": 0.37}
     trainer._save_checkpoint()
     assert (tmp_path / "global_step_7" / AgentCreditTrainer.STATE_FILE).is_file()
     resumed = _trainer(cfg)
-    assert resumed._tips_alpha is None
+    assert resumed._method_state is None
     resumed._load_checkpoint()
-    assert resumed._tips_alpha == 0.37
+    assert resumed._method_state == {"tips_alpha": 0.37}

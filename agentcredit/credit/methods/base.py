@@ -42,6 +42,7 @@ __all__ = [
     "Method",
     "Needs",
     "Settings",
+    "TokenWeights",
     "compose",
     "get_method",
     "register_method",
@@ -123,6 +124,18 @@ class Needs:
         )
 
 
+@dataclass
+class TokenWeights:
+    """A method's losses as per-token tensors for a trainer whose losses sum tokens (:attr:`Method.token_weights`)."""
+
+    returns: Any  # the critic's target on every token (where the trainer's metrics read returns)
+    value_weights: Any  # each token's weight in the critic's loss (0 where the critic is not trained)
+    loss_weights: (
+        Any  # each token's weight in the actor's loss (folded into the advantages, and the entropy and KL)
+    )
+    stats: dict[str, float]
+
+
 Estimator = Callable[[EpisodeBatch, Any], Estimate]
 Shaper = Callable[[EpisodeBatch, Any], list[list[float]]]
 Reweighter = Callable[[EpisodeBatch, Estimate, Any], Estimate]
@@ -177,6 +190,26 @@ class Method:
     #: ``f(rewards, group_ids, *, eps) -> Tensor`` (one per episode), for a trainer that passes nothing else:
     #: verl's ``algorithm.adv_estimator`` registry takes each as ``agentcredit_<name>``
     outcome_estimators: tuple[tuple[str, Callable[..., Any]], ...] = ()
+    #: the critic's value where the estimate reads it, from the critic model's output, ``f(output) -> V`` (a
+    #: bounded head's squashing: carl-segment's V = sigmoid(head)); None = the output is the value
+    critic_values: Callable[[Any], Any] | None = None
+    #: for a trainer whose losses sum tokens (verl's seq-mean-token-sum): ``f(layout, rows_per_episode) ->``
+    #: :class:`TokenWeights`, the critic's targets and weights and the actor's per-token loss weights that make
+    #: those sums the method's own losses; None = the trainer's losses as they are
+    token_weights: Callable[[EpisodeBatch, float], TokenWeights] | None = None
+    #: signals computed per batch from the layout's other signals, with a state carried from batch to batch
+    #: (TIPS's alpha under batch_target): ``f(layout, settings, state) -> (signals, state, stats)``. ``state`` is
+    #: a JSON-able dict (the trainer saves it with its checkpoints), empty at the start; the method owns its keys
+    batch_signals: (
+        Callable[
+            [EpisodeBatch, Any, Mapping[str, Any]], tuple[dict[str, Any], dict[str, Any], dict[str, float]]
+        ]
+        | None
+    ) = None
+    #: (trainer, check) pairs: ``check(config, settings, method) -> [one-line error, ...]`` on that trainer's whole
+    #: config (verl: its Hydra config) for this part's ``settings``; ``method`` is the name the run trains
+    #: (a composition's); empty = the config fits the method
+    trainer_checks: tuple[tuple[str, Callable[[Any, Any, str], list[str]]], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.composed_of:
@@ -199,6 +232,16 @@ class Method:
     def settings_class(self, trainer: str) -> type[Settings]:
         """The settings class ``trainer``'s config block reads (``settings``, or its extension for that trainer)."""
         return dict(self.trainer_settings).get(trainer, self.settings)
+
+    def trainer_errors(self, trainer: str, config: Any, settings: Mapping[str, Settings]) -> list[str]:
+        """The one-line errors of ``trainer``'s config for this method: each part's ``trainer_checks`` for that
+        trainer, with the part's settings (``settings``: :meth:`settings_from`), in part order."""
+        errors: list[str] = []
+        for part in self.parts:
+            for name, check in part.trainer_checks:
+                if name == trainer:
+                    errors += check(config, settings[part.section], self.name)
+        return errors
 
     @property
     def section(self) -> str:

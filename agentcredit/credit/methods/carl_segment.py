@@ -27,7 +27,7 @@ A_k = delta_k + gamma^{tau_k} * lam * A_{k+1}. At the paper's gamma = 1 (the onl
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import Any
 
 import torch
 from pydantic import Field
@@ -35,7 +35,7 @@ from torch import Tensor
 
 from agentcredit.credit._validate import as_int, finite_float, float_list, unit_interval
 from agentcredit.credit.estimators import EpisodeBatch, Estimate
-from agentcredit.credit.methods.base import Method, Needs, Settings
+from agentcredit.credit.methods.base import Method, Needs, Settings, TokenWeights
 from agentcredit.credit.metrics import explained_variance
 
 __all__ = ["METHOD", "CarlSegmentSettings", "segment_advantages"]
@@ -146,21 +146,7 @@ def estimate(batch: EpisodeBatch, settings: CarlSegmentSettings) -> Estimate:
     return Estimate(adv, batch.trained_mask(), returns=returns, value_mask=value_mask)
 
 
-@dataclass
-class CriticWeights:
-    """carl-segment's critic and segment-mean loss as per-token tensors, for a trainer whose losses sum tokens."""
-
-    returns: (
-        Tensor  # the Monte-Carlo target on every token of its segment (where verl's metrics read returns)
-    )
-    value_weights: (
-        Tensor  # the critic's loss weight: at the boundaries only, mean over them, then over episodes
-    )
-    loss_weights: Tensor  # Eq. 3's segment-mean as a per-token weight 1/|g_k| (times rows per episode)
-    stats: dict[str, float]
-
-
-def critic_weights(batch: EpisodeBatch, rows_per_episode: float) -> CriticWeights:
+def critic_weights(batch: EpisodeBatch, rows_per_episode: float) -> TokenWeights:
     """The per-token targets and weights of carl-segment's losses under a token-summing loss whose mini-batch sum
     is divided by its rows (verl's seq-mean-token-sum): ``rows_per_episode`` (rows / episodes of the mini-batch)
     turns that into a mean over the mini-batch's episodes.
@@ -189,7 +175,7 @@ def critic_weights(batch: EpisodeBatch, rows_per_episode: float) -> CriticWeight
         "boundary_explained_variance": explained_variance(boundary_values, boundary_targets),
         "segments_per_episode": sum(len(e.steps) for e in batch.episodes) / n,
     }
-    return CriticWeights(returns, value_weights, loss_weights, stats)
+    return TokenWeights(returns, value_weights, loss_weights, stats)
 
 
 class CarlSegmentVerlSettings(CarlSegmentSettings):
@@ -206,6 +192,38 @@ class CarlSegmentVerlSettings(CarlSegmentSettings):
     )
 
 
+def verl_config_errors(config: Any, settings: CarlSegmentVerlSettings, method: str) -> list[str]:
+    """verl's config (its Hydra tree: nodes with ``.get``) for the losses of carl-segment's verl recipe.
+
+    Replacement views make several rows per episode. Per-row modes would weigh an episode by its row count, so only
+    token-mean (a per-token weight, rows do not matter) or ``segment_mean_loss``'s folded weights under
+    seq-mean-token-sum weigh trajectories as agentcredit's trainer does. verl's shuffled iterator would split the
+    mini-batches of whole episodes the verl trainer lays out (docs/scaling-out-with-verl.md)."""
+    errors = []
+    actor = config.get("actor_rollout_ref").get("actor")
+    mode = actor.get("loss_agg_mode", "token-mean")
+    wanted = "seq-mean-token-sum" if settings.segment_mean_loss else "token-mean"
+    if mode != wanted:
+        errors.append(
+            f"agentcredit.method={method} with segment_mean_loss={settings.segment_mean_loss} "
+            f"needs actor_rollout_ref.actor.loss_agg_mode={wanted} (got {mode}): other modes weigh an episode "
+            "by the number of rows (views) it was rendered as"
+        )
+    for key, section in (("actor_rollout_ref.actor", actor), ("critic", config.get("critic"))):
+        if section.get("shuffle", False):
+            errors.append(
+                f"agentcredit.method={METHOD.name} needs {key}.shuffle=False: verl shuffles rows, which would "
+                "split the mini-batches of whole episodes the trainer lays out"
+            )
+    distillation = config.get("distillation")
+    if settings.segment_mean_loss and distillation is not None and distillation.get("enabled", False):
+        errors.append(
+            f"agentcredit.method={METHOD.name} with segment_mean_loss replaces the actor's loss with agentcredit's "
+            "(segment-mean KL and entropy), which would drop verl's distillation loss: turn distillation off"
+        )
+    return errors
+
+
 METHOD = Method(
     name="carl-segment",
     settings=CarlSegmentSettings,
@@ -217,6 +235,9 @@ METHOD = Method(
     ),
     source="carl-segment Eqs. 1, 3, 6",
     estimate=estimate,
+    critic_values=critic_values,
+    token_weights=critic_weights,
+    trainer_checks=(("verl", verl_config_errors),),
     former_keys=(
         ("algorithm.gamma", "algorithm.carl_segment.gamma"),
         ("algorithm.lam", "algorithm.carl_segment.lam"),

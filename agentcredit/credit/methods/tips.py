@@ -50,6 +50,7 @@ from agentcredit.credit.signals import (
 
 __all__ = [
     "METHOD",
+    "answer_token_span",
     "TipsSettings",
     "tips_batch_alpha",
     "tips_potential",
@@ -291,6 +292,16 @@ class TipsSettings(Settings):
         """How one alias's token log-probs are pooled (:func:`tips_potential`)."""
         return "sum" if self.potential == "paper" else "mean"
 
+    def teacher_refresh_due(self, updates_done: int) -> bool:
+        """Whether the teacher becomes a copy of the policy after the ``updates_done``-th update
+        (:func:`tips_teacher_refresh_due` with :attr:`refresh_every`)."""
+        return tips_teacher_refresh_due(updates_done, self.refresh_every)
+
+    def potential_of(self, answer_logprobs: Sequence[Sequence[float]]) -> float:
+        """Phi(S) of one state under these settings (:func:`tips_potential` with :attr:`reduce`), from the
+        teacher's log-probs of each alias's answer tokens."""
+        return tips_potential(answer_logprobs, reduce=self.reduce)
+
 
 def tips_step_rewards(
     batch: EpisodeBatch,
@@ -366,6 +377,36 @@ def stats(batch: EpisodeBatch) -> dict[str, float]:
     """:func:`tips_stats` of the batch's potentials and alpha (the native trainer logs them every step)."""
     potentials = [list(p) for p in batch.per_episode("potentials", "tips")]
     return tips_stats(potentials, batch.signal("alpha", "tips"))
+
+
+#: the key of the alpha a batch_target run carries from batch to batch, in a trainer's saved state
+ALPHA_STATE = "tips_alpha"
+
+
+def batch_signals(
+    batch: EpisodeBatch, settings: TipsSettings, state: Mapping[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, float]]:
+    """The batch's alpha (:func:`tips_step_alpha`, from the batch's ``potentials`` and the alpha ``state`` carried
+    from the previous batch), the state to carry to the next, and the potentials' scale (verl's metrics)."""
+    potentials = batch.per_episode("potentials", "tips")
+    deltas: list[float] = []
+    phi0: list[float] = []
+    for phi in potentials:
+        phi0.append(phi[0])
+        deltas.extend(phi[k] - phi[k - 1] for k in range(1, len(phi)))
+    alpha = tips_step_alpha(
+        potentials,
+        mode=settings.alpha_mode,
+        alpha=settings.alpha,
+        target_mean_abs=settings.target_mean_abs,
+        previous=state.get(ALPHA_STATE),
+    )
+    stats = {
+        "tips_alpha": float(alpha),
+        "tips_phi0_mean": sum(phi0) / len(phi0) if phi0 else 0.0,
+        "tips_dphi_abs_mean": sum(abs(d) for d in deltas) / len(deltas) if deltas else 0.0,
+    }
+    return {ALPHA: float(alpha)}, {ALPHA_STATE: float(alpha)}, stats
 
 
 POTENTIALS = register_signal(
@@ -611,6 +652,7 @@ METHOD = Method(
     shape=shape,
     stats=stats,
     signal_stats=signal_stats,
+    batch_signals=batch_signals,
     modifier="shaping",
     base=CRITIC_BASELINE,
     report_settings=("algorithm.tips.potential_scope",),

@@ -21,8 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from agentcredit.credit import Episode, EpisodeBatch, Method, Step, chain_trees, get_method, tips_step_alpha
-from agentcredit.credit.methods import carl_segment
+from agentcredit.credit import Episode, EpisodeBatch, Method, Step, chain_trees, get_method
 from agentcredit.integrations.verl import EXTRA_KEY
 from agentcredit.integrations.verl.fields import TEACHER_FIELD, RowRecord, Span, parse_records
 from agentcredit.integrations.verl.losses import LOSS_WEIGHTS, VALUE_WEIGHTS
@@ -38,12 +37,14 @@ class AdvantageResult:
     advantages: Tensor
     returns: Tensor
     metrics: dict[str, float] = field(default_factory=dict)
-    alpha: float | None = None  # TIPS: the alpha used for this batch (the trainer keeps it for the next one)
-    # carl-segment's segment_mean_loss: each token's weight in the loss (folded into ``advantages`` already; the
-    # actor's entropy and KL terms read it, agentcredit.integrations.verl.losses); None = every token weighs 1
+    # the method's state after this batch (Method.batch_signals: TIPS's alpha), which the trainer hands to the
+    # next batch and saves with its checkpoints; None when no part of the method keeps one
+    state: dict[str, Any] | None = None
+    # segment_mean_loss (Method.token_weights): each token's weight in the loss (folded into ``advantages`` already;
+    # the actor's entropy and KL terms read it, agentcredit.integrations.verl.losses); None = every token weighs 1
     loss_weights: Tensor | None = None
-    # carl-segment's critic: each boundary's weight in the critic's loss (mean over a trajectory's boundaries, then
-    # over the trajectories; agentcredit.integrations.verl.losses.boundary_value_loss); None = verl's value loss
+    # a boundary critic's weights in the critic's loss (Method.token_weights: mean over a trajectory's boundaries,
+    # then over the trajectories; agentcredit.integrations.verl.losses.boundary_value_loss); None = verl's value loss
     value_weights: Tensor | None = None
 
 
@@ -196,6 +197,15 @@ def _episode_batch(
     signals: dict[str, Any] = {}
     if "potentials" in needs.signals:
         signals["potentials"] = [tuple(ep.record.potentials) for ep in episodes]
+    # the signals a user's scorer computed on the workers (agentcredit.integrations.verl.signals), one per episode
+    for name in sorted(needs.signals & {n for ep in episodes for n in ep.record.signals}):
+        missing = [ep.episode_id for ep in episodes if name not in ep.record.signals]
+        if missing:
+            raise ValueError(
+                f"episode {missing[0]}: {method.name} needs the signal {name!r} in extra_fields['{EXTRA_KEY}'], "
+                "which its scorer computed for other episodes of the batch only"
+            )
+        signals[name] = [ep.record.signals[name] for ep in episodes]
     return EpisodeBatch(shape=shape, episodes=out, trees=trees, signals=signals, dtype=dtype)
 
 
@@ -210,7 +220,7 @@ def compute_advantages(
     rollout_log_probs: Tensor | None = None,
     entropy: Tensor | None = None,
     responses: Tensor | None = None,
-    previous_alpha: float | None = None,
+    state: dict[str, Any] | None = None,
     rows_per_episode: float | None = None,
     teacher_logprobs: Tensor | None = None,
 ) -> AdvantageResult:
@@ -230,7 +240,8 @@ def compute_advantages(
         old_log_probs, rollout_log_probs, entropy: ``[B, T]`` (gear).
         responses: ``[B, T]`` response token ids (step input ``anchors``: a step's anchor state is the prompt, the same in a
             group, plus the response tokens before it; the native trainer's ``anchor_states``).
-        previous_alpha: TIPS batch_target mode: alpha to keep when no delta in this batch is non-zero.
+        state: the method's state from the previous batch (:attr:`AdvantageResult.state`; TIPS's batch_target
+            alpha, kept when no delta in this batch is non-zero); None = the start of training.
         rows_per_episode: rows / trajectories of every verl mini-batch, padding rows included, when the trainer
             laid the batch out in mini-batches of whole episodes (:mod:`.minibatch`); None = this batch's
             average (exact only when the batch is a single mini-batch).
@@ -273,15 +284,18 @@ def compute_advantages(
     parts = method.settings_from(settings)
     if "values" in needs.signals:
         layout.signals["values"] = need("values", values)
-        if needs.critic == "boundary":
+        if method.estimating.critic_values is not None:
             # verl's critic model outputs the head's value, which the trainer's boundary loss
             # (losses.boundary_value_loss) trains through the same V as the method reads
-            layout.signals["values"] = carl_segment.critic_values(layout.signals["values"])
-    alpha = None
-    if "alpha" in needs.signals:
-        alpha, tips_metrics = _tips_alpha(episodes, _settings_needing(method, parts, "alpha"), previous_alpha)
-        metrics.update(tips_metrics)
-        layout.signals["alpha"] = alpha
+            layout.signals["values"] = method.estimating.critic_values(layout.signals["values"])
+    new_state = None
+    for part in method.parts:  # per-batch signals with a state carried between batches (TIPS's alpha)
+        if part.batch_signals is not None:
+            new_state = dict(state or {}) if new_state is None else new_state
+            signals, carried, stats = part.batch_signals(layout, parts[part.section], new_state)
+            layout.signals.update(signals)
+            new_state.update(carried)
+            metrics.update({f"agentcredit/{k}": v for k, v in stats.items()})
     if "teacher_logp" in needs.signals:
         rollout = _settings_needing(method, parts, "teacher_logp").student_logprobs == "rollout"
         student = need(
@@ -293,7 +307,9 @@ def compute_advantages(
         if teacher_logprobs is not None:  # the trainer's tensor field (TEACHER_FIELD)
             teacher = _fit_width(teacher_logprobs, response_mask.shape[1]).to(student.dtype)
         else:  # the records' lists (a batch the trainer did not lay out)
-            teacher = _teacher_logprobs(records, response_mask.shape, student.dtype)
+            teacher = _teacher_logprobs(
+                records, response_mask.shape, student.dtype, _part_needing(method, "teacher_logp").name
+            )
         layout.signals["teacher_logp"] = teacher
     estimate = method.advantages(layout, parts)
     metrics.update({f"agentcredit/{k.replace('/', '_')}": v for k, v in estimate.stats.items()})
@@ -302,11 +318,11 @@ def compute_advantages(
     loss_weights = value_weights = None
     returns = estimate.returns if estimate.returns is not None else advantages.clone()
 
-    if needs.critic == "boundary":
+    if method.estimating.token_weights is not None:
         # verl's seq-mean-token-sum divides a mini-batch's sum by its rows: rows/episodes makes that a mean over the
         # mini-batch's episodes (its episodes are whole: the trainer's mini-batch plan)
         per_episode = rows_per_episode if rows_per_episode is not None else n_rows / len(episodes)
-        critic = carl_segment.critic_weights(layout, per_episode)
+        critic = method.estimating.token_weights(layout, per_episode)
         returns, value_weights = (
             critic.returns.to(advantages.dtype),
             critic.value_weights.to(advantages.dtype),
@@ -319,13 +335,18 @@ def compute_advantages(
     if getattr(parts[method.estimating.section], "whiten", False):  # verl's GAE section
         advantages = _whiten(advantages, mask.to(advantages.dtype))
     return AdvantageResult(
-        advantages, returns, metrics, alpha=alpha, loss_weights=loss_weights, value_weights=value_weights
+        advantages, returns, metrics, state=new_state, loss_weights=loss_weights, value_weights=value_weights
     )
 
 
+def _part_needing(method: Method, signal: str) -> Method:
+    """The part of ``method`` that needs ``signal`` (the teacher's log-probs: GEAR)."""
+    return next(p for p in method.parts if signal in p.needs.signals)
+
+
 def _settings_needing(method: Method, parts: dict[str, Any], signal: str) -> Any:
-    """The settings of the part of ``method`` that needs ``signal`` (TIPS's for alpha, GEAR's for the teacher)."""
-    return next(parts[p.section] for p in method.parts if signal in p.needs.signals)
+    """The settings of the part of ``method`` that needs ``signal``."""
+    return parts[_part_needing(method, signal).section]
 
 
 def _fit_width(values: Tensor, width: int) -> Tensor:
@@ -337,40 +358,18 @@ def _fit_width(values: Tensor, width: int) -> Tensor:
     return torch.nn.functional.pad(values, (0, width - values.shape[1]))
 
 
-def _teacher_logprobs(records: Sequence[RowRecord], shape: torch.Size, dtype: torch.dtype) -> Tensor:
+def _teacher_logprobs(
+    records: Sequence[RowRecord], shape: torch.Size, dtype: torch.dtype, method: str
+) -> Tensor:
     out = torch.zeros(tuple(shape), dtype=dtype)
     for row, record in enumerate(records):
         teacher = record.teacher_logprobs
         if teacher is None:
-            raise ValueError(f"row {row}: gear needs teacher_logprobs in extra_fields['{EXTRA_KEY}']")
+            raise ValueError(f"row {row}: {method} needs teacher_logprobs in extra_fields['{EXTRA_KEY}']")
         if len(teacher) > shape[1]:
             raise ValueError(f"row {row}: {len(teacher)} teacher log-probs for {shape[1]} tokens")
         out[row, : len(teacher)] = torch.tensor(teacher, dtype=dtype)
     return out
-
-
-def _tips_alpha(
-    episodes: list[EpisodeRows], t: Any, previous_alpha: float | None
-) -> tuple[float, dict[str, float]]:
-    deltas: list[float] = []
-    phi0: list[float] = []
-    for ep in episodes:
-        phi = ep.record.potentials  # present: _episode_batch checked it
-        phi0.append(phi[0])
-        deltas.extend(phi[k] - phi[k - 1] for k in range(1, len(phi)))
-    alpha = tips_step_alpha(
-        [ep.record.potentials for ep in episodes],
-        mode=t.alpha_mode,
-        alpha=t.alpha,
-        target_mean_abs=t.target_mean_abs,
-        previous=previous_alpha,
-    )
-    metrics = {
-        "agentcredit/tips_alpha": float(alpha),
-        "agentcredit/tips_phi0_mean": sum(phi0) / len(phi0) if phi0 else 0.0,
-        "agentcredit/tips_dphi_abs_mean": sum(abs(d) for d in deltas) / len(deltas) if deltas else 0.0,
-    }
-    return float(alpha), metrics
 
 
 def teacher_call_metrics(records: Sequence[RowRecord]) -> dict[str, float]:
@@ -392,7 +391,7 @@ def apply_to_dataproto(
     data: Any,
     settings: AgentCreditSettings,
     *,
-    previous_alpha: float | None = None,
+    state: dict[str, Any] | None = None,
     padding: Sequence[bool] | None = None,
     generated_mask: Tensor | None = None,
     rows_per_episode: float | None = None,
@@ -409,7 +408,8 @@ def apply_to_dataproto(
     episode, so they are checked against it and the credit is computed on it; advantages and returns are then
     zeroed wherever ``response_mask`` no longer trains a token.
 
-    ``rows_per_episode``: see :func:`compute_advantages` (the trainer's mini-batch plan gives it).
+    ``state`` and ``rows_per_episode``: see :func:`compute_advantages` (the trainer keeps the one, its mini-batch
+    plan gives the other).
     """
     batch, non_tensor = data.batch, data.non_tensor_batch
     trained = batch["response_mask"]
@@ -456,7 +456,7 @@ def apply_to_dataproto(
         rollout_log_probs=optional("rollout_log_probs"),
         entropy=optional("entropy"),
         responses=optional("responses"),
-        previous_alpha=previous_alpha,
+        state=state,
         rows_per_episode=rows_per_episode,
         teacher_logprobs=optional(TEACHER_FIELD),
     )

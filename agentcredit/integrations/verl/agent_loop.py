@@ -2,10 +2,10 @@
 
 verl instantiates one loop per sample in its agent-loop workers and calls :meth:`AgentCreditAgentLoop.run`,
 which runs :class:`agentcredit.integrations.verl.episode.TreeRunner` against verl's LLM server (vLLM or SGLang),
-scores the answer, asks the same server for the teacher scores TIPS and GEAR need, and returns one
-``AgentLoopOutput`` per training view with ``extra_fields["agentcredit"]`` (:mod:`.fields`): segment spans and
-kinds (invoke / assimilate / commit / search / answer / step), which tool outputs were transient, the
-protocol's formatting reward per step, the outcome, and the teacher potentials or log-probs.
+scores the answer, computes the signals the method needs (:mod:`.signals`: teacher scores on the same server or a
+lagged teacher), and returns one ``AgentLoopOutput`` per training view with ``extra_fields["agentcredit"]``
+(:mod:`.fields`): segment spans and kinds (invoke / assimilate / commit / search / answer / step), which tool
+outputs were transient, the protocol's formatting reward per step, the outcome, and the signals' values.
 
 The data rows come from :mod:`agentcredit.integrations.verl.data` (``raw_prompt`` = the protocol's messages,
 ``extra_info`` = question and gold answers); set ``actor_rollout_ref.rollout.agent.default_agent_loop`` to
@@ -25,26 +25,20 @@ from uuid import uuid4
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 
-from agentcredit.credit.methods.gear.teacher import (
-    gear_ground_truth,
-    gear_teacher_prompt,
-    reference_trajectories,
-)
-from agentcredit.environment import Environment
+from agentcredit.credit import get_method
 from agentcredit.integrations.verl import AGENT_LOOP_NAME, EXTRA_KEY
 from agentcredit.integrations.verl.data import check_protocol
 from agentcredit.integrations.verl.episode import (
     EpisodeResult,
     Generation,
     TreeRunner,
-    answer_potentials,
     episode_rows,
     fork_counts,
     run_tree,
-    teacher_logprobs,
 )
 from agentcredit.integrations.verl.scoring import TeacherScorer, routed_generate
 from agentcredit.integrations.verl.settings import AgentCreditSettings, load_settings
+from agentcredit.integrations.verl.signals import ScoringContext, signal_scorers
 from agentcredit.integrations.verl.teacher import TEACHER_ROUTER, teacher_client, wants_lagged_teacher
 from agentcredit.integrations.verl.tools import build_runtime
 from agentcredit.protocols import get_protocol
@@ -56,7 +50,6 @@ from agentcredit.tasks.scoring import answer_reward, outcome_with_abstention
 from agentcredit.tools.base import ToolCall, ToolResult, ToolRuntime, ToolUnavailableError
 from agentcredit.tools.build import environment_schemas
 from agentcredit.tools.episodes import EpisodeSession, StepOutcome
-from agentcredit.train.sft import ReferenceTrajectories
 
 __all__ = [
     "AgentCreditAgentLoop",
@@ -66,14 +59,13 @@ __all__ = [
     "request_seed",
     "sample_fields",
     "score_request_id",
-    "gear_teacher_prompt_ids",
 ]
 
 logger = logging.getLogger(__name__)
 
 #: One tool runtime (and its thread pool) per worker process and tool configuration.
 _RUNTIMES: dict[str, ToolRuntime] = {}
-#: One client of TIPS's lagged teacher per worker process (one training job per Ray namespace).
+#: One client of the lagged teacher per worker process (one training job per Ray namespace).
 _TEACHERS: dict[str, Any] = {}
 
 
@@ -140,8 +132,8 @@ def _user_reward(spec: str | list[str], weights: list[float] | None = None) -> U
 
 
 def _example(kwargs: dict[str, Any], question: str, golds: list[str]) -> Example:
-    """The dataset row as the :class:`~agentcredit.tasks.Example` a user reward (and GEAR's reference trajectory)
-    reads: the example's info (``extra_info.example_info``, JSON) and ``extra_info`` as its info, and
+    """The dataset row as the :class:`~agentcredit.tasks.Example` a user reward (and a signal's scorer) reads:
+    the example's info (``extra_info.example_info``, JSON) and ``extra_info`` as its info, and
     ``reward_model.ground_truth`` (what verl reward functions receive) as ``info["ground_truth"]``."""
     extra = dict(kwargs.get("extra_info") or {})
     # the example's own info as prepare-data wrote it (JSON), under the row's index/split/id/metric
@@ -159,52 +151,6 @@ def _example(kwargs: dict[str, Any], question: str, golds: list[str]) -> Example
         str(kwargs.get("data_source") or "verl"),
         info,
     )
-
-
-#: GEAR's reference trajectories per worker process and tool configuration (each example played once, kept).
-_REFERENCES: dict[str, ReferenceTrajectories] = {}
-
-
-def gear_references(settings: AgentCreditSettings, protocol: Any, tokenizer: Any) -> ReferenceTrajectories:
-    """The native trainer's :class:`~agentcredit.train.sft.ReferenceTrajectories` on this worker: the task's
-    scripted demonstration played through the worker's own protocol and tools (:func:`_runtime`), so tau* reads
-    exactly as on the native trainer (the same function builds it)."""
-    key = runtime_key(settings)
-    if key not in _REFERENCES:
-        env = Environment(
-            protocol=protocol,
-            tools=_runtime(settings),
-            # the demonstration is scored as an episode is; tau* is its text, whatever the score
-            reward=lambda example, answer: episode_outcome(settings, answer, list(example.answers)),
-            corpus=None,
-        )
-        try:
-            _REFERENCES[key] = reference_trajectories(
-                lambda: ReferenceTrajectories(env, tokenizer, settings.protocol)
-            )
-        except ValueError as exc:
-            raise ValueError(
-                str(exc).replace("algorithm.gear.reference=answer", "agentcredit.gear.reference=answer")
-            ) from None
-    return _REFERENCES[key]
-
-
-def gear_teacher_prompt_ids(
-    settings: AgentCreditSettings, protocol: Any, tokenizer: Any, example: Example, prompt_text: str
-) -> list[int]:
-    """GEAR's teacher prompt as the native trainer builds it (:func:`agentcredit.train.signals.gear_teacher_logprobs`):
-    the student's prompt text with :func:`~agentcredit.train.signals.gear_ground_truth` inserted by
-    :func:`~agentcredit.train.signals.gear_teacher_prompt` and the template, tokenized without special tokens. The
-    ground truth is tau* (``agentcredit.gear.reference: trajectory``, the paper's §3.3) or the rendered gold answer
-    (``answer``, a variant), after the example's worked solution when it has one."""
-    gear, reference = settings.settings_for("teacher_logp"), None
-    if gear.reference == "trajectory":
-        reference = gear_references(settings, protocol, tokenizer)(example)
-    truth = gear_ground_truth(protocol, example, reference)
-    text = gear_teacher_prompt(
-        protocol, tokenizer, example.question, truth, gear.template, student_prompt=prompt_text
-    )
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 def episode_outcome(settings: AgentCreditSettings, answer: str | None, golds: list[str]) -> float:
@@ -346,9 +292,9 @@ class AgentCreditAgentLoop(AgentLoopBase):
         model = self.config.actor_rollout_ref.model
         return SGLANG_LORA_NAME if lora_served_as_adapter(model) else None
 
-    def _tips_scorer(self) -> TeacherScorer:
-        """Where TIPS's teacher scores the potentials: the lagged teacher's replicas (:mod:`.teacher`) when it lags
-        the policy, else the rollout server, which serves the current policy."""
+    def _teacher_scorer(self) -> TeacherScorer:
+        """Where the method's teacher scores: the lagged teacher's replicas (:mod:`.teacher`) when it lags the
+        policy, else the rollout server, which serves the current policy."""
         if not wants_lagged_teacher(self.settings):
             return self._scorer()
         if TEACHER_ROUTER not in _TEACHERS:
@@ -449,30 +395,52 @@ class AgentCreditAgentLoop(AgentLoopBase):
         protocol: Any,
         prompt_text: str,
     ) -> list[AgentLoopOutput]:
-        """verl's outputs of one episode (one per training view), scored, with the method's teacher signals."""
+        """verl's outputs of one episode (one per training view), scored, with the signals the method needs."""
         s, loop = self.settings, asyncio.get_running_loop()
-        t_prompt = None
-        if "teacher_logp" in s.needs.signals and s.settings_for("teacher_logp").reference == "trajectory":
-            if not isinstance((kwargs.get("extra_info") or {}).get("example_info"), str):
-                raise ValueError(
-                    "GEAR's reference trajectory is the task's scripted demonstration, which reads the example's "
-                    "info, and this row has none: write the data with `python -m agentcredit.integrations.verl "
-                    "prepare-data` (extra_info.example_info), or set agentcredit.gear.reference=answer"
-                )
-        if "teacher_logp" in s.needs.signals and not episode.infra_failures:
-            try:  # GEAR's teacher prompt; tau* plays the task's demonstration through the worker's tools
-                t_prompt = await loop.run_in_executor(
-                    None,
-                    lambda: gear_teacher_prompt_ids(s, protocol, self.tokenizer, example, prompt_text),
-                )
+        scorers: list[TeacherScorer] = []  # their call counts go into the episode's record
+
+        def counted(make: Any) -> Any:
+            def new() -> TeacherScorer:
+                scorers.append(make())
+                return scorers[-1]
+
+            return new
+
+        contexts = []
+        for name, scorer in signal_scorers(s.needs.signals):
+            ctx = ScoringContext(
+                settings=s,
+                part=s.settings_for(name),
+                section=next(p.section for p in get_method(s.method).parts if name in p.needs.signals),
+                example=example,
+                extra_info=kwargs.get("extra_info") or {},
+                protocol=protocol,
+                tokenizer=self.tokenizer,
+                prompt_ids=prompt_ids,
+                prompt_text=prompt_text,
+                episode=episode,
+                views_response=[
+                    view.token_ids[len(prompt_ids) :] for view in episode.tree.training_views(episode.leaf)
+                ],
+                tree_id=tree_id,
+                runtime=_runtime(s),
+                runtime_key=runtime_key(s),
+                outcome=lambda ex, answer: episode_outcome(s, answer, list(ex.answers)),
+                scorer=counted(self._scorer),
+                teacher=counted(self._teacher_scorer),
+            )
+            contexts.append((name, scorer, ctx))
+            if scorer.prepare is None:
+                continue
+            try:  # e.g. a teacher prompt built from a demonstration played through the worker's tools
+                ctx.prepared = await loop.run_in_executor(None, scorer.prepare, ctx)
             except ToolUnavailableError as exc:  # as an episode whose own tool could not run: left out
                 # a tree's credit needs every leaf: the whole session fails (verl pads)
                 if tree_id is not None:
                     raise ToolUnavailableError(
-                        f"infrastructure failure in a tree rollout, so the prompt's session is dropped: GEAR's "
-                        f"reference trajectory: {exc}"
+                        f"infrastructure failure in a tree rollout, so the prompt's session is dropped: {exc}"
                     ) from None
-                episode.infra_failures.append(f"GEAR's reference trajectory: {exc}")
+                episode.infra_failures.append(str(exc))
         if episode.infra_failures:  # a tool could not run: not scored, no teacher calls, nothing trained
             rows = episode_rows(episode, 0.0, format_reward_key=s.format_reward_key)
             logger.warning(
@@ -496,34 +464,21 @@ class AgentCreditAgentLoop(AgentLoopBase):
             episode.tree.segment(n).info.get("env_reward", 0.0) for n in episode.tree.path(episode.leaf)
         )
 
-        potentials = teacher = None
-        scorers: list[TeacherScorer] = []  # their call counts go into the episode's record
-        if "potentials" in s.needs.signals:
-            t = s.settings_for("potentials")
-            scorers.append(self._tips_scorer())
-            potentials = await answer_potentials(
-                episode.boundaries,
-                golds,
-                tokenizer=self.tokenizer,
-                score=scorers[-1],
-                answer_template=t.answer_template,
-                reduce=t.reduce,
-                scope=t.potential_scope,
-                max_aliases=t.max_aliases,
-            )
-        views_response = [
-            view.token_ids[len(prompt_ids) :] for view in episode.tree.training_views(episode.leaf)
-        ]
-        if t_prompt is not None:
-            scorers.append(self._scorer())
-            teacher = await teacher_logprobs(t_prompt, views_response, score=scorers[-1])
-
+        fields: dict[str, Any] = {}  # the built-in signals' record fields
+        values: dict[str, Any] = {}  # the others, one value per episode (RowRecord.signals)
+        for name, scorer, ctx in contexts:
+            value = await scorer.score(ctx)
+            if scorer.field is not None:
+                fields[scorer.field] = value
+            else:
+                values[name] = value
         rows = episode_rows(
             episode,
             outcome,
             format_reward_key=s.format_reward_key,
-            potentials=potentials,
-            teacher=teacher,
+            potentials=fields.get("potentials"),
+            teacher=fields.get("teacher_logprobs"),
+            signals=values,
             tree_id=tree_id,
             fork_counts=forks,
             teacher_calls={k: sum(x.stats[k] for x in scorers) for k in ("requests", "resent")}

@@ -9,7 +9,7 @@ a chat template), and the episode comes back as a :class:`~agentcredit.rollout.t
 :func:`episode_rows` then lays it out as verl rows (one per training view) with the
 :class:`~agentcredit.integrations.verl.fields.RowRecord` the trainer reads.
 
-Teacher scores. :func:`answer_potentials` (TIPS) and :func:`teacher_logprobs` (GEAR) ask a scorer for the
+Teacher scores. :func:`answer_potentials` (TIPS's) and :func:`teacher_logprobs` (GEAR's) ask a scorer for the
 log-probs of a continuation after a context (:mod:`agentcredit.integrations.verl.scoring`: verl's inference
 server, reading the context from its prefix cache).
 """
@@ -23,8 +23,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentcredit.credit import tips_potential
-from agentcredit.credit.methods.tips import answer_token_span
 from agentcredit.integrations.verl.fields import RowRecord, Span
 from agentcredit.protocols.base import EpisodeState, Protocol
 from agentcredit.rollout.engine import Job, JobResult, PlanContext, Strategy, advance_plan
@@ -287,12 +285,14 @@ def episode_rows(
     format_reward_key: str = "format_reward",
     potentials: list[float] | None = None,
     teacher: list[list[float]] | None = None,
+    signals: dict[str, Any] | None = None,
     episode_id: str | None = None,
     tree_id: str | None = None,
     fork_counts: dict[int, int] | None = None,
     teacher_calls: dict[str, int] | None = None,
 ) -> list[Row]:
-    """The episode as verl rows, one per training view (one row unless tool outputs were transient)."""
+    """The episode as verl rows, one per training view (one row unless tool outputs were transient); ``signals``:
+    the values of the signals a user's scorer computed (:mod:`.signals`), the same in every view's record."""
     tree, leaf, p = episode.tree, episode.leaf, episode.prompt_length
     if leaf == 0:
         raise ValueError("episode_rows: the episode generated nothing")
@@ -325,6 +325,7 @@ def episode_rows(
             teacher_calls=(teacher_calls or {}) if i == 0 else {},  # counted once per episode
             potentials=potentials,
             teacher_logprobs=teacher[i] if teacher is not None else None,
+            signals=signals or {},
             infra_failures=episode.infra_failures,
         )
         failed = bool(episode.infra_failures)
@@ -376,12 +377,14 @@ async def answer_potentials(
     *,
     tokenizer: Any,
     score: ScoreFn,
+    potential: Callable[[list[list[float]]], float],
     answer_template: str = "<answer>{answer}</answer>",
-    reduce: str = "sum",
     scope: str = "answer_only",
     max_aliases: int = 16,
 ) -> list[float]:
-    """TIPS potentials Phi(S_k) = log sum_a p(answer a | S_k) at every boundary context (exact token ids).
+    """The potentials Phi(S_k) = log sum_a p(answer a | S_k) at every boundary context (exact token ids):
+    ``potential`` pools one state's scores, one list of token log-probs per alias, into Phi (the method's settings
+    say how: TIPS's ``TipsSettings.potential_of``).
 
     ``scope`` as the native trainer's (:func:`agentcredit.train.signals.tips_potential_terms`, one token split for
     both): ``"answer_only"`` (the paper) forces the template's text before the answer into the context and scores
@@ -405,7 +408,7 @@ async def answer_potentials(
         *(score(list(ctx) + forced, scored_ids) for ctx in boundaries for forced, scored_ids in parts)
     )
     n = len(parts)
-    return [tips_potential(scored[k * n : (k + 1) * n], reduce=reduce) for k in range(len(boundaries))]
+    return [potential(scored[k * n : (k + 1) * n]) for k in range(len(boundaries))]
 
 
 async def teacher_logprobs(

@@ -14,7 +14,7 @@ Episode-level fields (outcome, kinds, format rewards, potentials) are repeated i
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -94,6 +94,11 @@ class RowRecord(BaseModel):
     teacher_logprobs: list[float] | None = Field(
         None, description="GEAR: log p(a_t | answer-conditioned context) per response token of this row"
     )
+    signals: dict[str, Any] = Field(
+        default_factory=dict,
+        description="per episode, the value of each signal a user's scorer computed on the worker "
+        "(agentcredit.integrations.verl.signals.register_signal_scorer), by the signal's name",
+    )
     teacher_calls: dict[str, int] = Field(
         default_factory=dict,
         description="the episode's teacher scoring calls (TIPS, GEAR; view 0 only): requests sent, and resent = "
@@ -143,7 +148,7 @@ class RowRecord(BaseModel):
             )
         if self.potentials is not None and len(self.potentials) != len(self.tool_turns) + 1:
             raise ValueError(
-                f"potentials has {len(self.potentials)} values; TIPS needs Phi(S_0..S_M) = "
+                f"potentials has {len(self.potentials)} values; it needs Phi(S_0..S_M) = "
                 f"{len(self.tool_turns) + 1} for {len(self.tool_turns)} tool turns"
             )
         return self

@@ -5,7 +5,7 @@ the trajectories of the mini-batch; "KL and entropy use the same aggregation") i
 weight ``w_t = rows / trajectories / |g_k|`` under ``loss_agg_mode=seq-mean-token-sum``. PPO's clipped surrogate is
 positively homogeneous in the advantage, so the adapter folds ``w`` into the advantages and verl's own policy
 term comes out right. verl's ``ppo_loss`` aggregates the entropy and KL terms on the 0/1 response mask, so they
-would still weigh a trajectory by its tokens and rows. :func:`trajectory_weighted_ppo_loss` is verl's
+would still weigh a trajectory by its tokens and rows. :func:`trajectory_weighted_actor_loss` is verl's
 ``ppo_loss`` with those two terms aggregated on ``entropy * w`` and ``kl * w``; the trainer installs it on the actor
 worker with verl's own hook (``set_loss_fn``) when the batch carries :data:`LOSS_WEIGHTS`.
 
@@ -29,7 +29,7 @@ LOSS_WEIGHTS = "agentcredit_loss_weights"
 VALUE_WEIGHTS = "agentcredit_value_weights"
 
 
-def trajectory_weighted_ppo_loss(config: Any, model_output: Any, data: Any, dp_group: Any = None):
+def trajectory_weighted_actor_loss(config: Any, model_output: Any, data: Any, dp_group: Any = None):
     """verl's PPO loss (policy term, entropy bonus, KL loss) with entropy and KL weighted by :data:`LOSS_WEIGHTS`.
 
     Same signature and metrics as ``verl.workers.utils.losses.ppo_loss``; the weights must be present.
@@ -40,8 +40,8 @@ def trajectory_weighted_ppo_loss(config: Any, model_output: Any, data: Any, dp_g
 
     if LOSS_WEIGHTS not in data.keys():
         raise ValueError(
-            f"trajectory_weighted_ppo_loss: the batch has no '{LOSS_WEIGHTS}' field (the agentcredit trainer's "
-            "advantage step writes it when agentcredit.carl_segment.segment_mean_loss is on)"
+            f"trajectory_weighted_actor_loss: the batch has no '{LOSS_WEIGHTS}' field (the agentcredit trainer's "
+            "advantage step writes it when the method's segment_mean_loss is on)"
         )
     log_prob = no_padding_2_padding(model_output["log_probs"], data)
     entropy = model_output.get("entropy", None)
@@ -105,7 +105,7 @@ def boundary_value_loss(config: Any, model_output: Any, data: Any, dp_group: Any
     if VALUE_WEIGHTS not in data.keys():
         raise ValueError(
             f"boundary_value_loss: the batch has no '{VALUE_WEIGHTS}' field (the agentcredit trainer's advantage "
-            "step writes it for carl-segment)"
+            "step writes it for a method with a boundary critic)"
         )
     vpreds = no_padding_2_padding(model_output["values"], data)
     dp_size, global_batch_size = data["dp_size"], data["global_batch_size"]

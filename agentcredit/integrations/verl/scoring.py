@@ -277,7 +277,7 @@ def prompt_rows(extra_fields: dict[str, Any], ids: Sequence[int]) -> tuple[int, 
     """
     raw = extra_fields.get("prompt_logprobs")
     if not raw:
-        raise ValueError("the server returned no prompt_logprobs; TIPS and GEAR need vLLM or SGLang")
+        raise ValueError("the server returned no prompt_logprobs; teacher scoring needs vLLM or SGLang")
     rows = [float(row[0]) for row in raw[:-1]]  # verl's padding row last
     first = len(ids) - 1 - len(rows)
     if first < 0:

@@ -1,4 +1,7 @@
-"""TIPS's lagged teacher on verl: inference replicas serving a snapshot of the actor, refreshed every N updates.
+"""A lagged teacher on verl (TIPS's): inference replicas serving a snapshot of the actor, refreshed every N updates.
+
+Keyed by the signal, never the method: the teacher scores ``potentials`` for the method's part that needs them, on
+that part's settings (``refresh_every``, ``teacher_replicas``; its keys ``agentcredit.<section>.<key>``).
 
 The paper's teacher is a frozen copy of the policy, refreshed every N = 200 updates and fixed within a batch
 (tips.md §3.8); the native trainer keeps it as a second model. On verl it is built from verl's own parts:
@@ -11,7 +14,7 @@ The paper's teacher is a frozen copy of the policy, refreshed every N = 200 upda
   (``actor_rollout_ref.rollout.checkpoint_engine.backend``, e.g. nccl), as verl's separate-async trainer
   refreshes its standalone replicas, and before the colocated rollout wakes (so the transfer buffers never share the
   GPU with vLLM's KV cache); the trainer refreshes them once before the first rollout (the initial policy, or the
-  resumed one) and after every update :func:`agentcredit.credit.tips_teacher_refresh_due` names;
+  resumed one) and after every update the part's settings name due (``teacher_refresh_due``);
 * their load balancer is verl's ``GlobalRequestLoadBalancer`` registered under the Ray name
   :data:`TEACHER_ROUTER`, because verl builds agent loops with the rollout client only: the agent loop finds the
   teacher by that name (:func:`teacher_client`).
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import ray
@@ -35,7 +39,7 @@ from verl.workers.rollout.llm_server import LLMServerClient
 from verl.workers.rollout.replica import RolloutReplica, get_rollout_replica_class
 from verl.workers.rollout.router import DEFAULT_ROUTING_CACHE_SIZE, GlobalRequestLoadBalancer
 
-from agentcredit.credit import tips_teacher_refresh_due
+from agentcredit.credit import get_method
 from agentcredit.integrations.verl.settings import AgentCreditSettings
 
 __all__ = [
@@ -45,21 +49,35 @@ __all__ = [
     "check_teacher_gpus",
     "teacher_client",
     "teacher_gpus",
+    "teacher_step_metric",
     "wants_lagged_teacher",
 ]
 
 logger = logging.getLogger(__name__)
 
+#: The signal the lagged teacher scores.
+SCORED = "potentials"
 #: Ray name of the lagged teacher's load balancer (one training job per Ray namespace, as verl's own actors).
-TEACHER_ROUTER = "agentcredit_tips_teacher_router"
+TEACHER_ROUTER = "agentcredit_lagged_teacher_router"
 #: Suffix of the teacher replicas' Ray names, beside verl's distillation teachers' ``rollout_teacher_*``.
-_NAME_SUFFIX = "agentcredit_tips"
+_NAME_SUFFIX = "agentcredit_lagged_teacher"
+
+
+def _section(settings: AgentCreditSettings) -> str:
+    """The config section of the method's part whose teacher scores the potentials."""
+    return next(p.section for p in get_method(settings.method).parts if SCORED in p.needs.signals)
 
 
 def wants_lagged_teacher(settings: AgentCreditSettings) -> bool:
-    """TIPS with a teacher that lags the policy (``refresh_every > 1``): the trainer launches :class:`LaggedTeacher`
+    """A method whose teacher lags the policy (``refresh_every > 1``): the trainer launches :class:`LaggedTeacher`
     and the agent loop scores the potentials on it; otherwise the rollout server (the current policy) scores them."""
-    return "potentials" in settings.needs.signals and settings.settings_for("potentials").refresh_every > 1
+    return SCORED in settings.needs.signals and settings.settings_for(SCORED).refresh_every > 1
+
+
+def teacher_step_metric(settings: AgentCreditSettings) -> str:
+    """The metric of the actor step whose weights scored a batch's potentials: ``agentcredit/<section>_teacher_step``,
+    the section of the method's part that needs them."""
+    return f"agentcredit/{_section(settings)}_teacher_step"
 
 
 def check_lagged_teacher(config: DictConfig, settings: AgentCreditSettings) -> None:
@@ -67,16 +85,17 @@ def check_lagged_teacher(config: DictConfig, settings: AgentCreditSettings) -> N
     if not wants_lagged_teacher(settings):
         return
     rollout = config.actor_rollout_ref.rollout
-    fallback = "or agentcredit.tips.refresh_every=1 to score on the rollout server (the current policy)"
+    key = f"agentcredit.{_section(settings)}.refresh_every"
+    fallback = f"or {key}=1 to score on the rollout server (the current policy)"
     if rollout.checkpoint_engine.backend == "naive":
         raise ValueError(
-            f"agentcredit.tips.refresh_every={settings.settings_for('potentials').refresh_every} keeps a lagged teacher on replicas of its "
+            f"{key}={settings.settings_for(SCORED).refresh_every} keeps a lagged teacher on replicas of its "
             "own, which the actor's weights reach over a transport: set actor_rollout_ref.rollout.checkpoint_engine"
             f".backend=nccl (or nixl; 'naive' only reaches colocated replicas), {fallback}"
         )
     if rollout.name == "trtllm":  # verl's TRTLLMReplica raises NotImplementedError for is_teacher_model
         raise ValueError(
-            "TIPS's lagged teacher runs on verl's teacher replicas, which trtllm does not provide: set "
+            "the lagged teacher runs on verl's teacher replicas, which trtllm does not provide: set "
             f"actor_rollout_ref.rollout.name=vllm (or sglang), {fallback}"
         )
 
@@ -91,7 +110,7 @@ def teacher_gpus(config: DictConfig, settings: AgentCreditSettings) -> int:
         * int(rollout.get("data_parallel_size", 1))
         * int(rollout.get("pipeline_model_parallel_size", 1))
     )
-    return settings.settings_for("potentials").teacher_replicas * world
+    return settings.settings_for(SCORED).teacher_replicas * world
 
 
 def check_teacher_gpus(config: DictConfig, settings: AgentCreditSettings, cluster_gpus: float) -> None:
@@ -101,13 +120,14 @@ def check_teacher_gpus(config: DictConfig, settings: AgentCreditSettings, cluste
     if not needed:
         return
     pool = int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node)
+    section = _section(settings)
     if pool + needed > cluster_gpus:
         raise ValueError(
-            f"TIPS's lagged teacher needs {needed} GPUs of its own (agentcredit.tips.teacher_replicas="
-            f"{settings.settings_for('potentials').teacher_replicas} x the rollout's tensor x data x pipeline parallel size) beside the "
-            f"trainer's {pool} (trainer.nnodes x trainer.n_gpus_per_node), but the Ray cluster has "
-            f"{cluster_gpus:g}: lower trainer.n_gpus_per_node, or set agentcredit.tips.refresh_every=1 to score on "
-            "the rollout server (the current policy)"
+            f"the lagged teacher needs {needed} GPUs of its own (agentcredit.{section}.teacher_replicas="
+            f"{settings.settings_for(SCORED).teacher_replicas} x the rollout's tensor x data x pipeline parallel "
+            f"size) beside the trainer's {pool} (trainer.nnodes x trainer.n_gpus_per_node), but the Ray cluster has "
+            f"{cluster_gpus:g}: lower trainer.n_gpus_per_node, or set agentcredit.{section}.refresh_every=1 to score "
+            "on the rollout server (the current policy)"
         )
 
 
@@ -120,17 +140,25 @@ class LaggedTeacher:
     """The teacher replicas, their named load balancer, and the weight sync from the actor."""
 
     def __init__(
-        self, replicas: list[RolloutReplica], router: Any, sync: CheckpointEngineManager, every: int
+        self,
+        replicas: list[RolloutReplica],
+        router: Any,
+        sync: CheckpointEngineManager,
+        every: int,
+        due: Callable[[int], bool],
     ):
         self.replicas = replicas
         self.router = router
         self.sync = sync
         self.every = every
+        # due(updates_done): whether the teacher is refreshed after that update (the method's schedule)
+        self.due = due
         self.weights_step: int | None = None  # the actor step whose weights the teacher serves
 
     @classmethod
     def launch(cls, config: DictConfig, actor_wg: Any, settings: AgentCreditSettings) -> LaggedTeacher:
-        """Start ``agentcredit.tips.teacher_replicas`` replicas (random weights until :meth:`refresh`)."""
+        """Start ``teacher_replicas`` replicas (random weights until :meth:`refresh`)."""
+        part = settings.settings_for(SCORED)
         rollout = config.actor_rollout_ref.rollout
         replica_cls = get_rollout_replica_class(rollout.name)
         replicas = [
@@ -142,7 +170,7 @@ class LaggedTeacher:
                 is_teacher_model=True,
                 name_suffix=_NAME_SUFFIX,
             )
-            for rank in range(settings.settings_for("potentials").teacher_replicas)
+            for rank in range(part.teacher_replicas)
         ]
         _launch(replicas)
         servers = {replica._server_address: replica._server_handle for replica in replicas}
@@ -158,8 +186,8 @@ class LaggedTeacher:
         sync = CheckpointEngineManager(
             config=omega_conf_to_dataclass(rollout.checkpoint_engine), actor_wg=actor_wg, replicas=replicas
         )
-        logger.info("TIPS lagged teacher: %d replicas at %s", len(replicas), list(servers))
-        return cls(replicas, router, sync, settings.settings_for("potentials").refresh_every)
+        logger.info("lagged teacher: %d replicas at %s", len(replicas), list(servers))
+        return cls(replicas, router, sync, part.refresh_every, part.teacher_refresh_due)
 
     def refresh(self, global_steps: int) -> dict[str, Any]:
         """The teacher becomes the actor as it is now (between batches only); the transport's sync metrics."""
@@ -169,7 +197,7 @@ class LaggedTeacher:
 
     def after_update(self, global_steps: int) -> dict[str, Any] | None:
         """Refresh after the ``global_steps``-th update when the schedule says so: its sync metrics, else None."""
-        if not tips_teacher_refresh_due(global_steps, self.every):
+        if not self.due(global_steps):
             return None
         return self.refresh(global_steps)
 
@@ -180,7 +208,7 @@ def teacher_client(config: DictConfig) -> LLMServerClient:
         router = ray.get_actor(TEACHER_ROUTER)
     except ValueError:
         raise RuntimeError(
-            f"agentcredit.tips.refresh_every > 1 scores TIPS's potentials on the lagged teacher, but no actor "
+            "refresh_every > 1 scores the potentials on the lagged teacher, but no actor "
             f"named {TEACHER_ROUTER!r} is running: it is started by the agentcredit trainer "
             "(trainer.v1.trainer_mode=agentcredit)"
         ) from None

@@ -26,7 +26,6 @@ import transfer_queue as tq
 from omegaconf import DictConfig, open_dict
 from tensordict import TensorDict
 from verl.protocol import DataProto
-from verl.trainer.distillation import is_distillation_enabled
 from verl.trainer.ppo.padding_utils import upsample_batch_to_divisible_size
 from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
 from verl.trainer.ppo.v1 import PPOTrainerSync, register_trainer
@@ -35,6 +34,7 @@ from verl.utils.debug import marked_timer
 from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 from verl.workers.utils.padding import response_to_nested
 
+from agentcredit.credit import get_method
 from agentcredit.integrations.verl import EXTRA_KEY, TRAINER_NAME
 from agentcredit.integrations.verl.advantages import apply_to_dataproto
 from agentcredit.integrations.verl.data import check_data_files
@@ -43,7 +43,7 @@ from agentcredit.integrations.verl.losses import (
     LOSS_WEIGHTS,
     VALUE_WEIGHTS,
     boundary_value_loss,
-    trajectory_weighted_ppo_loss,
+    trajectory_weighted_actor_loss,
 )
 from agentcredit.integrations.verl.minibatch import MinibatchPlan, plan_minibatches
 from agentcredit.integrations.verl.settings import AgentCreditSettings, load_settings
@@ -51,6 +51,7 @@ from agentcredit.integrations.verl.teacher import (
     LaggedTeacher,
     check_lagged_teacher,
     check_teacher_gpus,
+    teacher_step_metric,
     wants_lagged_teacher,
 )
 
@@ -74,7 +75,7 @@ def check_trainer_config(config: DictConfig) -> AgentCreditSettings:
     if "agentcredit" not in config:
         raise ValueError(
             "trainer.v1.trainer_mode=agentcredit needs an `agentcredit:` block; start from one of the configs in "
-            "agentcredit/integrations/verl/config (e.g. --config-name carl_segment)"
+            "agentcredit/integrations/verl/config (--config-name <method>, its section's name)"
         )
     settings = load_settings(config.agentcredit)
     if config.algorithm.get("use_kl_in_reward", False):
@@ -86,16 +87,10 @@ def check_trainer_config(config: DictConfig) -> AgentCreditSettings:
     has_critic = bool(enabled) if enabled is not None else config.algorithm.adv_estimator == "gae"
     if settings.needs.critic != "none" and not has_critic:
         raise ValueError(f"agentcredit.method={settings.method} needs a critic: set critic.enable=True")
-    if "teacher_logp" in settings.needs.signals:
-        if (
-            settings.settings_for("teacher_logp").student_logprobs == "rollout"
-            and not config.actor_rollout_ref.rollout.calculate_log_probs
-        ):
-            raise ValueError(
-                "agentcredit.gear.student_logprobs=rollout needs actor_rollout_ref.rollout.calculate_log_probs=True"
-            )
-    if settings.needs.critic == "boundary":
-        _check_carl_segment_loss(config, settings)
+    method = get_method(settings.method)
+    errors = method.trainer_errors("verl", config, method.settings_from(settings))  # each part's own checks
+    if errors:
+        raise ValueError(errors[0])
     _check_tree(config, settings)
     check_lagged_teacher(config, settings)
     agent = config.actor_rollout_ref.rollout.get("agent", {})
@@ -125,34 +120,6 @@ def _check_tree(config: DictConfig, settings: AgentCreditSettings) -> None:
         raise ValueError(
             "agentcredit.tree and agentcredit.tools.environment are not combined on verl: a branch would need the "
             "environment replayed (the native trainer does that); use agentcredit.tree.strategy=independent"
-        )
-
-
-def _check_carl_segment_loss(config: DictConfig, settings: AgentCreditSettings) -> None:
-    # Replacement views make several rows per episode. Per-row modes would weigh an episode by its row count, so
-    # only token-mean (a per-token weight, rows do not matter) or segment_mean_loss's folded weights under
-    # seq-mean-token-sum weigh trajectories as agentcredit's trainer does. verl's shuffled iterator would split
-    # the mini-batches of whole episodes the trainer lays out (docs/scaling-out-with-verl.md).
-    actor = config.actor_rollout_ref.actor
-    mode = actor.get("loss_agg_mode", "token-mean")
-    segment_mean_loss = settings.settings_for("boundary").segment_mean_loss
-    wanted = "seq-mean-token-sum" if segment_mean_loss else "token-mean"
-    if mode != wanted:
-        raise ValueError(
-            f"agentcredit.method={settings.method} with segment_mean_loss={segment_mean_loss} "
-            f"needs actor_rollout_ref.actor.loss_agg_mode={wanted} (got {mode}): other modes weigh an episode "
-            "by the number of rows (views) it was rendered as"
-        )
-    for key, section in (("actor_rollout_ref.actor", actor), ("critic", config.critic)):
-        if section.get("shuffle", False):
-            raise ValueError(
-                f"agentcredit.method=carl-segment needs {key}.shuffle=False: verl shuffles rows, which would "
-                "split the mini-batches of whole episodes the trainer lays out"
-            )
-    if segment_mean_loss and is_distillation_enabled(config.get("distillation")):
-        raise ValueError(
-            "agentcredit.method=carl-segment with segment_mean_loss replaces the actor's loss with agentcredit's "
-            "(segment-mean KL and entropy), which would drop verl's distillation loss: turn distillation off"
         )
 
 
@@ -250,12 +217,11 @@ class AgentCreditTrainer(PPOTrainerSync):
         with open_dict(config):
             config.trainer.v1.trainer_mode = SYNC_MODE
         super().__init__(config)
-        self._tips_alpha: float | None = None  # TIPS batch_target: kept when a batch has no non-zero delta
+        # the method's state carried between batches (Method.batch_signals: TIPS's batch_target alpha)
+        self._method_state: dict[str, Any] | None = None
         self._plan: MinibatchPlan | None = None  # this step's mini-batches of whole episodes, if multi-row
-        self._teacher_field = (
-            False  # this step's GEAR teacher log-probs are in TEACHER_FIELD (_balance_batch)
-        )
-        self._teacher: LaggedTeacher | None = None  # TIPS with refresh_every > 1 (launched in _setup)
+        self._teacher_field = False  # this step's teacher log-probs are in TEACHER_FIELD (_balance_batch)
+        self._teacher: LaggedTeacher | None = None  # a lagged teacher, refresh_every > 1 (launched in _setup)
 
     def _init_dataloader(self):
         """verl's datasets, once their prompts are known to ask for the format the method's protocol parses."""
@@ -273,22 +239,22 @@ class AgentCreditTrainer(PPOTrainerSync):
             self._teacher = LaggedTeacher.launch(self.config, self.actor_rollout_wg, self.agentcredit)
 
     def on_init_end(self):
-        """After the workers start, agentcredit's losses replace verl's where carl-segment needs its own (verl's
-        ``set_loss_fn`` hook, :mod:`.losses`): the critic regresses sigmoid(V) on R at the segment boundaries, and
-        with ``segment_mean_loss`` the actor's entropy and KL terms get the segment-mean weights too. TIPS's lagged
-        teacher gets the actor's weights (the initial policy, or the checkpoint resumed from)."""
+        """After the workers start, agentcredit's losses replace verl's where a boundary critic needs its own
+        (verl's ``set_loss_fn`` hook, :mod:`.losses`): the critic regresses sigmoid(V) on R at the segment
+        boundaries, and with ``segment_mean_loss`` the actor's entropy and KL terms get the segment-mean weights too.
+        A lagged teacher gets the actor's weights (the initial policy, or the checkpoint resumed from)."""
         if self.agentcredit.needs.critic == "boundary":
             critic = omega_conf_to_dataclass(self.config.critic)
             self.critic_wg.set_loss_fn(partial(boundary_value_loss, config=critic))
             if self.agentcredit.settings_for("boundary").segment_mean_loss:
                 actor = omega_conf_to_dataclass(self.config.actor_rollout_ref.actor)
-                self.actor_rollout_wg.set_loss_fn(partial(trajectory_weighted_ppo_loss, config=actor))
+                self.actor_rollout_wg.set_loss_fn(partial(trajectory_weighted_actor_loss, config=actor))
         # the teacher first, while the colocated rollout is still asleep (as _setup left it)
         if self._teacher is not None:
             if self.global_steps % self._teacher.every:
                 # the native trainer's checkpoint holds the teacher; verl's holds the actor only
                 logger.warning(
-                    "resumed at step %d: the TIPS teacher is the resumed policy until the next refresh, not the "
+                    "resumed at step %d: the lagged teacher is the resumed policy until the next refresh, not the "
                     "snapshot of step %d",
                     self.global_steps,
                     self.global_steps - self.global_steps % self._teacher.every,
@@ -297,7 +263,7 @@ class AgentCreditTrainer(PPOTrainerSync):
         super().on_init_end()
 
     def on_step_end(self):
-        """TIPS's teacher refresh when one is due, then verl's weight update of the rollout replicas: the teacher's
+        """The lagged teacher's refresh when one is due, then verl's weight update of the rollout replicas: the teacher's
         transfer runs while the colocated rollout sleeps (as verl's separate-async trainer orders its two syncs)."""
         synced = None
         if self._teacher is not None:
@@ -324,13 +290,13 @@ class AgentCreditTrainer(PPOTrainerSync):
         return folder if os.path.isabs(folder) else os.path.join(os.getcwd(), folder)
 
     def _save_checkpoint(self):
-        """verl's checkpoint plus the trainer's own state: TIPS's batch_target alpha, which carries over a batch
-        without non-zero deltas (issue 51: lost on resume, so the first such batch after it shaped with none).
-        Written before verl's, so a checkpoint verl marks as latest always has it."""
+        """verl's checkpoint plus the trainer's own state: the method's state carried between batches
+        (:attr:`Method.batch_signals`; TIPS's batch_target alpha, which carries over a batch without non-zero
+        deltas). Written before verl's, so a checkpoint verl marks as latest always has it."""
         folder = self._state_folder()
         os.makedirs(folder, exist_ok=True)
         with open(os.path.join(folder, self.STATE_FILE), "w", encoding="utf-8") as f:
-            json.dump({"tips_alpha": self._tips_alpha}, f)
+            json.dump(self._method_state or {}, f)
         return super()._save_checkpoint()
 
     def _load_checkpoint(self):
@@ -339,10 +305,10 @@ class AgentCreditTrainer(PPOTrainerSync):
             path = os.path.join(self._state_folder(), self.STATE_FILE)
             if os.path.exists(path):
                 with open(path, encoding="utf-8") as f:
-                    self._tips_alpha = json.load(f).get("tips_alpha")
+                    self._method_state = json.load(f)
             else:
                 logger.warning(
-                    "%s not found: a checkpoint of an older agentcredit; TIPS's alpha restarts", path
+                    "%s not found: a checkpoint of an older agentcredit; the method's state restarts", path
                 )
         return out
 
@@ -410,7 +376,8 @@ class AgentCreditTrainer(PPOTrainerSync):
         return batch
 
     def _move_teacher_logprobs(self, batch, extra_fields: list) -> list:
-        """GEAR: before any worker call (this runs right after the rollout, and verl hands the whole batch, its
+        """A teacher's per-token log-probs (GEAR's): before any worker call (this runs right after the rollout, and
+        verl hands the whole batch, its
         ``extra_fields`` included, to every worker call), move the teacher's per-token log-probs out of the records
         into :data:`TEACHER_FIELD`, a tensor field the advantage step reads; returns the rows' ``extra_fields``."""
         self._teacher_field = False
@@ -490,16 +457,16 @@ class AgentCreditTrainer(PPOTrainerSync):
         proto, result = apply_to_dataproto(
             proto,
             self.agentcredit,
-            previous_alpha=self._tips_alpha,
+            state=self._method_state,
             padding=padding,
             generated_mask=generated_mask,
             rows_per_episode=None if self._plan is None else self._plan.rows_per_episode,
         )
-        if result.alpha is not None:
-            self._tips_alpha = result.alpha
+        if result.state is not None:
+            self._method_state = result.state
         metrics.update(result.metrics)
         if self._teacher is not None:  # the actor step whose weights scored this batch's potentials
-            metrics["agentcredit/tips_teacher_step"] = float(self._teacher.weights_step)
+            metrics[teacher_step_metric(self.agentcredit)] = float(self._teacher.weights_step)
 
         out_fields = ["advantages", "returns"]
         # the losses installed in on_init_end read these

@@ -239,6 +239,17 @@ class GearVerlSettings(GearSettings):
     )
 
 
+def verl_config_errors(config: Any, settings: GearVerlSettings, method: str) -> list[str]:
+    """verl's config (its Hydra tree: nodes with ``.get``) for where GEAR reads the student's log-probs."""
+    rollout = config.get("actor_rollout_ref").get("rollout")
+    if settings.student_logprobs == "rollout" and not rollout.get("calculate_log_probs"):
+        return [
+            f"agentcredit.{METHOD.section}.student_logprobs=rollout needs "
+            "actor_rollout_ref.rollout.calculate_log_probs=True"
+        ]
+    return []
+
+
 METHOD = Method(
     name="gear",
     settings=GearSettings,
@@ -252,6 +263,7 @@ METHOD = Method(
     signal_stats=signal_stats,
     modifier="reweight",
     base=GROUP_BASELINE,
+    trainer_checks=(("verl", verl_config_errors),),
     # the share of policy tokens whose normalised rKL triggers a segment, the share inside a segment, and the share
     # of episodes normalised with clamp_max (gear.md §12.4, A3; the paper describes spikes as sparse)
     diagnostics=(

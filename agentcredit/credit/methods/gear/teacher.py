@@ -132,6 +132,24 @@ class TeacherLogprobs(SignalProvider):
         super().__init__(run, settings)
         self.references: Callable[[Any], str] | None = None  # tau* per example, built on first use
 
+    @staticmethod
+    def teacher_prompt(
+        protocol: Any,
+        tokenizer: Any,
+        example: Any,
+        template: str,
+        *,
+        reference: str | None = None,
+        student_prompt: str | None = None,
+    ) -> str:
+        """The teacher's prompt text for ``example`` as :meth:`fill` builds it: the student's prompt with the
+        ground truth (``reference``, tau*, when given, else the rendered gold answer; after the example's worked
+        solution when it has one) inserted by ``template``. verl's agent loop builds it on its workers with this."""
+        truth = gear_ground_truth(protocol, example, reference)
+        return gear_teacher_prompt(
+            protocol, tokenizer, example.question, truth, template, student_prompt=student_prompt
+        )
+
     def fill(self, signals, batch, trees, examples, *, temperature, autocast) -> None:
         g, run = self.settings, self.run
         references = None
