@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentcredit.credit import answer_token_span
 from agentcredit.integrations.verl.fields import RowRecord, Span
 from agentcredit.protocols.base import EpisodeState, Protocol
 from agentcredit.rollout.engine import Job, JobResult, PlanContext, Strategy, advance_plan
@@ -386,7 +387,7 @@ async def answer_potentials(
     ``potential`` pools one state's scores, one list of token log-probs per alias, into Phi (the method's settings
     say how: TIPS's ``TipsSettings.potential_of``).
 
-    ``scope`` as the native trainer's (:func:`agentcredit.train.signals.tips_potential_terms`, one token split for
+    ``scope`` as the native trainer's (the native provider of ``potentials``, one token split for
     both): ``"answer_only"`` (the paper) forces the template's text before the answer into the context and scores
     the answer's own tokens; ``"full"`` (the released code) scores the whole rendered template."""
     if scope not in ("full", "answer_only"):
