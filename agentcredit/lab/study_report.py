@@ -51,7 +51,7 @@ from agentcredit.eval.report import (
 from agentcredit.lab.gpu_estimate import gpu_estimate_range, gpu_estimate_text, study_gpu_estimate
 from agentcredit.lab.power import seeds_needed, t975, t_quantile
 from agentcredit.lab.preflight import budget_hours, per_question_values, read_record
-from agentcredit.lab.study_spec import StudyLayout
+from agentcredit.lab.study_spec import StudyLayout, StudySpec
 
 
 def mean_interval(values: list[float], alpha: float = 0.05) -> tuple[float, float, float]:
@@ -387,6 +387,28 @@ def plot_training_metric(
     return path
 
 
+def start_seconds(summary: dict[str, Any], start_dir: Path) -> float:
+    """What building the start cost: the seconds its SFT, its critic warm-up and its held-out evaluation each
+    recorded (``start/heldout_start.json``). The summary's own ``seconds`` times only the process that wrote it,
+    which misses every part a resumed start had already finished (a start built over several sessions read ~0 h)."""
+    heldout = start_dir / "heldout_start.json"
+    evaluation = json.loads(heldout.read_text()).get("eval_seconds", 0.0) if heldout.is_file() else 0.0
+    parts = [summary.get(part, {}).get("seconds") for part in ("sft", "warmup")]
+    if all(p is None for p in parts):  # a summary without its parts' records
+        return float(summary.get("seconds", 0.0))
+    return float(sum(p or 0.0 for p in parts) + evaluation)
+
+
+def power_level(spec: StudySpec, power: list[dict[str, Any]]) -> str:
+    """The level each claim's power was planned at, as the record measured it (a record written before the
+    multiplicity control planned every claim at the study's alpha)."""
+    levels = sorted({float(r["alpha"]) for r in power if r.get("alpha") is not None}) or [spec.alpha]
+    level = ", ".join(f"{a:g}" for a in levels)
+    if levels == [spec.alpha] or spec.multiplicity == "none":
+        return f"alpha {level} per claim"
+    return f"alpha {level} per claim: {spec.multiplicity} over {len(spec.claims)} claims at family-wise {spec.alpha:g}"
+
+
 def preflight_sections(
     study: StudyLayout, record: dict[str, Any], finished: dict[str, dict[int, dict[str, Any]]]
 ) -> list[tuple[str, str, Any]]:
@@ -474,7 +496,7 @@ def preflight_sections(
         ]
         out.append(
             (
-                "Power: minimum detectable effect at 80% power (alpha 0.05, paired by seed; "
+                f"Power: minimum detectable effect at 80% power ({power_level(spec, power)}, paired by seed; "
                 "agentcredit.lab.power.paired_mde)",
                 "table",
                 (
@@ -618,7 +640,8 @@ def write_study_report(study: StudyLayout, out_dir: str | Path) -> dict[str, Pat
         f"--out {study.dir} --resume`. Commit: {_commit()}. Runs finished: {n_done} of {total_runs} "
         f"({len(spec.arms)} arms x {len(spec.seeds)} seeds, {spec.steps} steps each, held-out evaluation every "
         f"{spec.eval_every} steps, greedy). Wall time of the finished runs: {sum(seconds) / 3600:.2f} h "
-        f"(start: {start.get('seconds', 0.0) / 3600:.2f} h). Report written {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}."
+        f"(start: {start_seconds(start, study.start_dir) / 3600:.2f} h: SFT, critic warm-up and held-out evaluation as "
+        f"each recorded it). Report written {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}."
     )
     sections.append(("", "text", intro))
     if preflight:

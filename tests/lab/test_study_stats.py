@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given
@@ -14,7 +15,9 @@ from agentcredit.lab.study_report import (
     mean_interval,
     paired_interval,
     paired_sd,
+    power_level,
     seeds_to_decide,
+    start_seconds,
     t975,
     verdict,
     verdict_label,
@@ -186,3 +189,30 @@ def test_a_claim_whose_arms_never_ran_reads_not_run_not_underpowered():
         verdict_label("underpowered", ran=True, regime_met=True, plan=plan)
         == "UNDERPOWERED (underpowered: MDE 0.669 > 0.489)"
     )
+
+
+def test_the_power_table_names_the_level_each_claim_was_planned_at():
+    """Five claims under Bonferroni at a family-wise 0.05 are planned at 0.01 each, and the table's heading says so
+    (it used to say alpha 0.05 whatever the record held)."""
+    spec = SimpleNamespace(alpha=0.05, multiplicity="bonferroni", claims=[object()] * 5)
+    assert power_level(spec, [{"alpha": 0.01}] * 5) == (
+        "alpha 0.01 per claim: bonferroni over 5 claims at family-wise 0.05"
+    )
+    # a record planned before the control, or one claim: the study's alpha itself
+    assert power_level(spec, [{"alpha": 0.05}]) == "alpha 0.05 per claim"
+    assert (
+        power_level(SimpleNamespace(alpha=0.05, multiplicity="none", claims=[1, 2]), [])
+        == "alpha 0.05 per claim"
+    )
+
+
+def test_the_start_costs_what_its_parts_recorded(tmp_path):
+    """A start resumed across processes: its summary's own seconds timed only the last process (2,396.7 s of the
+    warm-up there), the report adds what each part recorded: SFT 1,236.2 + warm-up 2,393.6 + held-out 257.4 s."""
+    (tmp_path / "heldout_start.json").write_text('{"eval_seconds": 257.4}')
+    summary = {"sft": {"seconds": 1236.2}, "warmup": {"seconds": 2393.6}, "seconds": 2396.7}
+    assert start_seconds(summary, tmp_path) == pytest.approx(1236.2 + 2393.6 + 257.4)
+    assert start_seconds({"sft": {"seconds": 5064.0}, "seconds": 1.0}, tmp_path) == pytest.approx(
+        5064.0 + 257.4
+    )
+    assert start_seconds({"seconds": 12.0}, tmp_path / "missing") == 12.0
