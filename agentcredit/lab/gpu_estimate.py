@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from agentcredit.lab.bench.flops import DecoderShape, linear_flops_per_token, lm_head_flops_per_row
-from agentcredit.lab.power import planned_seconds, runs_evaluations
+from agentcredit.lab.power import planned_seconds, runs_evaluations, seconds_to_decide
 
 # ------------------------------------------------------------------------------------------------ assumptions
 # ASSUMPTIONS (ours, not measurements: no step of this code has been timed on a GPU). A measured GPU preflight
@@ -206,6 +206,7 @@ def estimate_hours(
     steps: int,
     eval_every: int,
     seeds_to_decide: int | None = None,
+    arm_seeds: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """The one-GPU estimate of a study's arms at both ends: per end, the step seconds per arm, one evaluation's
     seconds, ``planned_seconds`` (:func:`agentcredit.lab.power.planned_seconds`, the CPU plan's formula),
@@ -264,7 +265,10 @@ def estimate_hours(
             "eval_seconds": evaluation,
             "planned_seconds": plan,
             "planned_gpu_hours": plan["total"] / 3600,
-            "gpu_hours_to_decide": plan["total"] / 3600 * seeds_to_decide / seeds
+            # each arm at the seeds its own claims need (arm_seeds); a record without them: every arm at the most
+            "gpu_hours_to_decide": seconds_to_decide(plan, seeds, arm_seeds) / 3600
+            if arm_seeds
+            else plan["total"] / 3600 * seeds_to_decide / seeds
             if seeds_to_decide
             else None,
         }
@@ -350,6 +354,7 @@ def study_gpu_estimate(layout: Any, record: dict[str, Any]) -> dict[str, Any] | 
         steps=spec.steps,
         eval_every=spec.eval_every,
         seeds_to_decide=budget.get("seeds_to_decide"),
+        arm_seeds=budget.get("arm_seeds_to_decide"),
     )
 
 

@@ -201,3 +201,21 @@ def planned_seconds(
     }
     out["total"] = sum(out.values())
     return out
+
+
+def arm_seeds_to_decide(claims: list[tuple[str, str, int | None]]) -> dict[str, int]:
+    """Per arm, the most seeds any claim it takes part in (as arm or baseline) needs to be decided, from
+    ``(arm, baseline, seeds_needed)`` per claim; a claim no count of seeds decides (None) adds nothing, and an arm in
+    no decidable claim (an extra arm such as a variant) is not run to decide."""
+    out: dict[str, int] = {}
+    for arm, baseline, needed in claims:
+        if needed:
+            for name in (arm, baseline):
+                out[name] = max(out.get(name, 0), needed)
+    return out
+
+
+def seconds_to_decide(plan: dict[str, float], seeds: int, arm_seeds: dict[str, int]) -> float:
+    """Seconds to run each arm at its own seeds to decide (:func:`arm_seeds_to_decide`): each arm's planned seconds
+    (``plan``, from :func:`planned_seconds` at ``seeds``) scaled to its count; the other arms run none."""
+    return sum(plan[arm] * n / seeds for arm, n in arm_seeds.items() if arm in plan)

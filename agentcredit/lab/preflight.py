@@ -30,7 +30,15 @@ from typing import Any
 from agentcredit.lab.arms import study_config
 from agentcredit.lab.common import StudyError
 from agentcredit.lab.gpu_estimate import gpu_estimate_range, study_gpu_estimate
-from agentcredit.lab.power import paired_mde, planned_seconds, question_sd, seeds_needed, seeds_range
+from agentcredit.lab.power import (
+    arm_seeds_to_decide,
+    paired_mde,
+    planned_seconds,
+    question_sd,
+    seconds_to_decide,
+    seeds_needed,
+    seeds_range,
+)
 from agentcredit.lab.study_spec import ClaimSpec, PreconditionSpec, StudyLayout, StudySpec
 from agentcredit.locks import claim
 
@@ -640,6 +648,14 @@ def run_preflight(
             )
             needed = [r["seeds_needed"] for r in power if r.get("seeds_needed")]
             deciding = max(needed) if needed else None
+            # each arm at the seeds its own claims need, not every arm at the study's largest count
+            claim_of = {c.name: c for c in spec.claims}
+            arm_seeds = arm_seeds_to_decide(
+                [
+                    (claim_of[r["claim"]].arm, claim_of[r["claim"]].baseline, r.get("seeds_needed"))
+                    for r in power
+                ]
+            )
             unit = step_unit([t for a, t in timing.items() if a in {x.name for x in spec.arms}])
             record["budget"] = {
                 "eval_seconds": eval_seconds,
@@ -649,8 +665,9 @@ def run_preflight(
                 f"planned_{unit.lower()}_hours": plan["total"] / 3600,
                 "seeds": len(spec.seeds),
                 "seeds_to_decide": deciding,
+                "arm_seeds_to_decide": arm_seeds,
                 f"{unit.lower()}_hours_to_decide": (
-                    plan["total"] / 3600 * deciding / len(spec.seeds) if deciding else None
+                    seconds_to_decide(plan, len(spec.seeds), arm_seeds) / 3600 if arm_seeds else None
                 ),
                 "undecidable_claims": [
                     r["claim"] for r in power if r.get("underpowered") and not r.get("seeds_needed")

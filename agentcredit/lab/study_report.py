@@ -49,7 +49,7 @@ from agentcredit.eval.report import (
     plot_calibration,
 )
 from agentcredit.lab.gpu_estimate import gpu_estimate_range, gpu_estimate_text, study_gpu_estimate
-from agentcredit.lab.power import seeds_needed, t975, t_quantile
+from agentcredit.lab.power import seeds_needed, t_quantile
 from agentcredit.lab.preflight import budget_hours, per_question_values, read_record
 from agentcredit.lab.study_spec import StudyLayout, StudySpec
 
@@ -66,8 +66,9 @@ def mean_interval(values: list[float], alpha: float = 0.05) -> tuple[float, floa
     return mean, mean - half, mean + half
 
 
-def welch_interval(a: list[float], b: list[float]) -> tuple[float, float, float] | None:
-    """``(diff, low, high)`` for mean(a) - mean(b), 95% Welch interval; None with fewer than 2 values a side."""
+def welch_interval(a: list[float], b: list[float], alpha: float = 0.05) -> tuple[float, float, float] | None:
+    """``(diff, low, high)`` for mean(a) - mean(b), the (1 - alpha) Welch interval; None with fewer than 2 values a
+    side."""
     if len(a) < 2 or len(b) < 2:
         return None
     xa, xb = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
@@ -81,7 +82,7 @@ def welch_interval(a: list[float], b: list[float]) -> tuple[float, float, float]
     low_df, high_df = min(len(xa), len(xb)) - 1, len(xa) + len(xb) - 2
     df = se2**2 / denominator if denominator > 0 else high_df
     df = min(max(df, low_df), high_df) if math.isfinite(df) else high_df
-    half = t975(df) * math.sqrt(se2)
+    half = t_quantile(1 - alpha / 2, df) * math.sqrt(se2)
     return diff, diff - half, diff + half
 
 
@@ -399,6 +400,31 @@ def start_seconds(summary: dict[str, Any], start_dir: Path) -> float:
     return float(sum(p or 0.0 for p in parts) + evaluation)
 
 
+def planning_sd_cell(row: dict[str, Any], source: str = "") -> str:
+    """The SD a claim's power was planned with: a pilot's paired SD (question noise included, with its seeds) or a
+    seed SD added to the start's question noise; where it came from; "point plan" when it has no pilot's df."""
+    if row.get("paired_sd") is not None:
+        pilot = row.get("pilot_seeds")
+        what = f"paired {_fmt(row['paired_sd'])}" + (
+            f" (from {pilot} seeds)" if pilot else " (point plan: no pilot seeds given)"
+        )
+    else:
+        what = f"seed {_fmt(row.get('seed_sd'))} + question noise (point plan)"
+    return what + (f"; {source}" if source else "")
+
+
+def seeds_needed_cell(row: dict[str, Any]) -> str:
+    """The seeds that would decide a claim at its planning SD, and the range over that SD's 95% interval when a
+    pilot measured it (None at an end: more than 100)."""
+    needed = row.get("seeds_needed")
+    cell = str(needed) if needed else ("> 100" if row.get("underpowered") else "–")
+    span = row.get("seeds_range")
+    if span:
+        low, _, high = span  # at the SD's 95% interval's low end, the SD itself, its high end
+        cell += f" (range {low or '> 100'} to {high or '> 100'} over the SD's 95% interval)"
+    return cell
+
+
 def power_level(spec: StudySpec, power: list[dict[str, Any]]) -> str:
     """The level each claim's power was planned at, as the record measured it (a record written before the
     multiplicity control planned every claim at the study's alpha)."""
@@ -460,8 +486,9 @@ def preflight_sections(
             rows.append(
                 [
                     p["name"],
-                    f"{_fmt(p.get('value'))} (se {_fmt(p.get('se'))}, n={p.get('n')})",
-                    f"{p['op']} {p['threshold']}",
+                    f"{_fmt(p.get('value'))} (se {_fmt(p.get('se'))}, n={p.get('n')})"
+                    + (f"; {p['bound_kind']} bound {_fmt(p['bound'])}" if p.get("bound") is not None else ""),
+                    f"{p['op']} {p['threshold']} ({p.get('threshold_source') or 'ours'})",
                     "met" if p.get("met") else "**NOT MET**",
                     extra,
                     p.get("source", ""),
@@ -471,11 +498,22 @@ def preflight_sections(
             (
                 "Preconditions (training questions)",
                 "table",
-                (["precondition", "measured (se, n)", "needs", "", "measured how", "paper line"], rows),
+                (
+                    [
+                        "precondition",
+                        "measured (se, n; the bound it passes on)",
+                        "needs (threshold from)",
+                        "",
+                        "measured how",
+                        "paper line",
+                    ],
+                    rows,
+                ),
             )
         )
     power = record.get("power", [])
     if power:
+        sources = {c.name: c.power.seed_sd_source for c in spec.claims if c.power is not None}
         rows = [
             [
                 r["claim"],
@@ -483,14 +521,14 @@ def preflight_sections(
                 str(r["questions"]),
                 _fmt(r["sd_question"]),
                 str(r["seeds"]),
-                _fmt(r["seed_sd"]),
+                planning_sd_cell(r, sources.get(r["claim"], "")),
                 _fmt(r["mde"]),
                 (f"{r['effect_kind']} {_fmt(r['effect'])}" if r.get("effect") is not None else "–")
                 + (f" ({r['effect_source']})" if r.get("effect_source") else ""),
                 "–"
                 if r.get("underpowered") is None
                 else ("**MDE > effect**" if r["underpowered"] else "MDE <= effect"),
-                str(r.get("seeds_needed") or ("> 100" if r.get("underpowered") else "–")),
+                seeds_needed_cell(r),
             ]
             for r in power
         ]
@@ -500,7 +538,7 @@ def preflight_sections(
                 "agentcredit.lab.power.paired_mde)",
                 "table",
                 (
-                    ["claim", "metric (set)", "questions", "SD per question (start)", "seeds", "seed SD",
+                    ["claim", "metric (set)", "questions", "SD per question (start)", "seeds", "planning SD",
                      "MDE", "effect tested", "decidable", "seeds needed"],
                     rows,
                 ),
@@ -559,7 +597,14 @@ def preflight_sections(
             f"{budget['seeds']} seeds x {spec.steps} steps ({where}; an arm's critic-only warm-up steps run before "
             "its policy updates, each priced as an RL step)."
         )
-        if budget.get("seeds_to_decide"):
+        if budget.get("arm_seeds_to_decide"):
+            arms_at = ", ".join(f"{a} {n}" for a, n in budget["arm_seeds_to_decide"].items())
+            text += (
+                f" The seeds that would decide every claim whose MDE can reach its effect, each arm at the most its "
+                f"own claims need ({arms_at}; an arm in no such claim runs none): about {to_decide:.1f} {unit} "
+                "hours."
+            )
+        elif budget.get("seeds_to_decide"):
             text += (
                 f" The seeds that would decide every claim whose MDE can reach its effect: "
                 f"{budget['seeds_to_decide']}, about {to_decide:.1f} {unit} hours."
@@ -738,7 +783,12 @@ def write_study_report(study: StudyLayout, out_dir: str | Path) -> dict[str, Pat
             if c.direction == "lower_spread":
                 # two values per arm have equal deviations (zero variance): no interval, so no verdict below 3
                 enough = len(a) >= 3 and len(b) >= 3
-                welch = welch_interval(absolute_deviations(a), absolute_deviations(b)) if enough else None
+                # at the claim's level, as every other verdict (the study's multiplicity control)
+                welch = (
+                    welch_interval(absolute_deviations(a), absolute_deviations(b), spec.claim_alpha)
+                    if enough
+                    else None
+                )
                 iv, paired_cell = welch, "– (a spread: Welch on absolute deviations)"
                 compared = "absolute deviation from the arm's mean: "
             else:

@@ -143,3 +143,22 @@ def test_a_true_effect_at_the_mde_is_found_about_80_percent_of_the_time(seeds):
         mean_interval(list(mde + per_seed_sd * rng.standard_normal(seeds)))[1] > 0 for _ in range(trials)
     )
     assert 0.78 <= found / trials <= 0.82  # 4,000 trials: 3 SE = 0.019
+
+
+def test_each_arm_is_priced_at_the_seeds_its_own_claims_need():
+    """kb-jsoncall-portool-regime's shape: PORTool vs GRPO needs 48 seeds (accuracy), PORTool vs GiGPO 7; the
+    variant arm is in no claim. By hand, at 3 planned seeds with 10 / 20 / 30 / 40 s per arm: grpo 48 x 10 / 3 =
+    160, portool 48 x 30 / 3 = 480, gigpo 7 x 20 / 3 = 46.67, the variant 0: 686.67 s (every arm at 48: 1,600 s)."""
+    from agentcredit.lab.power import arm_seeds_to_decide, seconds_to_decide
+
+    claims = [
+        ("portool", "grpo", 6),
+        ("portool", "grpo", 48),
+        ("portool", "gigpo", 7),
+        ("portool", "grpo", None),
+    ]
+    arm_seeds = arm_seeds_to_decide(claims)
+    assert arm_seeds == {"portool": 48, "grpo": 48, "gigpo": 7}
+    plan = {"grpo": 10.0, "gigpo": 20.0, "portool": 30.0, "variant": 40.0, "total": 100.0}
+    assert seconds_to_decide(plan, 3, arm_seeds) == pytest.approx(160 + 480 + 140 / 3)
+    assert arm_seeds_to_decide([("a", "b", None)]) == {}

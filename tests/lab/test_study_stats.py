@@ -9,16 +9,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agentcredit.lab.power import seeds_needed
+from agentcredit.lab.power import seeds_needed, t975
 from agentcredit.lab.study_report import (
     absolute_deviations,
     mean_interval,
     paired_interval,
     paired_sd,
+    planning_sd_cell,
     power_level,
+    seeds_needed_cell,
     seeds_to_decide,
     start_seconds,
-    t975,
     verdict,
     verdict_label,
     welch_interval,
@@ -216,3 +217,28 @@ def test_the_start_costs_what_its_parts_recorded(tmp_path):
         5064.0 + 257.4
     )
     assert start_seconds({"seconds": 12.0}, tmp_path / "missing") == 12.0
+
+
+def test_the_power_table_says_what_each_plan_rests_on():
+    """A pilot's paired SD is shown with its seeds and the seeds range over its 95% interval (issue 49); a seed SD
+    is a point plan with the question noise added."""
+    pilot = {"paired_sd": 0.54, "pilot_seeds": 3, "seeds_needed": 6, "seeds_range": [4, 6, None]}
+    assert planning_sd_cell(pilot, "first round") == "paired 0.540 (from 3 seeds); first round"
+    assert seeds_needed_cell(pilot) == "6 (range 4 to > 100 over the SD's 95% interval)"
+    point = {"paired_sd": None, "seed_sd": 0.0, "seeds_needed": None, "underpowered": True}
+    assert planning_sd_cell(point) == "seed 0.000 + question noise (point plan)"
+    assert seeds_needed_cell(point) == "> 100"
+
+
+def test_a_spread_claim_is_read_at_the_claims_level():
+    """lower_spread verdicts use the Welch interval at the study's per-claim alpha (Bonferroni), not always at 95%:
+    by hand, a = [1, 2, 3], b = [2, 4, 6]: diff -2, se^2 = 1/3 + 4/3 = 5/3, Welch df = (5/3)^2 / ((1/3)^2/2 +
+    (4/3)^2/2) = 2.941; at alpha 0.01 the half-width is t(0.995, 2.941) x sqrt(5/3)."""
+    from scipy import stats as st_
+
+    df = (5 / 3) ** 2 / ((1 / 3) ** 2 / 2 + (4 / 3) ** 2 / 2)
+    assert df == pytest.approx(2.941, abs=1e-3)
+    diff, low, high = welch_interval([1, 2, 3], [2, 4, 6], alpha=0.01)
+    half = st_.t.ppf(0.995, df) * math.sqrt(5 / 3)
+    assert (diff, low, high) == pytest.approx((-2.0, -2.0 - half, -2.0 + half))
+    assert welch_interval([1, 2, 3], [2, 4, 6])[1] > low  # the 95% interval is narrower
