@@ -49,7 +49,7 @@ from agentcredit.eval.report import (
     plot_calibration,
 )
 from agentcredit.lab.gpu_estimate import gpu_estimate_range, gpu_estimate_text, study_gpu_estimate
-from agentcredit.lab.power import seeds_needed, t_quantile
+from agentcredit.lab.power import seeds_needed, seeds_range, t_quantile
 from agentcredit.lab.preflight import budget_hours, per_question_values, read_record
 from agentcredit.lab.study_spec import StudyLayout, StudySpec
 
@@ -164,6 +164,25 @@ def verdict_label(said: str, *, ran: bool, regime_met: bool, plan: dict[str, Any
     if plan is not None:
         label += f" ({'' if ran else 'the plan is '}underpowered: MDE {_fmt(plan['mde'])} > {_fmt(plan['effect'])})"
     return label
+
+
+def decide_note(
+    seeds: int,
+    span: tuple[int | None, int | None, int | None] | None,
+    arm_hours: float | None,
+    baseline_hours: float | None,
+    unit: str = "CPU",
+) -> str:
+    """What would decide an underpowered claim after its runs: the seeds at the observed paired spread, the range
+    over that spread's 95% interval (``span``: :func:`agentcredit.lab.power.seeds_range`, None at an end: more than
+    100), and the hours of both arms at that count (``*_hours``: one seed of each arm, from the preflight's plan)."""
+    note = f"{seeds} seeds would decide at this spread"
+    if span is not None:
+        low, _, high = span
+        note += f", range {low or '> 100'} to {high or '> 100'} over its 95% interval"
+    if arm_hours is not None and baseline_hours is not None:
+        note += f"; about {seeds * (arm_hours + baseline_hours):.1f} {unit} hours for the two arms"
+    return note
 
 
 def seeds_to_decide(
@@ -673,6 +692,14 @@ def write_study_report(study: StudyLayout, out_dir: str | Path) -> dict[str, Pat
     preflight = read_record(study.dir)
     unmet = [p for p in preflight.get("preconditions", []) if p.get("met") is False]
     weak = {r["claim"]: r for r in preflight.get("power", []) if r.get("underpowered")}
+    # one seed of each arm as the preflight planned it, to price the seeds that would decide a claim
+    budget = preflight.get("budget") or {}
+    budget_unit = budget_hours(budget)[0] if budget else "CPU"
+    per_seed_hours = {
+        arm: seconds / budget["seeds"] / 3600
+        for arm, seconds in budget.get("planned_seconds", {}).items()
+        if arm != "total" and budget.get("seeds")
+    }
     sections: list[tuple[str, str, Any]] = []  # (title, kind, payload): kind in text / table / image
 
     total_runs = len(study.runs())
@@ -801,7 +828,12 @@ def write_study_report(study: StudyLayout, out_dir: str | Path) -> dict[str, Pat
                 )
                 more = seeds_to_decide(c.direction, a_by, b_by, effect, spec.claim_alpha)
                 if more is not None:
-                    said += f" ({more} seeds would decide at this spread)"
+                    said += " (" + decide_note(
+                        more,
+                        seeds_range(effect, paired_sd(a_by, b_by), len(set(a_by) & set(b_by)) - 1,
+                                    alpha=spec.claim_alpha),
+                        per_seed_hours.get(c.arm), per_seed_hours.get(c.baseline), budget_unit,
+                    ) + ")"  # fmt: skip
                 elif effect and c.direction != "lower_spread" and paired_sd(a_by, b_by) is not None:
                     said += " (more than 100 seeds would decide at this spread)"
             rows.append(

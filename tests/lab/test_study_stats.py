@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from agentcredit.lab.power import seeds_needed, t975
 from agentcredit.lab.study_report import (
     absolute_deviations,
+    decide_note,
     mean_interval,
     paired_interval,
     paired_sd,
@@ -242,3 +243,13 @@ def test_a_spread_claim_is_read_at_the_claims_level():
     half = st_.t.ppf(0.995, df) * math.sqrt(5 / 3)
     assert (diff, low, high) == pytest.approx((-2.0, -2.0 - half, -2.0 + half))
     assert welch_interval([1, 2, 3], [2, 4, 6])[1] > low  # the 95% interval is narrower
+
+
+def test_an_underpowered_claim_after_its_runs_says_what_would_decide_it():
+    """The seeds at the observed spread, their range over the spread's 95% interval, and both arms' hours at that
+    count: 5 seeds x (2.0 + 1.5) h = 17.5 h."""
+    assert decide_note(5, (4, 5, None), 2.0, 1.5) == (
+        "5 seeds would decide at this spread, range 4 to > 100 over its 95% interval; about 17.5 CPU hours for the "
+        "two arms"
+    )
+    assert decide_note(7, None, None, None) == "7 seeds would decide at this spread"
