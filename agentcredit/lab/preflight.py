@@ -160,12 +160,17 @@ def per_question_values(
 
 
 def claim_effect(c: ClaimSpec) -> tuple[float | None, str]:
-    """The effect size a claim's power is judged against and what it is: the paper's effect for higher/lower, the
-    margin for a non-inferiority claim (whose interval must clear it when the arms are equal)."""
+    """The effect size a claim's power is judged against and what it is: for higher/lower the paper's effect, or the
+    equivalence margin when it is smaller (a verdict either way, reproduced or effect excluded, needs an interval
+    narrower than the smaller of the two: the report's post-run plan reads the margin too); the margin for a
+    non-inferiority claim (whose interval must clear it when the arms are equal)."""
     if c.direction in ("not_lower", "not_higher"):
         return (c.margin if c.margin > 0 else None), "margin"
     if c.direction in ("higher", "lower") and c.paper_effect is not None:
-        return abs(c.paper_effect.value), "paper"
+        paper = abs(c.paper_effect.value)
+        if c.equivalence_margin is not None and c.equivalence_margin < paper:
+            return c.equivalence_margin, "equivalence margin"
+        return paper, "paper"
     return None, "none"
 
 
@@ -190,7 +195,13 @@ def claim_power(c: ClaimSpec, values: Sequence[float], seeds: int, alpha: float 
         "alpha": alpha,
         "effect": effect,
         "effect_kind": kind,
-        "effect_source": c.paper_effect.source if (kind == "paper" and c.paper_effect) else "",
+        "effect_source": (
+            c.paper_effect.source
+            if (kind == "paper" and c.paper_effect)
+            else f"smaller than the paper's {abs(c.paper_effect.value):g} ({c.paper_effect.source})"
+            if (kind == "equivalence margin" and c.paper_effect)
+            else ""
+        ),
     }
     if (n < 1 and p.paired_sd is None) or seeds < 2:
         row.update(mde=None, underpowered=None, seeds_needed=None, seeds_range=None)

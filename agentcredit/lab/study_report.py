@@ -437,6 +437,13 @@ def seeds_needed_cell(row: dict[str, Any]) -> str:
     pilot measured it (None at an end: more than 100)."""
     needed = row.get("seeds_needed")
     cell = str(needed) if needed else ("> 100" if row.get("underpowered") else "–")
+    if needed and row.get("paired_sd") is None:
+        # a seed SD is a point plan; a seed SD of 0 counts the question noise alone, so the count is a floor
+        cell = (
+            f">= {needed} (question noise alone: the seed spread is unknown)"
+            if not row.get("seed_sd")
+            else f"{needed} (point plan)"
+        )
     span = row.get("seeds_range")
     if span:
         low, _, high = span  # at the SD's 95% interval's low end, the SD itself, its high end
@@ -736,8 +743,9 @@ def write_study_report(study: StudyLayout, out_dir: str | Path) -> dict[str, Pat
                 f"(0.60), explained variance {_fmt(gate.get('explained_variance'))} (0.45); {w.get('seconds', 0):.0f} s."
             )
             if not w.get("passed"):
+                started = "started" if n_done else "would start only"
                 text += (
-                    " **The arms with a critic started on this FAILED gate** (start.warmup.allow_failed_gate); "
+                    f" **The arms with a critic {started} on this FAILED gate** (start.warmup.allow_failed_gate); "
                     "the paper's warm-up continues until the gate passes, so their results are not the paper's "
                     "method."
                 )

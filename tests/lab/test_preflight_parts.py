@@ -4,6 +4,7 @@ the power row of a claim and the one refusal message."""
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -255,3 +256,18 @@ def test_the_portool_regime_study_measures_questions_outside_its_sft():
     assert len(sft) == spec.start.sft.examples
     measured = _training_examples(cfg, pre.questions, sft)
     assert len(measured) == pre.questions and not {e.question for e in measured} & sft
+
+
+def test_a_claim_is_planned_on_the_smaller_of_the_papers_effect_and_its_equivalence_margin():
+    """kb-jsoncall-portool-regime: the paper's effect is 1.19 calls, the margin 0.55: a verdict either way
+    (reproduced, or the effect excluded) needs power at 0.55; a margin at or above the paper's effect leaves it."""
+    from agentcredit.lab.preflight import claim_effect
+
+    c = SimpleNamespace(
+        direction="lower", margin=0.0, equivalence_margin=0.55, paper_effect=SimpleNamespace(value=-1.19)
+    )
+    assert claim_effect(c) == (0.55, "equivalence margin")
+    c.equivalence_margin = 1.19
+    assert claim_effect(c) == (1.19, "paper")
+    c.equivalence_margin = None
+    assert claim_effect(c) == (1.19, "paper")

@@ -229,6 +229,12 @@ def test_the_power_table_says_what_each_plan_rests_on():
     point = {"paired_sd": None, "seed_sd": 0.0, "seeds_needed": None, "underpowered": True}
     assert planning_sd_cell(point) == "seed 0.000 + question noise (point plan)"
     assert seeds_needed_cell(point) == "> 100"
+    # a seed SD of 0 (a degenerate first round) counts the question noise alone: the count is a floor
+    assert (
+        seeds_needed_cell({**point, "seeds_needed": 4})
+        == ">= 4 (question noise alone: the seed spread is unknown)"
+    )
+    assert seeds_needed_cell({**point, "seed_sd": 0.1, "seeds_needed": 9}) == "9 (point plan)"
 
 
 def test_a_spread_claim_is_read_at_the_claims_level():
