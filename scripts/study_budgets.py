@@ -13,7 +13,8 @@ been timed, so every GPU figure is an *estimate, not measured*:
 * a study whose arms ran: :func:`agentcredit.lab.gpu_estimate.estimate_hours` over the arms that ran, from the
   study file's settings (steps, prompts_per_step x n episodes, seeds, rollout caps, update epochs, critic) and the
   start's published held-out means (policy tokens and tool calls, ``start/summary.json``); the prompt and the
-  observation tokens, not published for these starts, are borrowed (``BORROWED``, named in the output);
+  observation tokens, not published for these starts, are borrowed from a start whose episode records are
+  (``BORROWED_FROM``, named in the output);
 * a mechanism probe: its sequential forwards (rounds x forwards per round, as carl-critical-mechanism.yaml's
   comment counts them) x gpu_estimate's 10-50 ms per forward; model loading and tool calls left out.
 
@@ -23,6 +24,7 @@ Reads only committed files and the presets; runs in a second.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import re
 import sys
@@ -49,15 +51,35 @@ SMOLLM2_135M = DecoderShape(
     layers=30, hidden=576, heads=9, kv_heads=3, intermediate=1536, vocab=49152, head_dim=64
 )
 
-#: prompt tokens and observation tokens per tool call of a start's greedy held-out episode, measured on the 300
-#: held-out episode records of arith-tool-can-hurt's start (codefence) and of kb-jsoncall-portool-regime's
-#: (jsoncall); their totals (139 and 1742 tokens an episode) are in those reports' Budget sections. Borrowed for the
-#: starts that published only policy tokens and tool calls; kb-multihop-credit's tags prompt is assumed as long as
-#: jsoncall's (the same world and search_k 3: an approximation, named in the output).
-BORROWED = {
-    "arith": {"prompt": 84.72, "observation_per_call": 10.89, "from": "arith-tool-can-hurt's start"},
-    "kb": {"prompt": 821.53, "observation_per_call": 305.52, "from": "kb-jsoncall-portool-regime's start"},
-}
+#: the start whose greedy held-out episode records (``docs/results/<study>/start/eval_*_episodes.jsonl.gz``, 300 an
+#: arith start's, codefence; 300 a kb start's, jsoncall) give each family's prompt tokens and observation tokens per
+#: tool call, borrowed for the starts that published only policy tokens and tool calls; kb-multihop-credit's tags
+#: prompt is assumed as long as jsoncall's (the same world and search_k 3: an approximation, named in the output).
+BORROWED_FROM = {"arith": "arith-tool-can-hurt", "kb": "kb-jsoncall-portool-regime"}
+
+
+def episode_token_means(records: list[dict]) -> dict[str, float]:
+    """Mean prompt tokens an episode and observation tokens a tool call over episode records (``segments`` with a
+    role and a token count each; ``tool_calls``)."""
+    prompt = [sum(s["tokens"] for s in r["segments"] if s["role"] == "prompt") for r in records]
+    observation = sum(s["tokens"] for r in records for s in r["segments"] if s["role"] == "observation")
+    calls = sum(r["tool_calls"] for r in records)
+    return {
+        "prompt": sum(prompt) / len(prompt),
+        "observation_per_call": observation / calls if calls else 0.0,
+    }
+
+
+def borrowed(family: str, root: Path = ROOT) -> dict:
+    """The prompt and per-call observation tokens of ``family``'s published start records, and where from."""
+    study = BORROWED_FROM[family]
+    paths = sorted((root / "docs" / "results" / study / "start").glob("eval_*_episodes.jsonl.gz"))
+    if not paths:
+        raise ValueError(f"docs/results/{study}/start/: no eval_*_episodes.jsonl.gz to borrow tokens from")
+    records = [
+        json.loads(line) for path in paths for line in gzip.open(path, "rt", encoding="utf-8") if line.strip()
+    ]
+    return {**episode_token_means(records), "from": f"{study}'s start, {len(records)} held-out episodes"}
 
 
 # ------------------------------------------------------------------------------------------------ pure parts
@@ -285,7 +307,8 @@ def ran_budget(name: str, family: str, root: Path = ROOT) -> dict:
     spec = load_study(root / "studies" / f"{name}.yaml")
     ran = {p.name.rsplit("-s", 1)[0] for p in (folder / "runs").iterdir() if p.is_dir()}
     heldout = json.loads((folder / "start" / "summary.json").read_text())["heldout"]
-    means = start_means(heldout, BORROWED[family])
+    lent = borrowed(family, root)
+    means = start_means(heldout, lent)
     arms, est = arms_estimate(spec, ran, means)
     not_run = [a.name for a in spec.arms if a.name not in ran]
     episodes = sorted({a.episodes for a in arms.values()})
@@ -300,8 +323,8 @@ def ran_budget(name: str, family: str, root: Path = ROOT) -> dict:
         f"{'/'.join(map(str, episodes))} episodes a step, caps "
         + ", ".join(f"{t} tokens {n} turns" for t, n in caps)
         + f"; start mean {means['policy']:.0f} policy tokens, {means['tool_calls']:.2f} calls (published), "
-        f"prompt {means['prompt']:.0f} + {BORROWED[family]['observation_per_call']:.0f} per call "
-        f"(borrowed: {BORROWED[family]['from']})" + (f"; not run: {', '.join(not_run)}" if not_run else ""),
+        f"prompt {means['prompt']:.0f} + {lent['observation_per_call']:.0f} per call "
+        f"(borrowed: {lent['from']})" + (f"; not run: {', '.join(not_run)}" if not_run else ""),
     }
 
 

@@ -54,6 +54,32 @@ def test_start_means_by_hand(sb):
     )
 
 
+def test_episode_token_means_by_hand(sb):
+    records = [
+        {
+            "tool_calls": 2,
+            "segments": [
+                {"role": "prompt", "tokens": 10},
+                {"role": "policy", "tokens": 7},
+                {"role": "observation", "tokens": 3},
+                {"role": "observation", "tokens": 5},
+            ],
+        },
+        {"tool_calls": 0, "segments": [{"role": "prompt", "tokens": 20}, {"role": "policy", "tokens": 9}]},
+    ]
+    # prompts (10 + 20) / 2 = 15; observations (3 + 5) over 2 calls = 4
+    assert sb.episode_token_means(records) == {"prompt": 15.0, "observation_per_call": 4.0}
+
+
+def test_the_borrowed_tokens_come_from_published_records(sb):
+    """The prompt and observation tokens the ran studies borrow are computed from episode records in the repo
+    (they were constants measured on unpublished files: 84.72 / 10.89 and 821.53 / 305.52, the same values)."""
+    arith, kb = sb.borrowed("arith"), sb.borrowed("kb")
+    assert (round(arith["prompt"], 2), round(arith["observation_per_call"], 2)) == (84.72, 10.89)
+    assert (round(kb["prompt"], 2), round(kb["observation_per_call"], 2)) == (821.53, 305.52)
+    assert arith["from"] == "arith-tool-can-hurt's start, 300 held-out episodes"
+
+
 def test_report_parsers(sb):
     assert sb.report_wall_hours("x. Wall time of the finished runs: 8.95 h (start: 0.90 h). y") == (
         8.95,
@@ -77,7 +103,7 @@ def test_the_ran_studies_method_reproduces_a_preflight_estimate(sb):
     folder = ROOT / "docs" / "results" / "arith-tool-can-hurt"
     heldout = json.loads((folder / "start" / "summary.json").read_text())["heldout"]
     _, est = sb.arms_estimate(
-        spec, {a.name for a in spec.arms}, sb.start_means(heldout, sb.BORROWED["arith"])
+        spec, {a.name for a in spec.arms}, sb.start_means(heldout, sb.borrowed("arith"))
     )
     assert gpu_estimate_range(est) == sb.report_gpu_range((folder / "report.md").read_text())[0] == "0.14–4.3"
 
