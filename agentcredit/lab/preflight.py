@@ -501,6 +501,14 @@ class StartSteps:
     run_config: Callable[[Any, int], Any]
 
 
+def measuring_line(pre: PreconditionSpec) -> str:
+    """The log line a precondition's measurement starts with: a policy measure rolls out on training questions; the
+    warm-up gate reads the record the critic warm-up wrote (measured there, on the warm-up's own questions)."""
+    if pre.measure == "warmup_gate":
+        return f"[preflight] measuring {pre.name!r}: reading the critic warm-up's gate record"
+    return f"[preflight] measuring {pre.name!r} on {pre.questions} training questions"
+
+
 def run_preflight(
     layout: StudyLayout,
     steps: StartSteps,
@@ -541,7 +549,7 @@ def run_preflight(
             key = _pre_digest(pre, weights, spec)
             m = measured.get(key)
             if m is None:
-                log(f"[preflight] measuring {pre.name!r} on {pre.questions} training questions")
+                log(measuring_line(pre))
                 m = {"key": key, **fn()}
             m.update(
                 name=pre.name,

@@ -271,3 +271,19 @@ def test_a_claim_is_planned_on_the_smaller_of_the_papers_effect_and_its_equivale
     assert claim_effect(c) == (1.19, "paper")
     c.equivalence_margin = None
     assert claim_effect(c) == (1.19, "paper")
+
+
+def test_the_warmup_gate_is_logged_as_read_from_its_record_not_measured_on_training_questions():
+    """Regression: every precondition's line said "measuring ... on 48 training questions", the gate's too, which
+    rolls out nothing (it reads the warm-up's gate record)."""
+    from agentcredit.lab.preflight import measuring_line
+    from agentcredit.lab.study_spec import PreconditionSpec
+
+    gate = PreconditionSpec(
+        name="critic EV", source="l. 391", measure="warmup_gate", metric="explained_variance", threshold=0.45
+    )
+    trees = PreconditionSpec(name="trees", source="l. 1", measure="group_success", arm="grpo", threshold=0.7)
+    assert (
+        measuring_line(gate) == "[preflight] measuring 'critic EV': reading the critic warm-up's gate record"
+    )
+    assert measuring_line(trees) == "[preflight] measuring 'trees' on 48 training questions"
