@@ -188,7 +188,15 @@ def teacher_prompt_ids(ctx: ScoringContext) -> list[int]:
     part, reference = ctx.part, None
     if part.reference == "trajectory":
         reference = reference_trajectories(ctx)(ctx.example)
-    text = PROVIDERS["teacher_logp"].teacher_prompt(
+    provider = PROVIDERS["teacher_logp"]
+    if not callable(getattr(provider, "teacher_prompt", None)):  # a user's provider registered in its place
+        raise ValueError(
+            f"{provider.__name__} provides teacher_logp without a teacher_prompt(protocol, tokenizer, example, "
+            "template, reference=, student_prompt=), which verl's workers build the teacher prompt with: give it "
+            "one, or score teacher_logp on verl with your own register_signal_scorer('teacher_logp', ..., "
+            "replace_existing=True)"
+        )
+    text = provider.teacher_prompt(
         ctx.protocol,
         ctx.tokenizer,
         ctx.example,
