@@ -61,7 +61,7 @@ def make_value_head(kind: str, hidden_size: int) -> nn.Module | None:
 def initial_value_head(cfg: Config, hidden_size: int):
     """The value head of the method's critic (``algorithm.critic``, from its Needs), on ``model.device``; a warmed-up
     one is loaded from ``<model dir>/value_head.pt``."""
-    head = make_value_head(cfg.algorithm.critic, hidden_size)
+    head: nn.Module | None = make_value_head(cfg.algorithm.critic, hidden_size)
     saved = Path(cfg.model.name) / "value_head.pt"
     if head is not None and cfg.model.name not in ("embedded", "tiny") and saved.is_file():
         try:
