@@ -40,6 +40,7 @@ from agentcredit.lab.bench.flops import DecoderShape  # noqa: E402
 from agentcredit.lab.gpu_estimate import (  # noqa: E402
     FORWARD_SECONDS,
     ArmPlan,
+    episode_means,
     estimate_hours,
     forward_flops_per_token,
     gpu_estimate_range,
@@ -58,18 +59,6 @@ SMOLLM2_135M = DecoderShape(
 BORROWED_FROM = {"arith": "arith-tool-can-hurt", "kb": "kb-jsoncall-portool-regime"}
 
 
-def episode_token_means(records: list[dict]) -> dict[str, float]:
-    """Mean prompt tokens an episode and observation tokens a tool call over episode records (``segments`` with a
-    role and a token count each; ``tool_calls``)."""
-    prompt = [sum(s["tokens"] for s in r["segments"] if s["role"] == "prompt") for r in records]
-    observation = sum(s["tokens"] for r in records for s in r["segments"] if s["role"] == "observation")
-    calls = sum(r["tool_calls"] for r in records)
-    return {
-        "prompt": sum(prompt) / len(prompt),
-        "observation_per_call": observation / calls if calls else 0.0,
-    }
-
-
 def borrowed(family: str, root: Path = ROOT) -> dict:
     """The prompt and per-call observation tokens of ``family``'s published start records, and where from."""
     study = BORROWED_FROM[family]
@@ -79,7 +68,12 @@ def borrowed(family: str, root: Path = ROOT) -> dict:
     records = [
         json.loads(line) for path in paths for line in gzip.open(path, "rt", encoding="utf-8") if line.strip()
     ]
-    return {**episode_token_means(records), "from": f"{study}'s start, {len(records)} held-out episodes"}
+    means = episode_means(records)
+    return {
+        "prompt": means["prompt"],
+        "observation_per_call": means["observation"] / means["tool_calls"] if means["tool_calls"] else 0.0,
+        "from": f"{study}'s start, {len(records)} held-out episodes",
+    }
 
 
 # ------------------------------------------------------------------------------------------------ pure parts

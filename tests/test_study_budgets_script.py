@@ -54,23 +54,6 @@ def test_start_means_by_hand(sb):
     )
 
 
-def test_episode_token_means_by_hand(sb):
-    records = [
-        {
-            "tool_calls": 2,
-            "segments": [
-                {"role": "prompt", "tokens": 10},
-                {"role": "policy", "tokens": 7},
-                {"role": "observation", "tokens": 3},
-                {"role": "observation", "tokens": 5},
-            ],
-        },
-        {"tool_calls": 0, "segments": [{"role": "prompt", "tokens": 20}, {"role": "policy", "tokens": 9}]},
-    ]
-    # prompts (10 + 20) / 2 = 15; observations (3 + 5) over 2 calls = 4
-    assert sb.episode_token_means(records) == {"prompt": 15.0, "observation_per_call": 4.0}
-
-
 def test_the_borrowed_tokens_come_from_published_records(sb):
     """The prompt and observation tokens the ran studies borrow are computed from episode records in the repo
     (they were constants measured on unpublished files: 84.72 / 10.89 and 821.53 / 305.52, the same values)."""
