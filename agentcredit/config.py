@@ -297,11 +297,11 @@ def _moved_to_sections() -> dict[str, str]:
     return moved | {old: " or ".join(places) for old, places in now.items()}
 
 
-#: Keys a config written before issue 37 may hold (a run directory's config.yaml, an old preset): where each now
+#: Keys a config written before methods had sections of their own may hold (a run directory's config.yaml, an old preset): where each now
 #: lives (a method's old keys are its ``former_keys``). Each is one error line naming the key and this
 #: (``old_key_hint``); the study harness maps the ones a first-round study file names (``RENAMED_KEYS``).
 MOVED_TO_SECTIONS = _moved_to_sections()
-#: The old keys that name one key now (studies' about / tolerate lists written before issue 37 name them): the
+#: The old keys that name one key now (studies' about / tolerate lists written before then name them): the
 #: method's old parts now name the method, and an old section of a method's settings is that method's section.
 RENAMED_KEYS = {
     "method": "algorithm.method",
@@ -320,7 +320,7 @@ OLD_ESTIMATORS = {old: name for name in BUILT_IN for old in METHODS[name].former
 
 
 def old_key_hint(key: str) -> str:
-    """`` (<key> moved to ..., issue 37)`` for a key of a config written before issue 37, else ''."""
+    """`` (<key> moved to ..., issue 37)`` for a key of a config written before methods had sections of their own, else ''."""
     moved = MOVED_TO_SECTIONS.get(key)
     return f" ({key} moved to {moved}, issue 37)" if moved else ""
 
@@ -352,7 +352,7 @@ def method_sections(trainer: str) -> dict[str, Any]:
     (``BUILT_IN``, found in ``agentcredit/credit/methods/``), as pydantic field definitions: ``<section>: <the class
     that trainer reads>`` (:meth:`~agentcredit.credit.Method.settings_class`: the method's settings, or its
     extension with that trainer's own fields, both defined in the method's home) with the class's defaults. A
-    built-in method's section is never written here by hand (issue 37)."""
+    built-in method's section is never written here by hand."""
     fields: dict[str, Any] = {}
     for name in BUILT_IN:
         method = METHODS[name]
@@ -505,11 +505,10 @@ class OptimConfig(Section):
     )
 
 
-# Tokens (rows x padded width) per forward/backward pass. Measured on the 2-core dev CPU with SmolLM2-135M
-# (benchmarks/bench_memory.py, one run): 1024-token micro-batches trained at 184-188 tokens/s with a 4.7-4.8 GiB
-# peak, 4096-token ones at 113-158 tokens/s with 8.3-9.9 GiB (ranges: with and without agentcredit.runtime's malloc
-# setting) (activations scale with the micro-batch, and a small
-# one stays in cache). Optimiser steps are unchanged: micro-batches accumulate gradients.
+# Tokens (rows x padded width) per forward/backward pass: activations scale with the micro-batch, and a small one
+# stays in cache, so on a CPU 1024-token micro-batches train faster at about half the peak memory of 4096-token ones
+# (benchmarks/bench_memory.py; the measurement: docs/results/bench-memory.txt). Optimiser steps are unchanged:
+# micro-batches accumulate gradients.
 MICRO_BATCH_TOKENS = 1024
 
 
@@ -543,7 +542,7 @@ class TrainConfig(Section):
         ge=1,
         description="Passes over the batch in each critic-only step (train.critic_warmup); None = optim.epochs. "
         "Not a paper's value (verl's critic.ppo_epochs is the actor's, 1 in TIPS Table 10): a CPU run has a few "
-        "critic-only steps where the paper's critic gets hundreds of updates (scripts/critic_ev.py, issue 48).",
+        "critic-only steps where the paper's critic gets hundreds of updates (scripts/critic_ev.py).",
     )
     allow_failed_gate: bool = Field(
         False,

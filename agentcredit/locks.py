@@ -25,7 +25,7 @@ def claim(path: Path) -> Iterator[bool]:
     names the last holder (pid@host) for people; the lock itself is the flock.
 
     The file is opened without following a symbolic link (a ``.lock`` pointing at another file had that file
-    truncated, issue 52), and a name that is not a plain file of its own (a FIFO, a device, a hard link to
+    truncated), and a name that is not a plain file of its own (a FIFO, a device, a hard link to
     another file) is refused before anything is written: a ValueError naming it.
     """
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -546,7 +546,7 @@ DEMO_ROWS = [
 
 def _stat(gate: dict[str, Any], name: str) -> str:
     """A gate statistic for the demo's report: 'undefined' where it could not be computed (the gate's failure
-    lines say why), never 'nan' (issue 54)."""
+    lines say why), never 'nan'."""
     value = gate.get(name, math.nan)
     return f"{value:.2f}" if isinstance(value, int | float) and math.isfinite(value) else "undefined"
 

@@ -178,7 +178,7 @@ def episode_cap(max_turns: int | None, max_segments: int) -> int:
 
 def warn_on_two_caps(max_turns: int, max_segments: int, segments_set: bool) -> None:
     """One warning when ``rollout.max_turns`` and the protocol's ``max_segments`` differ: the smaller silently cuts
-    every episode that needs more (issue 35: a task needing 4 messages under a cap of 3 scored 0 everywhere)."""
+    every episode that needs more (a task needing 4 messages under a cap of 3 scored 0 everywhere)."""
     if max_turns == max_segments:
         return
     where = "protocol.options.max_segments" if segments_set else "the protocol's default max_segments"

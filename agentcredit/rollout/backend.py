@@ -463,7 +463,7 @@ class HFBackend(Backend):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Backends that generate whole segments (vLLM): the engine's one other kind of backend (issue 33)
+# Backends that generate whole segments (vLLM): the engine's one other kind of backend
 
 
 @dataclass(frozen=True)

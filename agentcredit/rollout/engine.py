@@ -36,7 +36,7 @@ sequence. With a strategy that forks from old states (``needs_prefix_store``), t
 are kept per tree and a fork is assembled from its ancestors' entries, so only its last token is recomputed.
 Across questions, the token prefix all prompts of a call share (the system prompt and tool schemas: ~800-1,050
 tokens for jsoncall) is prefilled once in a sequence of its own, exported as a cache block and copied into each
-question's sequence, which prefills only the rest of its prompt (``share_prompt_prefix``; issue 33).
+question's sequence, which prefills only the rest of its prompt (``share_prompt_prefix``).
 ``reuse_prefix=False`` turns all of this off (each job prefills its whole context): the benchmark compares both.
 
 Backends that generate (``rollout.backend: vllm``, :class:`~agentcredit.rollout.backend.SegmentBackend`): step 3

@@ -1,4 +1,4 @@
-"""``rollout.backend: vllm`` (issue 33): vLLM generates the policy segments, the native engine does the rest.
+"""``rollout.backend: vllm``: vLLM generates the policy segments, the native engine does the rest.
 
 The engine (``engine.py``) keeps protocols, tool calls, trees, budgets and infrastructure-failure handling; this
 backend only generates. Each policy segment (or the rest of one) is one vLLM request with the sequence's full token

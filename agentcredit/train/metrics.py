@@ -57,7 +57,7 @@ def signal_metrics(batch: TrainBatch, signals: Signals, methods: Sequence[Method
     ``critic/explained_variance`` = 1 - Var(G - V) / Var(G) over the step's value positions (G the critic's
     targets). It is undefined when Var(G) = 0 (e.g. every episode of the step got the same reward and there is
     no shaping): the key is then absent from the step's metrics, never 0.0, which would read as "the critic
-    explains nothing" and hide the steps where there was nothing to explain (issue 31).
+    explains nothing" and hide the steps where there was nothing to explain.
     """
     out: dict[str, float] = {}
     mask = batch.policy_mask
@@ -65,7 +65,7 @@ def signal_metrics(batch: TrainBatch, signals: Signals, methods: Sequence[Method
         out["policy/entropy"] = float(batch.old_entropy[mask].mean())
     if mask.any():
         # the rollout's recorded log-probs against the trainer's own forward on the same tokens: ~0 for the HF engine
-        # in fp32, a kernel mismatch with another backend (vLLM) or a bf16 rollout copy (issue 33)
+        # in fp32, a kernel mismatch with another backend (vLLM) or a bf16 rollout copy
         gap = (batch.behaviour_logp - batch.old_logp)[mask]
         out["rollout/logp_gap"] = float(gap.abs().mean())
         out["rollout/logp_gap_max"] = float(gap.abs().max())

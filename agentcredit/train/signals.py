@@ -136,7 +136,7 @@ def score_batch(
             share_prefixes=True,
         )
         width = sub.input_ids.shape[1]
-        # the scores come back on the model's device; the batch's tensors stay on the host (issue 50)
+        # the scores come back on the model's device; the batch's tensors stay on the host
         logp[rows, :width] = scores.logprobs.to(logp.device)
         if entropy is not None:
             entropy[rows, :width] = scores.entropies.to(entropy.device)

@@ -96,7 +96,7 @@ class Trainer:
         self.warmup_gate = start_gate(config)
         seed_everything(config.train.seed)
         # model.device: the policy and everything made from it (critic, reference, teachers, value head) live
-        # there; batches stay on the host and each micro-batch goes to the device for its pass (issue 50)
+        # there; batches stay on the host and each micro-batch goes to the device for its pass
         self.model, self.tokenizer = load_policy(config, model=model, tokenizer=tokenizer)
         self.device = model_device(self.model)
         self.precision = config_precision(config, self.device)
@@ -419,7 +419,7 @@ class Trainer:
             "rollout/weight_push_seconds",
         )
         result.metrics.update({k: v for k, v in rollout_stats.items() if k in kept})
-        result.metrics.update(gate_metrics(self.warmup_gate))  # the critic's start, on every step (issue 48)
+        result.metrics.update(gate_metrics(self.warmup_gate))  # the critic's start, on every step
         result.metrics["time/rollout"] = rollout_time
         if (
             self.device.type == "cuda"
@@ -462,7 +462,7 @@ class Trainer:
             self.ev_positive_step = self.step
         if self.ev_positive_step is not None:
             # logged at every step from then on: a critic with EV <= 0 is one baseline for the batch, and PPO's or
-            # TIPS's advantages are whitened REINFORCE until this step (issue 31)
+            # TIPS's advantages are whitened REINFORCE until this step
             metrics["critic/ev_first_positive_step"] = float(self.ev_positive_step)
         for provider in self.providers:
             provider.after_step(self.step)

@@ -21,7 +21,7 @@
 5. The gate on held-out questions (§4.4): AUC of V(s_0) between tiers, sign accuracy of V after a retrieval (A22),
    explained variance, printed against the paper's thresholds. It is computed on the states RL reads: the held-out
    episodes re-rendered with the PPO prompt (:func:`rl_states`), whatever ``states`` the pairs were trained in,
-   since that is the critic carl-segment's advantages use (issue 48); with ``states="mode"`` the same statistics in
+   since that is the critic carl-segment's advantages use; with ``states="mode"`` the same statistics in
    the warm-up's own prompts are kept beside it (``gate_on_warmup_prompts``, not what the gate decides on). Under
    RL's prompt a question's forced-tool and no-tool rollouts share one s_0, so item 3's oracle ceiling holds for
    the gate's s_0 states whatever the training states: that is the critic PPO reads, and the gate says so.
@@ -62,7 +62,7 @@ GATE = {
     "sign_accuracy": (0.60, 0.70),
     "explained_variance": (0.45, 0.55),
 }  # (gate, target)
-# the gate's held-out questions, at least (issue 31's sizing: 300 warm-up questions x 20%); fewer are flagged
+# the gate's held-out questions, at least (300 warm-up questions x 20%); fewer are flagged
 MIN_GATE_QUESTIONS = 60
 SUMMARY = "warmup_summary.json"  # written beside the warmed-up model by agentcredit.run.run_warmup
 
@@ -505,7 +505,7 @@ def warmup(
     optimizer.zero_grad(set_to_none=True)  # the backbone's gradients: not needed by the gate or the save
     model.eval()
     # The gate judges the critic RL will read: the held-out episodes' boundary states under the prompt PPO rolls
-    # out with (issue 48; carl-segment.md A14), whatever prompts the pairs were trained in. With states="mode" the
+    # out with (carl-segment.md A14), whatever prompts the pairs were trained in. With states="mode" the
     # same episodes in their warm-up prompts are judged too, as a secondary record (gate_on_warmup_prompts).
     gate = _gate_on_rl_states(model, value_head, tokenizer, config, trees, owners, tiers, buckets, held)
     extra: dict[str, Any] = {"heldout_questions": len(held), "gate_states": "rl"}

@@ -7,7 +7,7 @@ that no built-in method does with :func:`register_signal`.
 The built-in methods are found, not listed: every module of this package other than ``base`` (and ``_private``
 helpers) is a method file and must define ``METHOD``; importing the package registers each one, in module-name
 order. :data:`BUILT_IN` names them; the native config and verl's block give each its settings section from it, so
-a built-in method is its method file, its preset and its tests (issue 37).
+a built-in method is its method file, its preset and its tests.
 """
 
 import importlib

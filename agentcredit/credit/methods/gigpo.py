@@ -1,6 +1,6 @@
 """GiGPO: group-in-group advantages, an episode-level group and step-level groups by anchor state.
 
-The whole method in one file (issue 37): the maths (:func:`gigpo_advantages`, pure), its settings, its needs
+The whole method in one file: the maths (:func:`gigpo_advantages`, pure), its settings, its needs
 and its estimate on the layout.
 
 Feng et al., *Group-in-Group Policy Optimization for LLM Agent Training* (NeurIPS 2025; verl-agent's

@@ -278,7 +278,7 @@ class TipsSettings(Settings):
     # pseudocode (tips.txt l. 933-936) scores ``teacher(context + a)[-len(a):]``, the answer's tokens only. The
     # released code scores ``<answer>a</answer>`` (tips.md §8 item 3): then a policy that opens every turn with
     # ``<think>`` gives ``<answer>`` a low probability and Phi mostly measures that habit (72% of Phi(S_0) on the
-    # pinned step, issue 48). Where the protocol wraps the answer in a tag, the tag is forced into the context
+    # pinned step). Where the protocol wraps the answer in a tag, the tag is forced into the context
     # before the answer is scored (ours: the paper's A follows the state directly, our protocols need the tag).
     potential_scope: Literal["answer_only", "full"] = Field(
         "answer_only",
@@ -609,7 +609,7 @@ class TeacherPotentials(SignalProvider):
 
 
 def tips_split_metrics(split: TipsPotentials) -> dict[str, float]:
-    """Phi split into the format tokens of the rendered answer and the answer's own tokens (issue 31): at S_0
+    """Phi split into the format tokens of the rendered answer and the answer's own tokens: at S_0
     (``tips/phi_0_format``, ``tips/phi_0_answer``, means over trajectories) and over every scored state
     (``tips/phi_format``, ``tips/phi_answer``); ``tips/answer_only`` is 1 when Phi scored the answer tokens alone
     (``algorithm.tips.potential_scope``), whose format part is then 0 by construction."""

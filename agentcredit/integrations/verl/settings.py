@@ -169,7 +169,7 @@ class _AgentCreditBlock(UserRewardConfig):
 
 
 # one section per built-in method, of the class its home gives verl (Method.settings_class("verl"): the native
-# trainer's, one schema for both, or its extension with verl-only fields); never written per method here (issue 37)
+# trainer's, one schema for both, or its extension with verl-only fields); never written per method here
 AgentCreditSettings = create_model(
     "AgentCreditSettings",
     __base__=_AgentCreditBlock,

@@ -144,7 +144,7 @@ _MICRO_BATCH_KEYS = (
 def micro_batch_multiple(config: DictConfig, use_critic: bool) -> int:
     """The least common multiple of the per-GPU micro-batch sizes verl will cut each rank's rows by (1 with dynamic
     batch sizes): a rank's share of every planned mini-batch must be a multiple of it, or verl's divisibility
-    assertion fires at the first update or log-prob pass (issue 51: carl-segment's 2 rows per micro-batch, 8 GPUs,
+    assertion fires at the first update or log-prob pass (carl-segment's 2 rows per micro-batch, 8 GPUs,
     120 rows -> 15 per rank)."""
     from omegaconf import OmegaConf
 

@@ -58,13 +58,13 @@ class GearSettings(Settings):
     break_at_observation: bool = Field(
         False,
         description="End a segment at the last token before a tool output (ours; the paper's scan runs over the "
-        "policy tokens, so a segment may cross one: gear.md A5). Measured on kb-multihop (issue 48, "
+        "policy tokens, so a segment may cross one: gear.md A5). Measured on kb-multihop ("
         "docs/results/gear-segments): ending there separated the deviating turn's W less than crossing.",
     )
     turn_head_tokens: int = Field(
         TURN_HEAD_TOKENS,
         ge=0,
-        description="The first n policy tokens of each turn open no segment (ours, measured, issue 48): the turn's "
+        description="The first n policy tokens of each turn open no segment (ours, measured: docs/results/gear-segments): the turn's "
         "first token (the '<' of <think>) carries a prompt-shift spike of 'limited semantic relevance' (seed lines "
         "201, 355) whose entropy no later token exceeds 1.5 times, so it made one segment of the whole episode. "
         "0 = the paper's scan.",
@@ -121,7 +121,7 @@ def gear_reweight_stats(
     (share inside a segment) and ``gear/clamp_max_share`` (share of episodes normalised with clamp_max, which
     ``normalisation="auto"`` picks where min-max would trigger on more than 20% of the tokens). The paper
     describes the spikes as sparse; a trigger rate near 1 means min-max has gone flat and W is one constant per
-    episode (GEAR becomes a scaled GRPO). Whether W varies along an episode (issue 48):
+    episode (GEAR becomes a scaled GRPO). Whether W varies along an episode:
     ``gear/w_turn{k}/neg`` and ``/pos`` (mean W over turn k's tokens, over the episodes with A < 0 / A > 0: the
     weight as applied), ``gear/w_turn_spread`` (per episode with A != 0 and two turns or more, the largest minus
     the smallest per-turn mean of W; 0 when W is one constant per episode) and ``gear/w_std`` (per episode with

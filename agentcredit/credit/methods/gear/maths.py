@@ -27,7 +27,7 @@ test uses the trailing mean entropy of ``entropy_window`` tokens). ``normalisati
 alternative, max(rKL, 0) / max(max(rKL, 0)); ``"auto"`` is min-max unless it makes more than 20% of the tokens
 triggers, then clamp_max (spec A3).
 
-Turns (ours, issue 48; the paper's scan runs over the policy tokens and says nothing of turns): a turn ends at an
+Turns (ours; the paper's scan runs over the policy tokens and says nothing of turns): a turn ends at an
 observation (a gap in the mask, or ``turn_starts``). ``turn_head_tokens`` (default :data:`TURN_HEAD_TOKENS` = 1):
 the first tokens of each turn open no segment (they keep their own r, Eq. 3's "otherwise"), since the turn's opening
 token carries the prompt-shift spike (measured, see the constant). ``break_at_observation`` ends a segment at the
@@ -75,14 +75,12 @@ NORMALISATIONS: tuple[str, ...] = ("minmax", "clamp_max", "auto")
 # and report it". The paper: "occasional reverse-KL spikes" (GEAR §5.3, seed line 195).
 AUTO_MAX_TRIGGER_RATE = 0.2
 
-# The first policy tokens of each turn that do not open a segment (ours, issue 48; the paper's scan is 0). On
+# The first policy tokens of each turn that do not open a segment (ours; the paper's scan is 0). On
 # kb-multihop the turn's first token (the "<" of "<think>") carries the spike of the prompt shift between student
 # and teacher, of "limited semantic relevance" (GEAR §5.4 and App. C.2, seed lines 201, 355), with an entropy so
 # high (4.8-5.1 nats) that no later token exceeds lambda_H times it: it opened one segment over the whole episode,
-# W was one constant and GEAR a rescaled GRPO. Measured on 28 scripted failing episodes of 14 kb-multihop training
-# questions (docs/results/gear-segments/README.md): W on the deviating turn minus W on the others, 0.018 (SD 0.030,
-# 15 of 28 > 0) with the paper's scan, 0.036 (SD 0.023, 28 of 28) with the first token of each turn skipped; 2, 3
-# or 4 tokens gave the same segments as 1.
+# W was one constant and GEAR a rescaled GRPO. Skipping the turn's first token separates the deviating turn's W
+# from the others' (the measurement, on scripted failing kb-multihop episodes: docs/results/gear-segments/README.md).
 TURN_HEAD_TOKENS = 1
 
 # Entropies computed as logsumexp - E[logits] can come out a hair below zero in float32; anything more negative
