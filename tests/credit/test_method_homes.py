@@ -14,9 +14,7 @@ from the package's verl presets, which layer on verl's own ``ppo_trainer.yaml``:
 those names are taken out of a term; the rest of it is still read (``critic.ppo_mini_batch_size`` in an error
 message is verl's key, ``ppo_scale`` would be ours).
 
-The counts are a ratchet (a method may only lose files, never gain one) and the goal test an expected failure
-that turns into a failure the day it passes (remove its mark then): ppo's one file is verl's trainer adapter, which
-reads a verl key no preset sets.
+The counts are a ratchet (a method may only lose files, never gain one); today every method is at 0.
 Run ``python tests/credit/test_method_homes.py`` for the table of files per method.
 """
 
@@ -27,7 +25,6 @@ import re
 import sys
 from pathlib import Path
 
-import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,7 +44,7 @@ OWN_BLOCK = "agentcredit"
 #: files outside its home that name each method today (the ratchet: counts only ever go down)
 RATCHET = {
     "grpo": 0,
-    "ppo": 1,
+    "ppo": 0,
     "gigpo": 0,
     "carl-segment": 0,
     "carl-critical": 0,
@@ -251,12 +248,6 @@ class T(PPOTrainerSync):
     assert not keys & {"method", "whiten", "ppo", "tips", "gear", "portool"}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="integrations/verl/trainer.py reads critic.ppo_infer_micro_batch_size_per_gpu, a field of verl's "
-    "CriticConfig that no preset of ours sets, so the reader cannot tell it is verl's; our ppo method is named "
-    "nowhere outside its home",
-)
 def test_each_method_is_named_only_in_its_home_its_presets_and_the_registry():
     found = outside_home()
     assert not any(found.values()), {m: files for m, files in found.items() if files}

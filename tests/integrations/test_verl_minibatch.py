@@ -389,3 +389,31 @@ def test_the_plan_fits_verls_micro_batches_for_every_recipe_and_dp_1_to_8(config
                 tu.assign_non_tensor(data, use_dynamic_bsz=False, micro_batch_size_per_gpu=size)
                 micro_batches, _ = prepare_micro_batches(data)  # verl's assertion
                 assert sum(len(m) for m in micro_batches) == rows
+
+
+def test_every_micro_batch_size_a_section_sets_counts_by_its_suffix():
+    """Every ``*micro_batch_size_per_gpu`` key of a section counts, whatever its prefix: a key that is only in
+    verl's CriticConfig (set with ``+critic.ppo_infer_micro_batch_size_per_gpu``) as much as the YAML's; another
+    key's interpolation that does not resolve is never read; dynamic batch sizes and a disabled critic count none."""
+    cfg = OmegaConf.create(
+        {
+            "actor_rollout_ref": {
+                "actor": {
+                    "use_dynamic_bsz": False,
+                    "ppo_micro_batch_size_per_gpu": 2,
+                    "other": "${missing.key}",
+                },
+                "rollout": {"log_prob_use_dynamic_bsz": False, "log_prob_micro_batch_size_per_gpu": None},
+                "ref": {"log_prob_use_dynamic_bsz": True, "log_prob_micro_batch_size_per_gpu": 7},
+            },
+            "critic": {
+                "use_dynamic_bsz": False,
+                "ppo_micro_batch_size_per_gpu": 2,
+                "forward_micro_batch_size_per_gpu": "${.ppo_micro_batch_size_per_gpu}",
+                "ppo_infer_micro_batch_size_per_gpu": 3,
+            },
+        }
+    )
+    # lcm(2, 2, 2, 3) = 6; the ref's 7 is dynamic, the rollout's is unset
+    assert trainer_module.micro_batch_multiple(cfg, use_critic=True) == 6
+    assert trainer_module.micro_batch_multiple(cfg, use_critic=False) == 2

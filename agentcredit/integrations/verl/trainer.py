@@ -123,22 +123,18 @@ def _check_tree(config: DictConfig, settings: AgentCreditSettings) -> None:
         )
 
 
-#: The per-GPU micro-batch sizes verl cuts a rank's rows by when dynamic batch sizes are off (``prepare_micro_batches``
-#: asserts they divide evenly): (section, its use_dynamic_bsz key, its micro-batch keys).
-_MICRO_BATCH_KEYS = (
-    ("actor_rollout_ref.actor", "use_dynamic_bsz", ("ppo_micro_batch_size_per_gpu",)),
-    ("actor_rollout_ref.rollout", "log_prob_use_dynamic_bsz", ("log_prob_micro_batch_size_per_gpu",)),
-    ("actor_rollout_ref.ref", "log_prob_use_dynamic_bsz", ("log_prob_micro_batch_size_per_gpu",)),
-    (
-        "critic",
-        "use_dynamic_bsz",
-        (
-            "ppo_micro_batch_size_per_gpu",
-            "forward_micro_batch_size_per_gpu",
-            "ppo_infer_micro_batch_size_per_gpu",
-        ),
-    ),
+#: The sections whose per-GPU micro-batch sizes verl cuts a rank's rows by when dynamic batch sizes are off
+#: (``prepare_micro_batches`` asserts they divide evenly): (section, its use_dynamic_bsz key). A size is every key of
+#: the section named ``*micro_batch_size_per_gpu``, verl's suffix for them, whose prefixes differ by pass and
+#: version (the critic's value pass: forward_micro_batch_size_per_gpu in verl's YAML, ppo_infer_micro_batch_size_per_gpu
+#: in its CriticConfig), so a key verl adds is not missed; the same rule test_verl_minibatch checks the plan by.
+_MICRO_BATCH_SECTIONS = (
+    ("actor_rollout_ref.actor", "use_dynamic_bsz"),
+    ("actor_rollout_ref.rollout", "log_prob_use_dynamic_bsz"),
+    ("actor_rollout_ref.ref", "log_prob_use_dynamic_bsz"),
+    ("critic", "use_dynamic_bsz"),
 )
+MICRO_BATCH_SUFFIX = "micro_batch_size_per_gpu"
 
 
 def micro_batch_multiple(config: DictConfig, use_critic: bool) -> int:
@@ -149,13 +145,15 @@ def micro_batch_multiple(config: DictConfig, use_critic: bool) -> int:
     from omegaconf import OmegaConf
 
     sizes = []
-    for section, dynamic, keys in _MICRO_BATCH_KEYS:
+    for section, dynamic in _MICRO_BATCH_SECTIONS:
         if section == "critic" and not use_critic:
             continue
         node = OmegaConf.select(config, section)
         if node is None or node.get(dynamic, False):
             continue
-        sizes += [int(node[k]) for k in keys if node.get(k) is not None]
+        # keys first, values of the matching ones only (another key's interpolation may not resolve here)
+        names = [k for k in node.keys() if str(k).endswith(MICRO_BATCH_SUFFIX)]
+        sizes += [int(node[k]) for k in names if node.get(k) is not None]
     return math.lcm(*sizes) if sizes else 1
 
 
