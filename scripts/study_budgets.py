@@ -40,6 +40,7 @@ from agentcredit.lab.bench.flops import DecoderShape  # noqa: E402
 from agentcredit.lab.gpu_estimate import (  # noqa: E402
     FORWARD_SECONDS,
     ArmPlan,
+    arm_plan,
     episode_means,
     estimate_hours,
     forward_flops_per_token,
@@ -254,26 +255,14 @@ def preflight_budget(name: str, root: Path = ROOT) -> dict:
 
 def arms_estimate(spec: Any, names: set[str], means: dict[str, float]) -> tuple[dict[str, ArmPlan], dict]:
     """gpu_estimate's :func:`estimate_hours` over the study's arms named in ``names``, each priced as the preflight
-    prices it (:func:`agentcredit.lab.gpu_estimate.study_gpu_estimate`: prompts_per_step x n episodes a step, the
-    caps, update epochs x (1 + a separate critic), critic-only steps), with the start's ``means``."""
+    prices it (:func:`agentcredit.lab.gpu_estimate.arm_plan`), with the start's ``means``."""
     from agentcredit.lab.arms import study_config
 
-    arms: dict[str, ArmPlan] = {}
-    for arm in spec.arms:
-        if arm.name not in names:
-            continue
-        cfg = study_config(arm.preset, [*spec.set, *arm.set], arm.name)
-        r = cfg.rollout
-        leaves = r.leaves() if r.strategy == "entropy_guided" else r.n
-        arms[arm.name] = ArmPlan(
-            episodes=r.prompts_per_step * leaves,
-            max_batch=r.max_batch,
-            max_episode_tokens=r.max_episode_tokens,
-            max_turns=r.max_turns,
-            update_passes=cfg.optim.epochs * (2 if cfg.algorithm.critic_model == "separate" else 1),
-            critic_only=cfg.train.critic_warmup,
-            rounds=rollout_rounds(r.strategy, r.n, r.forks_per_round),
-        )
+    arms = {
+        arm.name: arm_plan(study_config(arm.preset, [*spec.set, *arm.set], arm.name))
+        for arm in spec.arms
+        if arm.name in names
+    }
     return arms, estimate_hours(
         arms,
         flops_per_token=float(forward_flops_per_token(SMOLLM2_135M)),

@@ -305,6 +305,24 @@ def episode_means(records: Sequence[dict[str, Any]]) -> dict[str, float]:
 
 
 # ------------------------------------------------------------------------------------------------ from a study
+def arm_plan(cfg: Any, *, prompts: int | None = None, n: int | None = None) -> ArmPlan:
+    """An arm's :class:`ArmPlan` from its run config (``agentcredit.lab.arms.study_config``): prompts_per_step x n
+    episodes a step (``prompts`` / ``n``: a timed step's, when the preflight timed one; an entropy-guided tree holds
+    n0 + n episodes, ``RolloutConfig.leaves``), the rollout caps, update epochs x (1 + a separate critic), its
+    critic-only steps (``train.critic_warmup``) and the strategy's sequential rollout rounds."""
+    r = cfg.rollout
+    leaves = r.leaves() if r.strategy == "entropy_guided" else int(n if n is not None else r.n)
+    return ArmPlan(
+        episodes=int(prompts if prompts is not None else r.prompts_per_step) * leaves,
+        max_batch=r.max_batch,
+        max_episode_tokens=r.max_episode_tokens,
+        max_turns=r.max_turns,
+        update_passes=cfg.optim.epochs * (2 if cfg.algorithm.critic_model == "separate" else 1),
+        critic_only=cfg.train.critic_warmup,
+        rounds=rollout_rounds(r.strategy, r.n, r.forks_per_round),
+    )
+
+
 def study_gpu_estimate(layout: Any, record: dict[str, Any]) -> dict[str, Any] | None:
     """The one-GPU estimate of a study whose budget is in CPU hours, from its preflight ``record`` (the timed steps'
     episodes, the seeds to decide), the start's held-out episode records and model config, and the study file
@@ -333,18 +351,7 @@ def study_gpu_estimate(layout: Any, record: dict[str, Any]) -> dict[str, Any] | 
         fpt = forward_flops_per_token(shape_from_json(json.loads(model_config.read_text())))
         flops_per_token = fpt if flops_per_token is None else max(flops_per_token, fpt)
         t = timing.get(arm.name, {})
-        r = cfg.rollout
-        # the timing record's n is rollout.n; an entropy-guided tree holds n0 + n episodes (RolloutConfig.leaves)
-        leaves = r.leaves() if r.strategy == "entropy_guided" else int(t.get("n", r.n))
-        arms[arm.name] = ArmPlan(
-            episodes=int(t.get("prompts", r.prompts_per_step)) * leaves,
-            max_batch=r.max_batch,
-            max_episode_tokens=r.max_episode_tokens,
-            max_turns=r.max_turns,
-            update_passes=cfg.optim.epochs * (2 if cfg.algorithm.critic_model == "separate" else 1),
-            critic_only=layout.critic_only_steps(arm),
-            rounds=rollout_rounds(r.strategy, r.n, r.forks_per_round),
-        )
+        arms[arm.name] = arm_plan(cfg, prompts=t.get("prompts"), n=t.get("n"))
     return estimate_hours(
         arms,
         flops_per_token=float(flops_per_token or 0.0),
