@@ -251,7 +251,10 @@ def greedy_engine(backend: Any, tokenizer: Any, demo: Demo, tools: ToolRuntime) 
 @contextlib.contextmanager
 def one_thread():
     """Run torch on one thread: the tiny model's ops are too small to gain from two, and on a shared machine
-    OpenMP threads spinning against other processes made them several times slower (measured here)."""
+    OpenMP threads spinning against other processes made them several times slower (measured here). It also fixes
+    the reduction order, which a test comparing two computations bit for bit needs: on two threads with a busy
+    process beside them, two identical PPO updates of the tiny model differed in the last bits in 2 of 12 tries
+    (up to 2e-8), and a CI run failed on it; on one thread, 0 of 16 under two busy processes."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -25,6 +25,7 @@ from agentcredit.rollout.tree import RolloutTree
 from agentcredit.train.metrics import signal_metrics
 from agentcredit.train.signals import Signals
 from agentcredit.train.trainer import Trainer
+from tests.rollout.rollout_helpers import one_thread
 
 PIN = Path(__file__).parent / "data" / "pinned_steps.json"
 
@@ -42,18 +43,20 @@ def _examples(trees):
 
 def _policy_after_one_step(trees, overrides) -> dict[str, torch.Tensor]:
     """One update from a value head with non-zero weights: a zero-initialised head passes no gradient back
-    (dL/dh = dL/dV * W = 0), and would hide whether the value loss reaches the policy's weights."""
+    (dL/dh = dL/dV * W = 0), and would hide whether the value loss reaches the policy's weights. On one thread:
+    the callers compare two updates bit for bit, and two threads' reduction order can differ between two runs."""
     config = load_config("ppo-arith-tools", [*SMALL, *overrides])
     model, tokenizer = load_base_model("tiny", seed=0)
-    trainer = Trainer(config, model=model, tokenizer=tokenizer, examples=list(EXAMPLES), log=False)
-    try:
-        with torch.no_grad():
-            w = trainer.value_head.proj.weight
-            w.copy_(torch.randn(w.shape, generator=torch.Generator().manual_seed(0)) * 0.05)
-        trainer.learn(trees, _examples(trees))
-        return {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
-    finally:
-        trainer.close()
+    with one_thread():
+        trainer = Trainer(config, model=model, tokenizer=tokenizer, examples=list(EXAMPLES), log=False)
+        try:
+            with torch.no_grad():
+                w = trainer.value_head.proj.weight
+                w.copy_(torch.randn(w.shape, generator=torch.Generator().manual_seed(0)) * 0.05)
+            trainer.learn(trees, _examples(trees))
+            return {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+        finally:
+            trainer.close()
 
 
 @pytest.mark.parametrize("preset", ["ppo-arith-tools", "tips-kb-multihop"])

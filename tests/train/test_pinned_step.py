@@ -31,17 +31,16 @@ from __future__ import annotations
 import json
 import math
 import sys
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-import torch
 from train_helpers import EXAMPLES, METHODS, SMALL
 
 from agentcredit.config import load_config
 from agentcredit.models.loading import load_base_model
 from agentcredit.rollout.tree import RolloutTree
 from agentcredit.train.trainer import Trainer
+from tests.rollout.rollout_helpers import one_thread
 
 PIN = Path(__file__).parent / "data" / "pinned_steps.json"
 TOLERANCE = 1e-6
@@ -70,16 +69,6 @@ def tolerance(name: str, key: str, pinned: dict[str, float]) -> tuple[float, flo
     if key == "adv/mean" or key.startswith("credit/"):
         return rel, max(abs_, rel * magnitude / pinned["pin/trained_tokens"])
     return rel, abs_
-
-
-@contextmanager
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # a fixed reduction order: the same sums on any core count
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 def learn_metrics(name: str, trees: list[RolloutTree]) -> dict[str, float]:

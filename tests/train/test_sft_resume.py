@@ -14,6 +14,7 @@ from train_helpers import SMALL, tiny_demonstrations
 from agentcredit.config import load_config
 from agentcredit.models.loading import load_base_model
 from agentcredit.train.sft import SFT_CHECKPOINT, SFTCheckpointMismatch, sft
+from tests.rollout.rollout_helpers import one_thread
 
 
 class _Stop(Exception):
@@ -29,9 +30,11 @@ def setup():
 
 
 def _train(model, trees, pad_id, **kwargs):
+    """On one thread: the resume test compares two runs bit for bit (two threads' reduction order can differ)."""
     losses = []
     kwargs.setdefault("on_step", lambda _s, loss: losses.append(loss))
-    result = sft(model, trees, pad_id=pad_id, epochs=3, batch_trajectories=1, lr=3e-3, seed=7, **kwargs)
+    with one_thread():
+        result = sft(model, trees, pad_id=pad_id, epochs=3, batch_trajectories=1, lr=3e-3, seed=7, **kwargs)
     return result, losses
 
 

@@ -3,19 +3,14 @@
 from __future__ import annotations
 
 import pytest
-import torch
+
+from tests.rollout.rollout_helpers import one_thread
 
 
 @pytest.fixture(autouse=True)
 def _one_thread():
-    # the tiny model's ops are too small to gain from two threads, and OpenMP threads spinning against other
-    # processes on a shared machine make them several times slower
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_thread():
         yield
-    finally:
-        torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")
