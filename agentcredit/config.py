@@ -297,8 +297,8 @@ def _moved_to_sections() -> dict[str, str]:
     return moved | {old: " or ".join(places) for old, places in now.items()}
 
 
-#: Keys a config written before methods had sections of their own may hold (a run directory's config.yaml, an old preset): where each now
-#: lives (a method's old keys are its ``former_keys``). Each is one error line naming the key and this
+#: Keys a config written before methods had sections of their own may hold (a run directory's config.yaml, an old
+#: preset): where each now lives (a method's old keys are its ``former_keys``). Each is one error line naming the key and this
 #: (``old_key_hint``); the study harness maps the ones a first-round study file names (``RENAMED_KEYS``).
 MOVED_TO_SECTIONS = _moved_to_sections()
 #: The old keys that name one key now (studies' about / tolerate lists written before then name them): the
@@ -320,7 +320,8 @@ OLD_ESTIMATORS = {old: name for name in BUILT_IN for old in METHODS[name].former
 
 
 def old_key_hint(key: str) -> str:
-    """`` (<key> moved to ..., issue 37)`` for a key of a config written before methods had sections of their own, else ''."""
+    """`` (<key> moved to ..., issue 37)`` for a key of a config written before methods had sections of their own,
+    else ''."""
     moved = MOVED_TO_SECTIONS.get(key)
     return f" ({key} moved to {moved}, issue 37)" if moved else ""
 

@@ -24,7 +24,6 @@ Reads only committed files and the presets; runs in a second.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import re
 import sys
@@ -47,6 +46,7 @@ from agentcredit.lab.gpu_estimate import (  # noqa: E402
     gpu_estimate_range,
     rollout_rounds,
 )
+from agentcredit.tasks.example import iter_jsonl  # noqa: E402
 
 #: SmolLM2-135M-Instruct's shape (every study's start: its config.json, 30 layers, hidden 576, 9 / 3 heads)
 SMOLLM2_135M = DecoderShape(
@@ -66,9 +66,7 @@ def borrowed(family: str, root: Path = ROOT) -> dict:
     paths = sorted((root / "docs" / "results" / study / "start").glob("eval_*_episodes.jsonl.gz"))
     if not paths:
         raise ValueError(f"docs/results/{study}/start/: no eval_*_episodes.jsonl.gz to borrow tokens from")
-    records = [
-        json.loads(line) for path in paths for line in gzip.open(path, "rt", encoding="utf-8") if line.strip()
-    ]
+    records = [row for path in paths for _, row in iter_jsonl(path)]  # gz-aware; a bad line is named
     means = episode_means(records)
     return {
         "prompt": means["prompt"],

@@ -126,8 +126,9 @@ def _check_tree(config: DictConfig, settings: AgentCreditSettings) -> None:
 #: The sections whose per-GPU micro-batch sizes verl cuts a rank's rows by when dynamic batch sizes are off
 #: (``prepare_micro_batches`` asserts they divide evenly): (section, its use_dynamic_bsz key). A size is every key of
 #: the section named ``*micro_batch_size_per_gpu``, verl's suffix for them, whose prefixes differ by pass and
-#: version (the critic's value pass: forward_micro_batch_size_per_gpu in verl's YAML, ppo_infer_micro_batch_size_per_gpu
-#: in its CriticConfig), so a key verl adds is not missed; the same rule test_verl_minibatch checks the plan by.
+#: version (the critic's value pass: forward_micro_batch_size_per_gpu in verl's YAML,
+#: ppo_infer_micro_batch_size_per_gpu in its CriticConfig), so a key verl adds is not missed; the same rule
+#: test_verl_minibatch checks the plan by.
 _MICRO_BATCH_SECTIONS = (
     ("actor_rollout_ref.actor", "use_dynamic_bsz"),
     ("actor_rollout_ref.rollout", "log_prob_use_dynamic_bsz"),

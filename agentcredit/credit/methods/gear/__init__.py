@@ -64,7 +64,8 @@ class GearSettings(Settings):
     turn_head_tokens: int = Field(
         TURN_HEAD_TOKENS,
         ge=0,
-        description="The first n policy tokens of each turn open no segment (ours, measured: docs/results/gear-segments): the turn's "
+        description="The first n policy tokens of each turn open no segment (ours, measured: "
+        "docs/results/gear-segments): the turn's "
         "first token (the '<' of <think>) carries a prompt-shift spike of 'limited semantic relevance' (seed lines "
         "201, 355) whose entropy no later token exceeds 1.5 times, so it made one segment of the whole episode. "
         "0 = the paper's scan.",
