@@ -199,6 +199,8 @@ def run_train(
     if resume is not None:
         run_dir = Path(resume)
     run_dir = run_dir or default_run_dir(config)
+    # the held-out sets load first: a split that cannot be read stops the run before its directory is made
+    on_step = heldout_evaluation(config, log)
     with claim(run_dir / ".lock") as mine:
         if not mine:
             holder = (run_dir / ".lock").read_text().strip() or "unknown"
@@ -211,15 +213,23 @@ def run_train(
                 f"{run_dir} already holds a run ({found}); continue it with --resume {run_dir} or use "
                 "another --run-dir"
             )
-        return _train_in(config, run_dir, resume=resume is not None, progress=progress, log=log)
+        return _train_in(
+            config, run_dir, resume=resume is not None, progress=progress, log=log, on_step=on_step
+        )
 
 
-def _train_in(config: Config, run_dir: Path, *, resume: bool, progress: bool, log: Log) -> Trainer:
+def _train_in(
+    config: Config,
+    run_dir: Path,
+    *,
+    resume: bool,
+    progress: bool,
+    log: Log,
+    on_step: HeldoutEvaluation | None,
+) -> Trainer:
     from agentcredit.train.checkpoint import latest_checkpoint
     from agentcredit.train.warmup import gate_line, require_warmup, start_gate
 
-    # the held-out sets load before the model: a split that cannot be read stops the run here
-    on_step = heldout_evaluation(config, log)
     # before the run directory is written, so the same --run-dir works once the critic is warmed up
     require_warmup(start_gate(config), config)
     trainer = Trainer(config, run_dir=run_dir)

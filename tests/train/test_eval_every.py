@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from train_helpers import SMALL
 
 from agentcredit.config import load_config
@@ -48,3 +49,12 @@ def test_the_held_out_evaluation_is_built_from_the_eval_split_only_when_asked():
     heldout = heldout_evaluation(config)
     assert list(heldout.sets) == [config.task.eval_split] and len(heldout.sets[config.task.eval_split]) == 3
     assert heldout.every == 2 and heldout.due(2) and not heldout.due(1)
+
+
+def test_an_unreadable_held_out_split_stops_the_run_before_its_directory_is_made(tmp_path):
+    """The held-out sets load before the run directory is claimed: a mistyped ``task.eval_split`` used to leave
+    a directory holding only the run's ``.lock`` behind."""
+    config = load_config("grpo-arith-tools", [*SMALL, "train.eval_every=1", "task.eval_split=nosuch"])
+    with pytest.raises(ValueError, match="no split 'nosuch'"):
+        run_train(config, run_dir=tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()
