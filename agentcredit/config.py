@@ -298,8 +298,9 @@ def _moved_to_sections() -> dict[str, str]:
 
 
 #: Keys a config written before methods had sections of their own may hold (a run directory's config.yaml, an old
-#: preset): where each now lives (a method's old keys are its ``former_keys``). Each is one error line naming the key and this
-#: (``old_key_hint``); the study harness maps the ones a first-round study file names (``RENAMED_KEYS``).
+#: preset): where each now lives (a method's old keys are its ``former_keys``). Each is one error line naming the
+#: key and this (``old_key_hint``); the study harness maps the ones a first-round study file names
+#: (``RENAMED_KEYS``).
 MOVED_TO_SECTIONS = _moved_to_sections()
 #: The old keys that name one key now (studies' about / tolerate lists written before then name them): the
 #: method's old parts now name the method, and an old section of a method's settings is that method's section.

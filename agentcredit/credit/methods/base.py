@@ -179,7 +179,8 @@ class Method:
     #: ``settings``; a trainer not named reads ``settings``
     trainer_settings: tuple[tuple[str, type[Settings]], ...] = ()
     #: (old key, its key now) for each key of a config written before methods had sections of their own that now
-    #: lives in this method's section: the config's one-line hint for an old key, and the lab's reading of old study files
+    #: lives in this method's section: the config's one-line hint for an old key, and the lab's reading of old
+    #: study files
     former_keys: tuple[tuple[str, str], ...] = ()
     #: the values of the old ``algorithm.estimator`` key that chose this method
     former_names: tuple[str, ...] = ()

@@ -65,9 +65,9 @@ class GearSettings(Settings):
         TURN_HEAD_TOKENS,
         ge=0,
         description="The first n policy tokens of each turn open no segment (ours, measured: "
-        "docs/results/gear-segments): the turn's "
-        "first token (the '<' of <think>) carries a prompt-shift spike of 'limited semantic relevance' (seed lines "
-        "201, 355) whose entropy no later token exceeds 1.5 times, so it made one segment of the whole episode. "
+        "docs/results/gear-segments): the turn's first token (the '<' of <think>) carries a prompt-shift spike of "
+        "'limited semantic relevance' (seed lines 201, 355) whose entropy no later token exceeds 1.5 times, so it "
+        "made one segment of the whole episode. "
         "0 = the paper's scan.",
     )
     reference: Literal["trajectory", "answer"] = Field(
